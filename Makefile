@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each builds what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck bench-overhead clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned; pip finds the CPU build of this exact version locally.
+	$(BIN)/pip install --quiet 'torch==2.13.0'
+	$(BIN)/pip install --quiet -e '.[torch,onnx,redis,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/parityserve demo
+
+test: $(STAMP)
+	$(BIN)/ruff check parityserve tests
+	$(BIN)/mypy parityserve/core
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check parityserve tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy parityserve/core
+
+bench-overhead: $(STAMP)
+	$(BIN)/parityserve bench overhead
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,175 @@
+"""The ``parityserve`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import textwrap
+from pathlib import Path
+
+from parityserve.errors import ParityServeError
+
+__all__ = ["main"]
+
+_EPILOG = textwrap.dedent("""\
+    examples:
+      parityserve start -c serving.yaml            serve the deployment described in YAML
+      parityserve validate -c serving.yaml         check a deployment file without starting it
+      parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
+                                                   join a running frontend from another machine
+      parityserve demo                             train a digits model, serve it, load-test it
+      parityserve bench overhead --data-dir DATA   frontend overhead vs in-process baselines
+
+    Datasets and weights are read from --data-dir or $PARITYSERVE_DATA; nothing is downloaded.
+    """)
+
+
+def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("start", help="serve a deployment file",
+                       description="Start the HTTP frontend and the model workers described in "
+                                   "a YAML file. Ctrl-C or SIGTERM stops everything cleanly.")
+    p.add_argument("-c", "--config", required=True, type=Path, help="deployment YAML")
+    p.add_argument("--port", type=int, help="override server.http_port")
+    p.add_argument("--data-dir", type=Path, help="datasets/weights folder ($PARITYSERVE_DATA)")
+    p.add_argument("--log-dir", type=Path, help="write each worker's stderr to a file here")
+    p.set_defaults(func=_cmd_start)
+
+
+def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="check a deployment file",
+                       description="Parse and validate a deployment file, then print it.")
+    p.add_argument("-c", "--config", required=True, type=Path)
+    p.set_defaults(func=_cmd_validate)
+
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run one model worker that joins a frontend",
+                       description="Run a model container that connects to a running frontend's "
+                                   "RPC address (printed by `parityserve start`). The frontend "
+                                   "must already serve a model of this name and version.")
+    p.add_argument("--connect", required=True, help="tcp://HOST:PORT of the frontend")
+    p.add_argument("--model", required=True, help="deployed model name to serve")
+    p.add_argument("--source", required=True, help="zoo:NAME, sklearn:FILE, onnx:FILE, ...")
+    p.add_argument("--weights", help="weights file for zoo/torch sources")
+    p.add_argument("--version", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--options", default="{}", help="model options as JSON")
+    p.add_argument("--data-dir", type=Path)
+    p.set_defaults(func=_cmd_worker)
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="train, serve and load-test a digits classifier",
+                       description="Train a small classifier on scikit-learn's digits, serve it "
+                                   "with 2 replicas, send open-loop Poisson load over HTTP, and "
+                                   "report throughput, tail latency and accuracy.")
+    p.add_argument("--queries", type=int, default=3000)
+    p.add_argument("--rate", type=float, default=300.0, help="offered load, queries/s")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache"))
+    p.add_argument("--serve", action="store_true", help="keep serving after the report")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="benchmarks (results go to benchmarks/results/)")
+    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    from parityserve.bench.overhead import add_arguments
+
+    add_arguments(bench.add_parser(
+        "overhead", help="frontend overhead vs raw call and a bare Starlette app",
+        description="Open-loop Poisson load at several rates against parityserve, a bare "
+                    "Starlette app calling the model in-process, and the raw predict call."))
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    from parityserve.config import load_config
+    from parityserve.runtime.server import serve
+
+    config = load_config(args.config)
+    if args.port is not None:
+        config = config.model_copy(update={"server": config.server.model_copy(
+            update={"http_port": args.port})})
+    data_dir = _data_dir(args.data_dir)
+    serve(config, base_dir=args.config.resolve().parent, data_dir=data_dir,
+          log_dir=args.log_dir, on_ready=lambda urls: print(urls.describe(config), flush=True))
+    print("parityserve stopped; all workers shut down.", flush=True)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from parityserve.config import load_config
+
+    config = load_config(args.config)
+    print(f"{args.config}: ok — {len(config.models)} models, "
+          f"{len(config.applications)} applications")
+    for model in config.models:
+        print(f"  model {model.name} v{model.version}: {model.source} x{model.replicas}")
+    for app in config.applications:
+        print(f"  app {app.name}: {list(app.models)}, SLO {app.slo_ms:g} ms")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    import orjson
+
+    from parityserve.runtime.worker import WorkerSpec, run_worker
+
+    try:
+        options = orjson.loads(args.options)
+    except orjson.JSONDecodeError as exc:
+        raise ParityServeError(f"--options is not valid JSON: {exc}") from exc
+    data_dir = _data_dir(args.data_dir)
+    rid = f"{args.model}/v{args.version}/ext-{socket.gethostname()}-{os.getpid()}"
+    spec = WorkerSpec(rid, args.model, args.version, args.source, weights=args.weights,
+                      options=options, threads=args.threads, base_dir=os.getcwd(),
+                      data_dir=str(data_dir) if data_dir else None)
+    return run_worker(spec, args.connect)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from parityserve.demo import run_demo
+
+    return run_demo(queries=args.queries, rate=args.rate, cache_dir=args.cache_dir,
+                    keep_serving=args.serve, seed=args.seed)
+
+
+def _data_dir(explicit: Path | None) -> Path | None:
+    import os
+
+    chosen = explicit or (Path(os.environ["PARITYSERVE_DATA"])
+                          if os.environ.get("PARITYSERVE_DATA") else None)
+    return chosen.resolve() if chosen else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parityserve", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Prediction serving that answers on time, even when model instances are "
+                    "slow, fail or lie.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_start, _add_validate, _add_worker, _add_demo, _add_bench):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except ParityServeError as exc:
+        print(f"parityserve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""A small synchronous Python client for a parityserve server.
+
+Server errors come back as the matching ``parityserve.errors`` class (chosen by the JSON
+body's ``code``) with the server's message; a server that cannot be reached raises
+``Unavailable`` naming the URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+import orjson
+
+from parityserve.config import Deployment
+from parityserve.errors import (
+    Conflict,
+    DeadlineExceeded,
+    InvalidInput,
+    MalformedRequest,
+    ParityServeError,
+    PayloadTooLarge,
+    ProtocolError,
+    RequestError,
+    ServiceError,
+    Unavailable,
+    UnknownApplication,
+    UnknownModel,
+    UnknownQuery,
+)
+from parityserve.runtime import v2
+
+__all__ = ["Client"]
+
+_ERRORS: dict[str, type[ParityServeError]] = {
+    cls.code: cls for cls in (MalformedRequest, InvalidInput, UnknownModel, UnknownApplication,
+                              UnknownQuery, Conflict, PayloadTooLarge, Unavailable,
+                              DeadlineExceeded, RequestError)
+}
+_DUMP = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _numpy_to_json(obj: Any) -> Any:
+    # Arrays orjson cannot take natively (non-contiguous, object dtype) end up here.
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot send {type(obj).__name__} as JSON")
+
+
+def _dumps(payload: Any) -> bytes:
+    return orjson.dumps(payload, option=_DUMP, default=_numpy_to_json)
+
+
+def _error_from(response: httpx.Response) -> ParityServeError:
+    """The parityserve error a non-2xx response stands for."""
+    try:
+        body = orjson.loads(response.content)
+        message, code = str(body["error"]), body.get("code")
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message, code = response.text or response.reason_phrase, None
+    fallback = RequestError if response.status_code < 500 else ServiceError
+    return _ERRORS.get(code, fallback)(message)
+
+
+def _q(name: str) -> str:
+    return quote(str(name), safe="")
+
+
+def _model_path(model: str, version: int | str | None) -> str:
+    path = f"/v2/models/{_q(model)}"
+    return path if version is None else f"{path}/versions/{_q(str(version))}"
+
+
+class Client:
+    """``with Client("http://host:8000") as c: c.predict("app", [1, 2, 3])``."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
+                 http: httpx.Client | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ transport
+
+    def _send(self, method: str, path: str, *, body: bytes | None = None,
+              headers: dict[str, str] | None = None,
+              accept: Sequence[int] = ()) -> httpx.Response:
+        url = self.url + path
+        try:
+            response = self._http.request(method, url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise Unavailable(f"cannot connect to parityserve at {self.url}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceeded(f"{method} {url} timed out: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise Unavailable(f"{method} {url} failed: {exc}") from exc
+        if response.is_success or response.status_code in accept:
+            return response
+        raise _error_from(response)
+
+    def _call(self, method: str, path: str, payload: Any = None) -> Any:
+        body = None if payload is None else _dumps(payload)
+        headers = None if body is None else {"content-type": "application/json"}
+        return orjson.loads(self._send(method, path, body=body, headers=headers).content)
+
+    # ------------------------------------------------------------ Clipper-style routes
+
+    def predict(self, app: str, x: Any) -> dict[str, Any]:
+        return self._call("POST", f"/{_q(app)}/predict", {"input": x})
+
+    def predict_batch(self, app: str, xs: Sequence[Any]) -> list[dict[str, Any]]:
+        return self._call("POST", f"/{_q(app)}/predict", {"input_batch": list(xs)})
+
+    def update(self, app: str, uid: str, x: Any, label: Any) -> dict[str, Any]:
+        return self._call("POST", f"/{_q(app)}/update", {"uid": uid, "input": x, "label": label})
+
+    # ------------------------------------------------------------ V2 routes
+
+    def infer(self, model: str, array: np.ndarray, *, version: int | str | None = None,
+              binary: bool = True, input_name: str | None = None) -> np.ndarray:
+        """Run a batch (first axis = queries) through ``model`` over the V2 protocol."""
+        body, headers = v2.encode_infer_request([(input_name or "input", np.asarray(array))],
+                                                binary=binary, binary_output=binary)
+        response = self._send("POST", _model_path(model, version) + "/infer", body=body,
+                              headers=headers)
+        length = response.headers.get(v2.HEADER_LENGTH)
+        outputs = v2.decode_infer_response(response.content,
+                                           None if length is None else int(length))
+        if not outputs:
+            raise ProtocolError(f"model {model!r} answered with no output tensor")
+        return next(iter(outputs.values()))
+
+    def live(self) -> bool:
+        try:
+            return self._send("GET", "/v2/health/live").status_code == 200
+        except ServiceError:
+            return False
+
+    def ready(self) -> bool:
+        return self._send("GET", "/v2/health/ready", accept=(503,)).status_code == 200
+
+    def model_metadata(self, model: str, version: int | str | None = None) -> dict[str, Any]:
+        return self._call("GET", _model_path(model, version))
+
+    # ------------------------------------------------------------ admin
+
+    def state(self) -> dict[str, Any]:
+        return self._call("GET", "/admin/state")
+
+    def add_application(self, name: str, models: Sequence[str], *, slo_ms: float = 100.0,
+                        default_output: Any = None) -> dict[str, Any]:
+        return self._call("POST", "/admin/applications",
+                          {"name": name, "models": list(models), "slo_ms": slo_ms,
+                           "default_output": default_output})
+
+    def remove_application(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/admin/applications/{_q(name)}")
+
+    def deploy(self, deployment: Deployment | dict[str, Any]) -> dict[str, Any]:
+        if isinstance(deployment, Deployment):
+            deployment = deployment.model_dump(mode="json")
+        return self._call("POST", "/admin/models", deployment)
+
+    def set_replicas(self, model: str, n: int) -> dict[str, Any]:
+        return self._call("POST", f"/admin/models/{_q(model)}/replicas", {"replicas": n})
+
+    def link_models(self, app: str, models: Sequence[str]) -> dict[str, Any]:
+        return self._call("POST", f"/admin/applications/{_q(app)}/models",
+                          {"models": list(models)})
+
+    def set_faults(self, model: str, replica: str = "all", **faults: Any) -> dict[str, Any]:
+        return self._call("POST", f"/admin/models/{_q(model)}/faults",
+                          {"replica": str(replica), "faults": faults})
+
+    def metrics_text(self) -> str:
+        return self._send("GET", "/metrics").text

@@ -1,0 +1,148 @@
+"""One exception tree for parityserve.
+
+    ParityServeError
+    ├── ConfigError                  invalid settings or deployment file
+    ├── DataError                    a dataset or weights file is missing or corrupt
+    ├── ModelError
+    │   ├── ModelLoadError           a model source could not be loaded
+    │   └── PredictError             a model's predict() raised or returned garbage
+    ├── RequestError                 the client's fault: maps to an HTTP 4xx
+    │   ├── MalformedRequest   400   unparsable JSON / body, missing fields
+    │   ├── InvalidInput       400   wrong shape, dtype or value
+    │   ├── UnknownModel       404
+    │   ├── UnknownApplication 404
+    │   ├── UnknownQuery       404
+    │   ├── Conflict           409   e.g. adding an application that exists
+    │   └── PayloadTooLarge    413
+    ├── ServiceError                 the server's state: maps to an HTTP 5xx
+    │   ├── Unavailable        503   no ready replica
+    │   └── DeadlineExceeded   504   no answer before the deadline (V2 routes)
+    ├── QueueFull                    raised by non-waiting ``try_put`` calls
+    └── WorkerError
+        ├── WorkerCrashed            a replica died with work in flight
+        └── ProtocolError            a malformed RPC frame
+
+Outside errors are translated where they enter (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "Conflict",
+    "DataError",
+    "DeadlineExceeded",
+    "InvalidInput",
+    "MalformedRequest",
+    "ModelError",
+    "ModelLoadError",
+    "ParityServeError",
+    "PayloadTooLarge",
+    "PredictError",
+    "ProtocolError",
+    "QueueFull",
+    "RequestError",
+    "ServiceError",
+    "Unavailable",
+    "UnknownApplication",
+    "UnknownModel",
+    "UnknownQuery",
+    "WorkerCrashed",
+    "WorkerError",
+]
+
+
+class ParityServeError(Exception):
+    """Base of every error parityserve raises on purpose."""
+
+
+class ConfigError(ParityServeError, ValueError):
+    """Settings or a deployment file are invalid."""
+
+
+class DataError(ParityServeError):
+    """A dataset or weights file is missing or corrupt."""
+
+
+class ModelError(ParityServeError):
+    """A user model misbehaved."""
+
+
+class ModelLoadError(ModelError):
+    """A model source could not be resolved or loaded."""
+
+
+class PredictError(ModelError):
+    """A model's predict() raised or returned something unusable."""
+
+
+class RequestError(ParityServeError):
+    """The request is wrong; the server state is unchanged."""
+
+    status_code = 400
+    code = "bad_request"
+
+
+class MalformedRequest(RequestError):
+    code = "malformed_request"
+
+
+class InvalidInput(RequestError):
+    code = "invalid_input"
+
+
+class UnknownModel(RequestError):
+    status_code = 404
+    code = "unknown_model"
+
+
+class UnknownApplication(RequestError):
+    status_code = 404
+    code = "unknown_application"
+
+
+class UnknownQuery(RequestError):
+    status_code = 404
+    code = "unknown_query"
+
+
+class Conflict(RequestError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(RequestError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class ServiceError(ParityServeError):
+    """The server cannot answer right now."""
+
+    status_code = 503
+    code = "unavailable"
+
+
+class Unavailable(ServiceError):
+    pass
+
+
+class DeadlineExceeded(ServiceError):
+    status_code = 504
+    code = "deadline_exceeded"
+
+
+class QueueFull(ParityServeError):
+    """A non-waiting put found the queue at capacity."""
+
+
+class WorkerError(ParityServeError):
+    """A worker process failed."""
+
+
+class WorkerCrashed(WorkerError):
+    pass
+
+
+class ProtocolError(WorkerError):
+    pass

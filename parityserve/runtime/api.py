@@ -1,0 +1,88 @@
+"""The contract between the HTTP layer and the serving system.
+
+The HTTP frontend (``runtime/http.py``) only talks to an object that satisfies ``ServingSystem``.
+Unit tests hand it a fake; ``runtime/system.py`` is the real one (queues, workers, cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+
+__all__ = ["ModelMetadata", "Prediction", "ServingSystem"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Exactly one answer to one accepted query."""
+
+    query_id: str
+    output: Any
+    default: bool = False
+    default_explanation: str | None = None
+    model: str | None = None
+    version: int | None = None
+    cached: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The Clipper-style response body for this query."""
+        out = self.output.tolist() if isinstance(self.output, np.ndarray) else self.output
+        if isinstance(out, np.generic):
+            out = out.item()
+        body: dict[str, Any] = {"query_id": self.query_id, "output": out, "default": self.default}
+        if self.default_explanation is not None:
+            body["default_explanation"] = self.default_explanation
+        if self.model is not None:
+            body["model"] = self.model
+            body["version"] = self.version
+        body.update(self.extra)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+class ServingSystem(Protocol):
+    """What the HTTP layer needs. Every method raises ``parityserve.errors`` types only."""
+
+    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
+        """Answer each item (one query each). Validates items; never returns fewer answers."""
+        ...
+
+    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]: ...
+
+    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
+        """Run a V2 batch (first axis = queries) through the model path; returns stacked outputs."""
+        ...
+
+    def model_metadata(self, model: str, version: int | None) -> ModelMetadata: ...
+
+    def is_ready(self) -> bool: ...
+
+    def model_ready(self, model: str, version: int | None) -> bool: ...
+
+    async def add_application(self, app: Application) -> None: ...
+
+    async def remove_application(self, name: str) -> None: ...
+
+    async def deploy(self, deployment: Deployment) -> None: ...
+
+    async def set_replicas(self, model: str, replicas: int) -> None: ...
+
+    async def link_models(self, app: str, models: Sequence[str]) -> None: ...
+
+    async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...

@@ -1,0 +1,314 @@
+"""One model's serving path: cache, deadline-ordered queue, adaptive batches, idle replicas.
+
+Single-queue load balancing (Clipper, ParM): every query of a model waits in one queue ordered by
+deadline, and whichever replica is idle pulls the next batch. Batch sizes come from each
+replica's AIMD controller and the delayed-batching rule in ``core/batching.py``; this module is
+only the I/O around those decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from parityserve.config import Deployment, TensorSpec
+from parityserve.core.batching import AIMDController, decide_batch
+from parityserve.core.cache import ClockCache, cache_key, input_digest
+from parityserve.core.deadline_queue import DeadlineQueue, Entry
+from parityserve.errors import PredictError, WorkerError
+from parityserve.runtime import wire
+from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.rpc import Link
+from parityserve.runtime.tensors import coerce_item
+
+__all__ = ["InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats"]
+
+_batch_ids = itertools.count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Query:
+    """One queued input and the future its answer resolves."""
+
+    item: Any
+    key: tuple[str, int, bytes] | None
+    future: asyncio.Future[Any]
+
+
+@dataclass(eq=False)
+class InflightBatch:
+    bid: int
+    replica: Replica
+    entries: list[Entry[Query]]
+    sent_at: float
+
+
+@dataclass(eq=False)
+class Replica:
+    """The frontend's view of one worker process."""
+
+    rid: str
+    index: int
+    aimd: AIMDController
+    last_seen: float
+    state: str = "starting"  # starting | ready | dead | retiring
+    process: Any = None  # WorkerProcess, or None for a worker that joined by itself
+    batch: InflightBatch | None = None
+    served: int = 0
+    pid: int | None = None
+    started_at: float = 0.0
+    faults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return self.state == "ready" and self.batch is None
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    rid: str
+    index: int
+    state: str
+    pid: int | None
+    inflight: int
+    served: int
+    max_batch_size: int
+
+
+class ModelPath:
+    """Queue, replicas and in-flight batches of one deployed model version."""
+
+    def __init__(self, deployment: Deployment, *, link: Link, metrics: Metrics,
+                 cache: ClockCache[tuple[str, int, bytes], Any], clock: Callable[[], float],
+                 slo_s: float, max_queue: int) -> None:
+        self.deployment = deployment
+        self.name = deployment.name
+        self.version = deployment.version
+        self.link = link
+        self.metrics = metrics
+        self.cache = cache
+        self.clock = clock
+        self.slo_s = slo_s
+        self.queue: DeadlineQueue[Query] = DeadlineQueue(max_queue)
+        self.replicas: dict[str, Replica] = {}
+        self.inflight: dict[int, InflightBatch] = {}
+        self.pending: dict[tuple[str, int, bytes], asyncio.Future[Any]] = {}
+        self.input_spec: TensorSpec | None = deployment.input
+        self.output_spec: TensorSpec | None = deployment.output
+        self.platform = "unknown"
+        self._wake: asyncio.TimerHandle | None = None
+
+    # ---- queries -------------------------------------------------------------------------
+    def coerce(self, item: Any) -> Any:
+        """Check one input against the model's signature (raises InvalidInput)."""
+        return coerce_item(item, self.input_spec, where=f"model {self.name!r}")
+
+    def submit(self, item: Any, deadline: float) -> tuple[asyncio.Future[Any], bool]:
+        """Queue one input; returns (future, from_cache). Raises QueueFull."""
+        key = self._key(item)
+        if key is not None:
+            found = self._lookup(key)
+            if found is not None:
+                return found
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.queue.try_put(Query(item, key, future), deadline=deadline, enqueued_at=self.clock())
+        if key is not None:
+            self._track_pending(key, future)
+        self.pump()
+        return future, False
+
+    def _key(self, item: Any) -> tuple[str, int, bytes] | None:
+        if self.cache.statistics().capacity_bytes == 0:
+            return None
+        return cache_key(self.name, self.version, input_digest(item))
+
+    def _lookup(self, key: tuple[str, int, bytes]) -> tuple[asyncio.Future[Any], bool] | None:
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.metrics.cache(self.name, True)
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done.set_result(cached[0])
+            return done, True
+        pending = self.pending.get(key)
+        # The same input is already queued or computing: share its answer, don't compute again.
+        self.metrics.cache(self.name, pending is not None)
+        return (pending, True) if pending is not None else None
+
+    def _track_pending(self, key: tuple[str, int, bytes], future: asyncio.Future[Any]) -> None:
+        self.pending[key] = future
+
+        def settle(done: asyncio.Future[Any]) -> None:
+            self.pending.pop(key, None)
+            if not done.cancelled() and done.exception() is None:
+                value = done.result()
+                self.cache.put(key, (value,), _nbytes(value))
+
+        future.add_done_callback(settle)
+
+    # ---- dispatch ------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Hand batches to idle replicas while there is work and a replica to take it."""
+        for replica in list(self.replicas.values()):
+            if not self.queue or not replica.idle:
+                continue
+            if not self._dispatch_to(replica):
+                return
+
+    def _dispatch_to(self, replica: Replica) -> bool:
+        now = self.clock()
+        decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now,
+                                replica.aimd.max_batch_size,
+                                self.deployment.batching.max_delay_ms / 1000)
+        if not decision.dispatch:
+            self._schedule_wake(decision.wake_at)
+            return False
+        entries, expired = self.queue.pop_batch(now, decision.size)
+        self._expire(expired)
+        live = [e for e in entries if not e.item.future.done()]
+        if live:
+            self._send(replica, live, now)
+        return True
+
+    def _send(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
+        batch = InflightBatch(next(_batch_ids), replica, entries, now)
+        desc, frames = wire.pack_payload(_assemble([e.item.item for e in entries]))
+        try:
+            self.link.send(replica.rid, {"t": wire.PREDICT, "bid": batch.bid, "in": desc}, frames)
+        except WorkerError:
+            self.requeue(entries)  # the supervisor notices the dead worker and restarts it
+            replica.state = "dead"
+            return
+        replica.batch = batch
+        self.inflight[batch.bid] = batch
+        self.metrics.batch(self.name, len(entries))
+        self.metrics.set_inflight(self.name, replica.rid, len(entries))
+        for entry in entries:
+            self.metrics.queue_time(self.name, now - entry.enqueued_at)
+
+    def _schedule_wake(self, wake_at: float | None) -> None:
+        if wake_at is None or (self._wake is not None and self._wake.when() <= wake_at):
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, wake_at - self.clock())
+        self._wake = loop.call_later(delay, self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        self.pump()
+
+    def _expire(self, expired: list[Entry[Query]]) -> None:
+        """Queued work whose deadline passed is dropped, not computed; its waiter has answered."""
+        for entry in expired:
+            _fail(entry.item.future, WorkerError("deadline passed while queued"))
+
+    def expire_stale(self, now: float) -> None:
+        """Drop queued work whose deadline passed even while no replica is pulling."""
+        self._expire(self.queue.drop_expired(now))
+
+    def requeue(self, entries: list[Entry[Query]]) -> None:
+        """Put a lost batch back at the front of its deadline order (it keeps its deadline)."""
+        for entry in entries:
+            if not entry.item.future.done():
+                self.queue.requeue(entry)
+
+    # ---- results -------------------------------------------------------------------------
+    def on_result(self, replica: Replica, header: dict[str, Any], buffers: list[Any]) -> None:
+        batch = self.inflight.pop(header.get("bid", -1), None)
+        if replica.batch is batch:
+            replica.batch = None
+            self.metrics.set_inflight(self.name, replica.rid, 0)
+        if batch is None:
+            return  # a late answer for a batch already re-dispatched elsewhere
+        replica.served += 1
+        replica.aimd.observe(len(batch.entries), self.clock() - batch.sent_at)
+        self._deliver(batch, header, buffers)
+        self.pump()
+
+    def _deliver(self, batch: InflightBatch, header: dict[str, Any], buffers: list[Any]) -> None:
+        futures = [e.item.future for e in batch.entries]
+        if not header.get("ok"):
+            error = PredictError(f"model {self.name!r} failed: {header.get('error')}")
+            for future in futures:
+                _fail(future, error)
+            return
+        outputs = wire.unpack_payload(header["out"], buffers)
+        if len(outputs) != len(futures):
+            error = PredictError(f"model {self.name!r} returned {len(outputs)} outputs "
+                                 f"for {len(futures)} inputs")
+            for future in futures:
+                _fail(future, error)
+            return
+        for future, output in zip(futures, outputs, strict=True):
+            if not future.done():
+                future.set_result(_own(output))
+
+    def take_back(self, replica: Replica) -> int:
+        """Requeue the batch a failed replica held; returns how many queries went back."""
+        batch = replica.batch
+        replica.batch = None
+        if batch is None:
+            return 0
+        self.inflight.pop(batch.bid, None)
+        self.metrics.set_inflight(self.name, replica.rid, 0)
+        self.requeue(batch.entries)
+        return len(batch.entries)
+
+    # ---- state ---------------------------------------------------------------------------
+    def ready_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.state == "ready"]
+
+    def has_capacity(self) -> bool:
+        """True while some replica is serving or about to (so waiting makes sense)."""
+        return any(r.state in ("ready", "starting") for r in self.replicas.values())
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        return [ReplicaStats(r.rid, r.index, r.state, r.pid,
+                             len(r.batch.entries) if r.batch else 0, r.served,
+                             r.aimd.max_batch_size) for r in self.replicas.values()]
+
+    def fail_all(self, reason: str) -> None:
+        """Answer every queued and in-flight query with an error (shutdown)."""
+        error = WorkerError(reason)
+        for batch in self.inflight.values():
+            for entry in batch.entries:
+                _fail(entry.item.future, error)
+        self._expire(self.queue.drop_expired(float("inf")))
+        if self._wake is not None:
+            self._wake.cancel()
+
+
+def _assemble(items: list[Any]) -> Any:
+    """Stack equal-shaped arrays into one batch array; anything else travels as a list."""
+    first = items[0]
+    if isinstance(first, np.ndarray) and all(
+            isinstance(x, np.ndarray) and x.shape == first.shape and x.dtype == first.dtype
+            for x in items):
+        return np.stack(items)
+    return items
+
+
+def _own(output: Any) -> Any:
+    """Copy a row out of the received frame so the cache does not pin whole batches."""
+    return output.copy() if isinstance(output, np.ndarray) else output
+
+
+def _nbytes(value: Any) -> int:
+    base = 64  # bookkeeping overhead per entry
+    if isinstance(value, np.ndarray):
+        return base + value.nbytes
+    return base + len(repr(value))
+
+
+def _fail(future: asyncio.Future[Any], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
+        future.exception()  # mark retrieved: the waiter may already have answered by deadline
+
+

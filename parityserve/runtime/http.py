@@ -1,0 +1,476 @@
+"""The ASGI frontend: KServe V2 routes, Clipper-style application routes, admin, metrics.
+
+The frontend only parses, validates and encodes; every decision belongs to the
+``ServingSystem`` behind it. Each endpoint returns ``(response, outcome)`` and one wrapper
+turns errors into JSON bodies and records the request metric, so handlers stay short.
+The predict and infer handlers are the hot path: orjson, no pydantic, no middleware, and
+bodies read straight off the ASGI channel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from importlib import metadata
+from time import perf_counter
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+from parityserve.errors import (
+    InvalidInput,
+    MalformedRequest,
+    ParityServeError,
+    PayloadTooLarge,
+    QueueFull,
+    RequestError,
+    ServiceError,
+    UnknownApplication,
+    UnknownModel,
+)
+from parityserve.runtime import v2
+from parityserve.runtime.api import ModelMetadata, ServingSystem
+from parityserve.runtime.metrics import Metrics
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_JSON = "application/json"
+_DUMP = orjson.OPT_SERIALIZE_NUMPY
+# Targets come from the URL; unknown names are folded into one label value so that a
+# client probing random names cannot grow the metric's label set without bound.
+_UNKNOWN_TARGET = "<unknown>"
+# The frontend accepts any V2 batch size (the system's batcher splits batches), so the
+# Triton-style config advertises the largest batch the batching settings allow.
+_CONFIG_MAX_BATCH = 65536
+_HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower().encode()  # ASGI header names are lowercase
+
+Outcome = str
+Handler = Callable[[Request], Awaitable[tuple[Response, Outcome]]]
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def create_app(system: ServingSystem, *, metrics: Metrics,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The Starlette application serving ``system``."""
+    front = _Frontend(system, metrics, max_body_bytes)
+    return Starlette(routes=front.routes(),
+                     exception_handlers={HTTPException: front.http_error})
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data, option=_DUMP, default=_to_json), status, media_type=_JSON)
+
+
+def _to_json(obj: Any) -> Any:
+    """orjson's fallback for what it cannot serialize natively."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=str)
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _error(status: int, code: str, message: str,
+           headers: Mapping[str, str] | None = None) -> Response:
+    body = orjson.dumps({"error": message, "code": code})
+    return Response(body, status, headers=headers, media_type=_JSON)
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"invalid JSON body: {exc}") from exc
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    data = _loads(body)
+    if not isinstance(data, dict):
+        raise MalformedRequest(f"the body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing it with 413 as soon as it is known to exceed ``limit``."""
+    _check_declared_length(request, limit)
+    chunks: list[bytes] = []
+    size = 0
+    receive = request.receive  # straight off the channel: cheaper than request.stream()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # Content-Length may be absent (chunked) or lie
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    # A scan of the raw ASGI headers: cheaper than building request.headers on the hot path.
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return str(value, "latin-1")
+    return None
+
+
+def _check_declared_length(request: Request, limit: int) -> None:
+    declared = _header(request, b"content-length")
+    if declared is None:
+        return
+    try:
+        length = int(declared)
+    except ValueError:
+        raise MalformedRequest(f"invalid Content-Length {declared!r}") from None
+    if length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
+
+
+def _version(request: Request) -> int | None:
+    raw = request.path_params.get("version")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UnknownModel(f"model {request.path_params['model']!r} has no version {raw!r}; "
+                           "versions are positive integers")
+    return int(raw)
+
+
+def _header_length(request: Request) -> int | None:
+    raw = _header(request, _HEADER_LENGTH_KEY)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise MalformedRequest(f"invalid {v2.HEADER_LENGTH} {raw!r}") from None
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("parityserve")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+# ---------------------------------------------------------------- admin bodies
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _LinkBody(_Body):
+    models: tuple[str, ...] = Field(min_length=1)
+
+
+class _ReplicasBody(_Body):
+    replicas: int = Field(ge=0, le=256)
+
+
+class _FaultsBody(_Body):
+    replica: str = "all"
+    faults: FaultConfig = FaultConfig()
+
+    @field_validator("replica")
+    @classmethod
+    def _replica(cls, value: str) -> str:
+        if value != "all" and not value.isdigit():
+            raise ValueError("must be a replica index or 'all'")
+        return value
+
+
+def _validate(model: type[_M], body: bytes, what: str) -> _M:
+    try:
+        return model.model_validate(_object(body))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(body)'}: {e['msg']}"
+                             for e in exc.errors())
+        raise InvalidInput(f"invalid {what}: {problems}") from exc
+
+
+# ---------------------------------------------------------------- V2 documents
+
+
+def _tensor_meta(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": [-1, *spec.shape]}
+
+
+def _metadata_json(meta: ModelMetadata) -> dict[str, Any]:
+    return {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+            "inputs": [_tensor_meta(s) for s in meta.inputs],
+            "outputs": [_tensor_meta(s) for s in meta.outputs]}
+
+
+def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
+    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+    return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape)}
+
+
+def _config_json(meta: ModelMetadata) -> dict[str, Any]:
+    """A minimal Triton model config: dims exclude the batch axis, as with max_batch_size > 0."""
+    return {"name": meta.name, "platform": meta.platform, "backend": "parityserve",
+            "max_batch_size": _CONFIG_MAX_BATCH,
+            "input": [_config_tensor(s) for s in meta.inputs],
+            "output": [_config_tensor(s) for s in meta.outputs]}
+
+
+def _latest(meta: ModelMetadata) -> str | None:
+    numeric = [v for v in meta.versions if v.isdigit()]
+    return max(numeric, key=int) if numeric else None
+
+
+def _the_input(request: v2.InferRequest, meta: ModelMetadata) -> np.ndarray:
+    if len(request.inputs) != 1:
+        names = [t.name for t in request.inputs]
+        raise InvalidInput(f"model {meta.name!r} takes exactly one input tensor, got "
+                           f"{len(names)}: {names}")
+    array = request.inputs[0].array
+    if meta.inputs:
+        v2.check_against_spec(array, meta.inputs[0])
+    return array
+
+
+def _output_name(request: v2.InferRequest, meta: ModelMetadata) -> str:
+    name = meta.outputs[0].name if meta.outputs else "output"
+    unknown = [o.name for o in request.outputs if o.name != name]
+    if unknown:
+        raise InvalidInput(f"model {meta.name!r} has no output {unknown[0]!r}; its output "
+                           f"is {name!r}")
+    return name
+
+
+# ---------------------------------------------------------------- Clipper documents
+
+
+def _predict_items(body: dict[str, Any]) -> tuple[list[Any], bool]:
+    """The queries in a predict body, and whether it was a batch."""
+    has_one, has_batch = "input" in body, "input_batch" in body
+    if has_one == has_batch:
+        raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
+    if has_one:
+        return [body["input"]], False
+    batch = body["input_batch"]
+    if not isinstance(batch, list) or not batch:
+        raise MalformedRequest("'input_batch' must be a non-empty list")
+    return batch, True
+
+
+def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
+    missing = [k for k in ("uid", "input", "label") if k not in body]
+    if missing:
+        raise MalformedRequest(f"update body is missing {missing}")
+    uid = body["uid"]
+    if not isinstance(uid, str) or not uid:
+        raise MalformedRequest("'uid' must be a non-empty string")
+    return uid, body["input"], body["label"]
+
+
+# ---------------------------------------------------------------- the frontend
+
+
+class _Frontend:
+    def __init__(self, system: ServingSystem, metrics: Metrics, max_body_bytes: int) -> None:
+        self.system = system
+        self.metrics = metrics
+        self.limit = max_body_bytes
+        self.server_doc = {"name": "parityserve", "version": _package_version(),
+                           "extensions": ["binary_tensor_data"]}
+
+    def routes(self) -> list[Route]:
+        # Starlette tries routes in order, so the hot paths come first; none of the later
+        # routes can match a path these match.
+        r, v = self._route, "/v2/models/{model}/versions/{version}"
+        hot = [r("/{app}/predict", self.predict, "predict", "app", ["POST"]),
+               r("/v2/models/{model}/infer", self.infer, "infer", "model", ["POST"]),
+               r(v + "/infer", self.infer, "infer", "model", ["POST"]),
+               r("/{app}/update", self.update, "update", "app", ["POST"])]
+        return [*hot, *self._v2_routes(), *self._admin_routes(),
+                r("/metrics", self.metrics_text, "metrics")]
+
+    def _v2_routes(self) -> list[Route]:
+        r, routes = self._route, []
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            routes += [r(prefix, self.model_metadata, "model_metadata", "model"),
+                       r(prefix + "/ready", self.model_ready, "model_ready", "model"),
+                       r(prefix + "/config", self.model_config, "model_config", "model")]
+        return [r("/v2", self.server_metadata, "server_metadata"),
+                r("/v2/health/live", self.live, "live"),
+                r("/v2/health/ready", self.ready, "ready"), *routes]
+
+    def _admin_routes(self) -> list[Route]:
+        r, apps, models = self._route, "/admin/applications", "/admin/models"
+        return [r("/admin/state", self.state, "admin_state"),
+                r(apps, self.add_application, "admin_add_application", None, ["POST"]),
+                r(apps + "/{app}", self.remove_application, "admin_remove_application",
+                  "app", ["DELETE"]),
+                r(apps + "/{app}/models", self.link_models, "admin_link_models", "app",
+                  ["POST"]),
+                r(models, self.deploy, "admin_deploy", None, ["POST"]),
+                r(models + "/{model}/replicas", self.set_replicas, "admin_replicas", "model",
+                  ["POST"]),
+                r(models + "/{model}/faults", self.set_faults, "admin_faults", "model",
+                  ["POST"])]
+
+    def _route(self, path: str, handler: Handler, name: str, target: str | None = None,
+               methods: Sequence[str] = ("GET",)) -> Route:
+        return Route(path, self._guard(handler, name, target), methods=list(methods), name=name)
+
+    def _guard(self, handler: Handler, route: str, target_key: str | None
+               ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            start = perf_counter()
+            target = request.path_params.get(target_key, "") if target_key else ""
+            try:
+                response, outcome = await handler(request)
+            except Exception as exc:  # every error, expected or not, becomes a JSON answer
+                response, outcome = self._fail(exc, route), "error"
+                if isinstance(exc, UnknownModel | UnknownApplication):
+                    target = _UNKNOWN_TARGET
+            self.metrics.request(route, target, outcome, perf_counter() - start)
+            return response
+        return endpoint
+
+    def _fail(self, exc: Exception, route: str) -> Response:
+        if isinstance(exc, RequestError):
+            self.metrics.bad_request(exc.code)
+            return _error(exc.status_code, exc.code, str(exc))
+        if isinstance(exc, ServiceError):
+            return _error(exc.status_code, exc.code, str(exc))
+        if isinstance(exc, QueueFull):  # overload is the server's state, like no replica
+            return _error(503, "unavailable", str(exc) or "queue full")
+        if isinstance(exc, ClientDisconnect):
+            return Response(status_code=499)  # nobody reads it; nothing to log
+        logger.exception("unexpected error on route %s", route)
+        message = str(exc) if isinstance(exc, ParityServeError) else "internal server error"
+        return _error(500, "internal_error", message)
+
+    async def http_error(self, request: Request, exc: Exception) -> Response:
+        """Routing errors (unknown path, wrong method) as JSON, like every other error."""
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code,
+                                                                 f"http_{exc.status_code}")
+        if exc.status_code < 500:
+            self.metrics.bad_request(code)
+        message = f"{exc.detail}: {request.method} {quote(request.url.path)}"
+        return _error(exc.status_code, code, message, exc.headers)
+
+    # ------------------------------------------------------------ V2 handlers
+
+    async def server_metadata(self, request: Request) -> tuple[Response, Outcome]:
+        return _json(self.server_doc), "ok"
+
+    async def live(self, request: Request) -> tuple[Response, Outcome]:
+        return _json({"live": True}), "ok"
+
+    async def ready(self, request: Request) -> tuple[Response, Outcome]:
+        ready = self.system.is_ready()
+        return _json({"ready": ready}, 200 if ready else 503), "ok"
+
+    async def model_metadata(self, request: Request) -> tuple[Response, Outcome]:
+        meta = self.system.model_metadata(request.path_params["model"], _version(request))
+        return _json(_metadata_json(meta)), "ok"
+
+    async def model_ready(self, request: Request) -> tuple[Response, Outcome]:
+        ready = self.system.model_ready(request.path_params["model"], _version(request))
+        return _json({"ready": ready}, 200 if ready else 503), "ok"
+
+    async def model_config(self, request: Request) -> tuple[Response, Outcome]:
+        meta = self.system.model_metadata(request.path_params["model"], _version(request))
+        return _json(_config_json(meta)), "ok"
+
+    async def infer(self, request: Request) -> tuple[Response, Outcome]:
+        model, version = request.path_params["model"], _version(request)
+        body = await _read_body(request, self.limit)
+        meta = self.system.model_metadata(model, version)
+        decoded = v2.decode_infer_request(body, _header_length(request))
+        name = _output_name(decoded, meta)
+        result = await self.system.infer(model, version, _the_input(decoded, meta))
+        out, headers = v2.encode_infer_response(
+            model, str(version) if version else _latest(meta), decoded.id,
+            [(name, result)], {name: decoded.wants_binary(name)})
+        return Response(out, headers=headers), "ok"
+
+    # ------------------------------------------------------------ Clipper handlers
+
+    async def predict(self, request: Request) -> tuple[Response, Outcome]:
+        body = _object(await _read_body(request, self.limit))
+        items, batched = _predict_items(body)
+        predictions = await self.system.predict(request.path_params["app"], items)
+        outcome = "default" if any(p.default for p in predictions) else "ok"
+        if batched:
+            return _json([p.to_json() for p in predictions]), outcome
+        return _json(predictions[0].to_json()), outcome
+
+    async def update(self, request: Request) -> tuple[Response, Outcome]:
+        uid, item, label = _update_fields(_object(await _read_body(request, self.limit)))
+        result = await self.system.update(request.path_params["app"], uid, item, label)
+        return _json(result), "ok"
+
+    # ------------------------------------------------------------ admin handlers
+
+    async def state(self, request: Request) -> tuple[Response, Outcome]:
+        return _json(self.system.state()), "ok"
+
+    async def add_application(self, request: Request) -> tuple[Response, Outcome]:
+        app = _validate(Application, await self._body(request), "application")
+        await self.system.add_application(app)
+        return _json(app.model_dump(mode="json"), 201), "ok"
+
+    async def remove_application(self, request: Request) -> tuple[Response, Outcome]:
+        name = request.path_params["app"]
+        await self.system.remove_application(name)
+        return _json({"removed": name}), "ok"
+
+    async def link_models(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_LinkBody, await self._body(request), "link request")
+        app = request.path_params["app"]
+        await self.system.link_models(app, body.models)
+        return _json({"application": app, "linked": list(body.models)}), "ok"
+
+    async def deploy(self, request: Request) -> tuple[Response, Outcome]:
+        deployment = _validate(Deployment, await self._body(request), "deployment")
+        await self.system.deploy(deployment)
+        return _json(deployment.model_dump(mode="json"), 201), "ok"
+
+    async def set_replicas(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_ReplicasBody, await self._body(request), "replicas request")
+        model = request.path_params["model"]
+        await self.system.set_replicas(model, body.replicas)
+        return _json({"model": model, "replicas": body.replicas}), "ok"
+
+    async def set_faults(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_FaultsBody, await self._body(request), "faults request")
+        model = request.path_params["model"]
+        await self.system.set_faults(model, body.replica, body.faults)
+        return _json({"model": model, "replica": body.replica,
+                      "faults": body.faults.model_dump(mode="json")}), "ok"
+
+    async def metrics_text(self, request: Request) -> tuple[Response, Outcome]:
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type), "ok"
+
+    async def _body(self, request: Request) -> bytes:
+        return await _read_body(request, self.limit)

@@ -1,0 +1,88 @@
+"""Starts local worker processes (model containers) and stops them without leaving orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from parityserve.runtime.worker import WorkerSpec
+
+__all__ = ["LocalLauncher", "WorkerProcess"]
+
+
+class WorkerProcess:
+    """A handle on one local worker subprocess."""
+
+    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen[bytes]) -> None:
+        self.spec = spec
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=5)
+
+    def terminate(self, grace_s: float = 2.0) -> None:
+        """SIGTERM, then SIGKILL after the grace period."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class LocalLauncher:
+    """Spawns ``python -m parityserve.runtime.worker`` for each replica.
+
+    Workers get their own session so a terminal's Ctrl-C reaches only the frontend (which then
+    stops them in order), and they ask the kernel to end them if the frontend dies.
+    """
+
+    def __init__(self, connect: str, *, log_dir: Path | None = None) -> None:
+        self.connect = connect
+        self.log_dir = log_dir
+
+    def start(self, spec: WorkerSpec) -> WorkerProcess:
+        cmd = [sys.executable, "-m", "parityserve.runtime.worker", "--connect", self.connect,
+               "--spec", spec.to_json(), "--die-with-parent"]
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads),
+               "MKL_NUM_THREADS": str(spec.threads)}
+        stderr = self._stderr(spec)
+        try:
+            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
+                                     start_new_session=True)
+        finally:
+            if stderr is not None:
+                os.close(stderr)  # the child holds its own copy
+        return WorkerProcess(spec, popen)
+
+    def _stderr(self, spec: WorkerSpec) -> int | None:
+        if self.log_dir is None:
+            return None  # inherit: worker tracebacks show up in the frontend's terminal
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{spec.replica_id.replace('/', '_')}.log"
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @staticmethod
+    def stop_all(procs: list[WorkerProcess], grace_s: float = 2.0) -> None:
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,109 @@
+"""Prometheus metrics for one serving system.
+
+Each ``Metrics`` owns its own ``CollectorRegistry`` rather than the process-global one, so
+several servers (or tests) can live in one process without "duplicated timeseries" errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["LATENCY_BUCKETS", "Metrics"]
+
+# From 50 us (a cache hit) to 10 s (a long timeout): sub-ms tails must stay visible.
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+_BATCH_BUCKETS = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536, the batching ceiling
+
+
+class Metrics:
+    """The counters, gauges and histograms the frontend and the serving system update."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._define_requests()
+        self._define_models()
+        self._define_replicas()
+
+    def _define_requests(self) -> None:
+        reg = self.registry
+        self._requests = Counter("parityserve_requests", "HTTP requests answered",
+                                 ["route", "target", "outcome"], registry=reg)
+        self._latency = Histogram("parityserve_request_latency_seconds",
+                                  "Time from request start to response", ["route", "target"],
+                                  buckets=LATENCY_BUCKETS, registry=reg)
+        self._bad = Counter("parityserve_bad_requests", "Requests refused with a 4xx",
+                            ["code"], registry=reg)
+        self._defaults = Counter("parityserve_default_outputs",
+                                 "Queries answered with the application's default output",
+                                 ["app", "reason"], registry=reg)
+
+    def _define_models(self) -> None:
+        reg = self.registry
+        self._queue = Histogram("parityserve_queue_time_seconds", "Time a query waited in queue",
+                                ["model"], buckets=LATENCY_BUCKETS, registry=reg)
+        self._batch = Histogram("parityserve_batch_size", "Queries per dispatched batch",
+                                ["model"], buckets=_BATCH_BUCKETS, registry=reg)
+        self._hits = Counter("parityserve_cache_hits", "Prediction cache hits", ["model"],
+                             registry=reg)
+        self._misses = Counter("parityserve_cache_misses", "Prediction cache misses",
+                               ["model"], registry=reg)
+
+    def _define_replicas(self) -> None:
+        reg, labels = self.registry, ["model", "replica"]
+        self._inflight = Gauge("parityserve_replica_inflight", "Queries in flight on a replica",
+                               labels, registry=reg)
+        self._restarts = Counter("parityserve_replica_restarts", "Replica restarts", labels,
+                                 registry=reg)
+        self._up = Gauge("parityserve_replica_up", "1 if the replica is alive", labels,
+                         registry=reg)
+
+    def request(self, route: str, target: str, outcome: str, latency_s: float) -> None:
+        key = (route, target, outcome)
+        children = self._children.get(key)
+        if children is None:  # labels() takes a lock and builds a tuple; cache per label set
+            children = (self._requests.labels(route, target, outcome),
+                        self._latency.labels(route, target))
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(latency_s)
+
+    def bad_request(self, code: str) -> None:
+        self._bad.labels(code).inc()
+
+    def queue_time(self, model: str, seconds: float) -> None:
+        self._queue.labels(model).observe(seconds)
+
+    def batch(self, model: str, size: int) -> None:
+        self._batch.labels(model).observe(size)
+
+    def cache(self, model: str, hit: bool) -> None:
+        (self._hits if hit else self._misses).labels(model).inc()
+
+    def set_inflight(self, model: str, replica: str, n: int) -> None:
+        self._inflight.labels(model, replica).set(n)
+
+    def restart(self, model: str, replica: str) -> None:
+        self._restarts.labels(model, replica).inc()
+
+    def set_replica_up(self, model: str, replica: str, up: bool) -> None:
+        self._up.labels(model, replica).set(1 if up else 0)
+
+    def observe_default(self, app: str, reason: str) -> None:
+        self._defaults.labels(app, reason).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its content type, for ``GET /metrics``."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

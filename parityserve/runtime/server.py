@@ -1,0 +1,155 @@
+"""Runs the HTTP frontend and the serving system on one asyncio loop.
+
+``serve()`` is what ``parityserve start`` calls (blocking, with signal handling).
+``start_in_thread()`` runs the same thing on a background thread for notebooks and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from parityserve.config import ServingConfig
+from parityserve.runtime.http import create_app
+from parityserve.runtime.system import ServingSystem
+
+__all__ = ["RunningServer", "ServerUrls", "serve", "start_in_thread"]
+
+
+@dataclass(frozen=True)
+class ServerUrls:
+    http: str
+    rpc: str
+
+    def describe(self, config: ServingConfig) -> str:
+        lines = [f"parityserve is serving on {self.http}",
+                 f"  workers connect to  {self.rpc}",
+                 f"  health              {self.http}/v2/health/ready",
+                 f"  metrics             {self.http}/metrics",
+                 f"  admin state         {self.http}/admin/state"]
+        lines += [f"  app {a.name:<16} POST {self.http}/{a.name}/predict"
+                  for a in config.applications]
+        lines += [f"  model {m.name:<14} POST {self.http}/v2/models/{m.name}/infer"
+                  for m in config.models]
+        return "\n".join(lines)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _run(config: ServingConfig, system: ServingSystem,
+               on_ready: Callable[[ServerUrls], None], install_signals: bool,
+               stop: asyncio.Event | None = None) -> None:
+    sock = _bind(config.server.host, config.server.http_port)
+    try:
+        await system.start()
+        app = create_app(system, metrics=system.metrics,
+                         max_body_bytes=config.server.max_body_bytes)
+        uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
+                                           access_log=False, lifespan="off", http="httptools"))
+        if not install_signals:
+            uv.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        host, port = sock.getsockname()[:2]
+        task = asyncio.create_task(uv.serve(sockets=[sock]))
+        while not uv.started and not task.done():
+            await asyncio.sleep(0.01)
+        on_ready(ServerUrls(f"http://{host}:{port}", system.rpc_address))
+        await _wait_stop(task, uv, stop)
+    finally:
+        await system.close()
+        sock.close()
+
+
+async def _wait_stop(task: asyncio.Task[None], uv: uvicorn.Server,
+                     stop: asyncio.Event | None) -> None:
+    if stop is None:
+        await task
+        return
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    uv.should_exit = True
+    await task
+    waiter.cancel()
+
+
+def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path | None = None,
+          on_ready: Callable[[ServerUrls], None] = lambda urls: None,
+          log_dir: Path | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; workers are stopped before this returns."""
+    system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
+    asyncio.run(_run(config, system, on_ready, install_signals=True))
+
+
+class RunningServer:
+    """A server on a background thread. Use as a context manager, or call ``stop()``."""
+
+    def __init__(self, config: ServingConfig, *, base_dir: Path | None = None,
+                 data_dir: Path | None = None, log_dir: Path | None = None) -> None:
+        self.config = config
+        self.system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
+        self.urls: ServerUrls | None = None
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="parityserve", daemon=True)
+
+    @property
+    def url(self) -> str:
+        assert self.urls is not None
+        return self.urls.http
+
+    def _main(self) -> None:
+        try:
+            self._loop.run_until_complete(
+                _run(self.config, self.system, self._on_ready, False, self._stop))
+        except BaseException as exc:  # surfaced to the starting thread by start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    def _on_ready(self, urls: ServerUrls) -> None:
+        self.urls = urls
+        self._ready.set()
+
+    def start(self, timeout_s: float = 180.0) -> RunningServer:
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"server did not start within {timeout_s:.0f}s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, coro_fn: Callable[[], object], timeout_s: float = 60.0) -> object:
+        """Run a coroutine function on the server's loop (admin calls from tests)."""
+        future = asyncio.run_coroutine_threadsafe(coro_fn(), self._loop)  # type: ignore[arg-type]
+        return future.result(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> RunningServer:
+        return self.start() if not self._thread.is_alive() else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_in_thread(config: ServingConfig, **kwargs: object) -> RunningServer:
+    return RunningServer(config, **kwargs).start()  # type: ignore[arg-type]

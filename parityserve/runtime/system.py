@@ -1,0 +1,477 @@
+"""The serving system: applications over model paths, worker lifecycle, and the admin surface.
+
+It satisfies ``runtime.api.ServingSystem`` for the HTTP layer. Everything here runs on one
+asyncio loop; workers are separate processes reached only through ``WorkerLink``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parityserve.config import Application, Deployment, FaultConfig, ServingConfig, TensorSpec
+from parityserve.core.batching import AIMDController
+from parityserve.core.cache import ClockCache
+from parityserve.errors import (
+    Conflict,
+    DeadlineExceeded,
+    InvalidInput,
+    QueueFull,
+    Unavailable,
+    UnknownApplication,
+    UnknownModel,
+    WorkerError,
+)
+from parityserve.runtime import wire
+from parityserve.runtime.api import ModelMetadata, Prediction
+from parityserve.runtime.dispatch import ModelPath, Replica
+from parityserve.runtime.launcher import LocalLauncher
+from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.worker import WorkerSpec
+
+__all__ = ["ServingSystem"]
+
+log = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-core box is slow
+_SUPERVISE_EVERY_S = 0.05
+_ONE_SHOT_FAULTS = ("crash_after_batches", "hang_after_batches")
+
+
+@dataclass
+class _App:
+    config: Application
+    feedback: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+class ServingSystem:
+    """Owns applications, model paths, the worker link and the supervisor loop."""
+
+    def __init__(self, config: ServingConfig, *, base_dir: Path | None = None,
+                 data_dir: Path | None = None, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic, log_dir: Path | None = None) -> None:
+        self.config = config
+        self.base_dir = base_dir
+        self.data_dir = data_dir
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.log_dir = log_dir
+        self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
+        self.models: dict[str, ModelPath] = {}
+        self.apps: dict[str, _App] = {a.name: _App(a) for a in config.applications}
+        self._by_rid: dict[str, tuple[ModelPath, Replica]] = {}
+        self._retired: list[ModelPath] = []
+        self._query_ids = itertools.count(1)
+        self._incarnations = itertools.count(1)
+        self._link: WorkerLink | None = None
+        self._launcher: LocalLauncher | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    @property
+    def rpc_address(self) -> str:
+        assert self._link is not None, "start() first"
+        return self._link.address
+
+    async def start(self, *, wait_ready: bool = True, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
+        server = self.config.server
+        self._link = WorkerLink(server.host, server.rpc_port)
+        self._link.start(self._on_message)
+        self._launcher = LocalLauncher(self._link.address, log_dir=self.log_dir)
+        for deployment in self.config.models:
+            self._install(deployment)
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        if wait_ready:
+            await self.wait_ready(timeout_s)
+
+    async def wait_ready(self, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
+        """Wait until every replica has said hello (or raise Unavailable naming the laggards)."""
+        deadline = self.clock() + timeout_s
+        while self.clock() < deadline:
+            starting = [r.rid for p in self.models.values() for r in p.replicas.values()
+                        if r.state == "starting"]
+            if not starting:
+                return
+            await asyncio.sleep(0.05)
+        raise Unavailable(f"replicas not ready after {timeout_s:.0f}s: {starting}")
+
+    async def close(self) -> None:
+        """Stop workers in order and answer everything still waiting."""
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        paths = [*self.models.values(), *self._retired]
+        for path in paths:
+            for replica in path.replicas.values():
+                self._send_quietly(replica, {"t": wire.STOP})
+            path.fail_all("server shutting down")
+        procs = [r.process for p in paths for r in p.replicas.values() if r.process is not None]
+        await asyncio.to_thread(LocalLauncher.stop_all, procs)
+        if self._link is not None:
+            await self._link.close()
+
+    # ---- replicas ------------------------------------------------------------------------
+    def _install(self, deployment: Deployment) -> ModelPath:
+        assert self._link is not None
+        path = ModelPath(deployment, link=self._link, metrics=self.metrics, cache=self.cache,
+                         clock=self.clock, slo_s=self._slo_for(deployment.name, deployment),
+                         max_queue=self.config.server.max_queue)
+        self.models[deployment.name] = path
+        for index in range(deployment.replicas):
+            self._launch(path, index, deployment.faults_for(index).model_dump())
+        return path
+
+    def _slo_for(self, model: str, deployment: Deployment) -> float:
+        """AIMD backs off against the tightest SLO of the applications using the model."""
+        slos = [a.config.slo_ms for a in self.apps.values() if model in a.config.models]
+        return (min(slos) if slos else deployment.timeout_ms) / 1000
+
+    def _launch(self, path: ModelPath, index: int, faults: dict[str, Any]) -> Replica:
+        assert self._launcher is not None
+        dep = path.deployment
+        rid = f"{dep.name}/v{dep.version}/{index}#{next(self._incarnations)}"
+        spec = WorkerSpec(
+            replica_id=rid, model=dep.name, version=dep.version, source=dep.source,
+            weights=dep.weights, options=dict(dep.options), threads=dep.threads_per_replica,
+            base_dir=str(self.base_dir) if self.base_dir else None,
+            data_dir=str(self.data_dir) if self.data_dir else None,
+            faults={} if FaultConfig.model_validate(faults).is_noop else faults,
+            heartbeat_interval_s=self.config.server.heartbeat_interval_ms / 1000)
+        process = self._launcher.start(spec)
+        replica = Replica(rid, index, self._aimd(path), self.clock(), process=process,
+                          pid=process.pid, started_at=self.clock(), faults=faults)
+        path.replicas[rid] = replica
+        self._by_rid[rid] = (path, replica)
+        self.metrics.set_replica_up(path.name, str(index), False)
+        return replica
+
+    def _aimd(self, path: ModelPath) -> AIMDController:
+        b = path.deployment.batching
+        return AIMDController(b.max_batch_size, path.slo_s, additive_step=b.additive_step,
+                              backoff=b.backoff)
+
+    def _on_message(self, rid: str, header: dict[str, Any], buffers: list[Any]) -> None:
+        kind = header["t"]
+        found = self._by_rid.get(rid)
+        if found is None:
+            if kind == wire.HELLO:
+                self._join(rid, header)
+            return
+        path, replica = found
+        replica.last_seen = self.clock()
+        if kind == wire.RESULT:
+            path.on_result(replica, header, buffers)
+        elif kind == wire.HELLO:
+            self._ready(path, replica, header)
+        elif kind == wire.BYE:
+            self._forget(path, replica)
+
+    def _ready(self, path: ModelPath, replica: Replica, header: dict[str, Any]) -> None:
+        replica.state = "ready" if replica.state == "starting" else replica.state
+        replica.pid = header.get("pid", replica.pid)
+        path.platform = header.get("platform") or path.platform
+        path.input_spec = path.input_spec or _spec(header.get("input"))
+        path.output_spec = path.output_spec or _spec(header.get("output"))
+        self.metrics.set_replica_up(path.name, str(replica.index), True)
+        path.pump()
+
+    def _join(self, rid: str, header: dict[str, Any]) -> None:
+        """A worker started elsewhere (``parityserve worker --connect``) joins a model."""
+        path = self.models.get(header.get("model", ""))
+        if path is None or header.get("version") != path.version:
+            log.warning("rejecting worker %s for unknown model %s v%s", rid,
+                        header.get("model"), header.get("version"))
+            self._send_quietly_rid(rid, {"t": wire.STOP})
+            return
+        replica = Replica(rid, -1, self._aimd(path), self.clock(), started_at=self.clock())
+        path.replicas[rid] = replica
+        self._by_rid[rid] = (path, replica)
+        self._ready(path, replica, header)
+
+    def _forget(self, path: ModelPath, replica: Replica) -> None:
+        path.take_back(replica)
+        path.replicas.pop(replica.rid, None)
+        self._by_rid.pop(replica.rid, None)
+        path.pump()
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(_SUPERVISE_EVERY_S)
+            for path in [*self.models.values(), *self._retired]:
+                self._check_path(path)
+            self._reap_retired()
+
+    def _check_path(self, path: ModelPath) -> None:
+        now = self.clock()
+        timeout = self.config.server.heartbeat_timeout_ms / 1000
+        for replica in list(path.replicas.values()):
+            reason = _failure(replica, now, timeout)
+            if reason is not None:
+                self._replace(path, replica, reason)
+        path.expire_stale(now)
+
+    def _replace(self, path: ModelPath, replica: Replica, reason: str) -> None:
+        """A failed replica: requeue its batch, kill it, and start a fresh one in its place."""
+        requeued = path.take_back(replica)
+        log.warning("replica %s failed (%s); re-dispatching %d queries", replica.rid, reason,
+                    requeued)
+        path.replicas.pop(replica.rid, None)
+        self._by_rid.pop(replica.rid, None)
+        if replica.process is not None:
+            replica.process.kill()
+        self.metrics.set_replica_up(path.name, str(replica.index), False)
+        if replica.process is not None and replica.state != "retiring" and not self._closing:
+            self.metrics.restart(path.name, str(replica.index))
+            faults = {k: v for k, v in replica.faults.items() if k not in _ONE_SHOT_FAULTS}
+            self._launch(path, replica.index, faults)
+        path.pump()
+
+    def _reap_retired(self) -> None:
+        for path in list(self._retired):
+            if len(path.queue) == 0 and not path.inflight:
+                self._stop_replicas(path, list(path.replicas.values()))
+                self._retired.remove(path)
+
+    def _stop_replicas(self, path: ModelPath, replicas: list[Replica]) -> None:
+        for replica in replicas:
+            replica.state = "retiring"
+            path.take_back(replica)
+            self._send_quietly(replica, {"t": wire.STOP})
+            path.replicas.pop(replica.rid, None)
+            self._by_rid.pop(replica.rid, None)
+            if replica.process is not None:
+                asyncio.get_running_loop().run_in_executor(None, replica.process.terminate)
+        path.pump()
+
+    def _send_quietly(self, replica: Replica, header: dict[str, Any]) -> None:
+        self._send_quietly_rid(replica.rid, header)
+
+    def _send_quietly_rid(self, rid: str, header: dict[str, Any]) -> None:
+        if self._link is None:
+            return
+        with contextlib.suppress(WorkerError):
+            self._link.send(rid, header)
+
+    # ---- queries -------------------------------------------------------------------------
+    def _app(self, name: str) -> _App:
+        try:
+            return self.apps[name]
+        except KeyError:
+            raise UnknownApplication(f"unknown application {name!r}; deployed: "
+                                     f"{sorted(self.apps) or 'none'}") from None
+
+    def _model(self, name: str, version: int | None = None) -> ModelPath:
+        path = self.models.get(name)
+        if path is None:
+            raise UnknownModel(f"unknown model {name!r}; deployed: {sorted(self.models) or 'none'}")
+        if version is not None and version != path.version:
+            raise UnknownModel(f"model {name!r} has no version {version}; "
+                               f"serving version {path.version}")
+        return path
+
+    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
+        state = self._app(app)
+        path = self._model(state.config.models[0])  # the selection layer picks among several
+        inputs = [path.coerce(item) for item in items]  # all validated before any is queued
+        slo_s = state.config.slo_ms / 1000
+        deadline = self.clock() + slo_s
+        submitted = [self._submit(path, x, deadline) for x in inputs]
+        pending = [f for f, _ in submitted if isinstance(f, asyncio.Future) and not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
+        return [self._answer(state.config, path, f, cached) for f, cached in submitted]
+
+    def _submit(self, path: ModelPath, item: Any, deadline: float) -> tuple[Any, bool]:
+        try:
+            return path.submit(item, deadline)
+        except QueueFull:
+            return "queue full", False
+
+    def _answer(self, app: Application, path: ModelPath, future: Any, cached: bool) -> Prediction:
+        qid = str(next(self._query_ids))
+        if isinstance(future, asyncio.Future) and future.done() and future.exception() is None:
+            return Prediction(qid, future.result(), model=path.name, version=path.version,
+                              cached=cached)
+        reason = self._default_reason(app, path, future)
+        self.metrics.observe_default(app.name, reason.split(":")[0])
+        return Prediction(qid, app.default_output, default=True, default_explanation=reason)
+
+    def _default_reason(self, app: Application, path: ModelPath, future: Any) -> str:
+        if isinstance(future, str):
+            return f"{future}: model {path.name!r} has {len(path.queue)} queries waiting"
+        if future.done():
+            return f"error: {future.exception()}"
+        if not path.has_capacity():
+            return f"unavailable: model {path.name!r} has no running replica"
+        return f"deadline: model {path.name!r} did not answer within the {app.slo_ms:g} ms SLO"
+
+    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]:
+        state = self._app(app)
+        path = self._model(state.config.models[0])
+        if not isinstance(uid, str) or not uid:
+            raise InvalidInput("feedback needs a non-empty string 'uid'")
+        if label is None:
+            raise InvalidInput("feedback needs a 'label'")
+        coerced = path.coerce(item)
+        state.feedback.append({"uid": uid, "input": coerced, "label": label, "at": time.time()})
+        return {"ok": True, "uid": uid, "feedback_stored": len(state.feedback)}
+
+    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
+        path = self._model(model, version)
+        if not path.has_capacity():
+            raise Unavailable(f"model {model!r} has no running replica")
+        deadline = self.clock() + path.deployment.timeout_ms / 1000
+        futures = [path.submit(row, deadline)[0] for row in batch]
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
+        for future in futures:
+            if not future.done():
+                raise DeadlineExceeded(f"model {model!r} did not answer within "
+                                       f"{path.deployment.timeout_ms:g} ms")
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        return np.stack([np.asarray(f.result()) for f in futures])
+
+    # ---- metadata --------------------------------------------------------------------------
+    def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
+        path = self._model(model, version)
+        inputs = (path.input_spec,) if path.input_spec else ()
+        outputs = (path.output_spec,) if path.output_spec else ()
+        return ModelMetadata(path.name, (str(path.version),), path.platform, inputs, outputs)
+
+    def is_ready(self) -> bool:
+        return all(p.ready_replicas() for p in self.models.values() if p.deployment.replicas)
+
+    def model_ready(self, model: str, version: int | None) -> bool:
+        return bool(self._model(model, version).ready_replicas())
+
+    # ---- admin -----------------------------------------------------------------------------
+    async def add_application(self, app: Application) -> None:
+        if app.name in self.apps:
+            raise Conflict(f"application {app.name!r} already exists")
+        for model in app.models:
+            self._model(model)
+        self.apps[app.name] = _App(app)
+        self._refresh_slos()
+
+    async def remove_application(self, name: str) -> None:
+        self._app(name)
+        del self.apps[name]
+        self._refresh_slos()
+
+    async def link_models(self, app: str, models: Sequence[str]) -> None:
+        state = self._app(app)
+        if not models:
+            raise InvalidInput("link needs at least one model")
+        for model in models:
+            self._model(model)
+        state.config = state.config.model_copy(update={"models": tuple(models)})
+        self._refresh_slos()
+
+    def _refresh_slos(self) -> None:
+        for path in self.models.values():
+            path.slo_s = self._slo_for(path.name, path.deployment)
+            for replica in path.replicas.values():
+                replica.aimd.set_slo(path.slo_s)
+
+    async def deploy(self, deployment: Deployment) -> None:
+        """Deploy a new model, or roll a model to a newer version with no gap in service."""
+        old = self.models.get(deployment.name)
+        if old is not None and deployment.version <= old.version:
+            raise Conflict(f"model {deployment.name!r} already serves version {old.version}; "
+                           f"deploy version {old.version + 1} or higher")
+        if old is not None:
+            del self.models[deployment.name]
+        path = self._install(deployment)
+        if old is None:
+            return
+        self.models[deployment.name] = old  # keep serving the old version while the new loads
+        await self._await_first_ready(path)
+        self.models[deployment.name] = path
+        self._retired.append(old)
+
+    async def _await_first_ready(self, path: ModelPath) -> None:
+        deadline = self.clock() + _STARTUP_TIMEOUT_S
+        while not path.ready_replicas() and path.deployment.replicas:
+            if self.clock() > deadline:
+                raise Unavailable(f"new version of {path.name!r} did not start")
+            await asyncio.sleep(0.05)
+
+    async def set_replicas(self, model: str, replicas: int) -> None:
+        path = self._model(model)
+        if not 0 <= replicas <= 256:
+            raise InvalidInput("replicas must be between 0 and 256")
+        managed = sorted((r for r in path.replicas.values() if r.process is not None),
+                         key=lambda r: r.index)
+        for index in range(len(managed), replicas):
+            self._launch(path, index, path.deployment.faults_for(index).model_dump())
+        self._stop_replicas(path, managed[replicas:])
+        path.deployment = path.deployment.model_copy(update={"replicas": replicas})
+
+    async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None:
+        path = self._model(model)
+        targets = [r for r in path.replicas.values() if replica == "all" or str(r.index) == replica]
+        if not targets:
+            raise InvalidInput(f"model {model!r} has no replica {replica!r}; replicas are "
+                               f"{sorted({r.index for r in path.replicas.values()})}")
+        spec = {} if faults.is_noop else faults.model_dump()
+        for target in targets:
+            target.faults = spec
+            self._send_quietly(target, {"t": wire.FAULT, "spec": spec})
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "applications": [{**a.config.model_dump(mode="json"),
+                              "feedback_stored": len(a.feedback)} for a in self.apps.values()],
+            "models": [self._model_state(p) for p in self.models.values()],
+            "cache": _record(self.cache.statistics()),
+            "rpc_address": self._link.address if self._link else None,
+        }
+
+    def _model_state(self, path: ModelPath) -> dict[str, Any]:
+        return {
+            "name": path.name, "version": path.version, "source": path.deployment.source,
+            "platform": path.platform, "slo_ms": path.slo_s * 1000,
+            "queue": _record(path.queue.statistics()),
+            "replicas": [_record(s) for s in path.replica_stats()],
+        }
+
+
+def _failure(replica: Replica, now: float, timeout_s: float) -> str | None:
+    """Why a replica counts as failed, or None while it is healthy."""
+    if replica.state in ("dead",):
+        return "unreachable"
+    code = replica.process.exit_code() if replica.process is not None else None
+    if code is not None:
+        return f"process exited with code {code}"
+    if replica.state == "starting":
+        return "did not start in time" if now - replica.started_at > _STARTUP_TIMEOUT_S else None
+    if now - replica.last_seen > timeout_s:
+        return f"no heartbeat for {now - replica.last_seen:.1f}s"
+    return None
+
+
+def _spec(raw: dict[str, Any] | None) -> TensorSpec | None:
+    return None if raw is None else TensorSpec(name=raw["name"], datatype=raw["datatype"],
+                                               shape=tuple(raw["shape"]))
+
+
+def _record(stats: Any) -> dict[str, Any]:
+    return {k: getattr(stats, k) for k in stats.__dataclass_fields__}
+
+

@@ -1,0 +1,52 @@
+"""Turning decoded JSON inputs into arrays that match a model's signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from parityserve.config import TensorSpec
+from parityserve.errors import InvalidInput
+
+__all__ = ["coerce_item", "numpy_dtype", "shape_matches"]
+
+_DATATYPES = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    try:
+        return np.dtype(_DATATYPES[datatype])
+    except KeyError:
+        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of "
+                           f"{', '.join(_DATATYPES)}") from None
+
+
+def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """Shapes match when ranks agree and every non-wildcard (-1) dimension is equal."""
+    return len(shape) == len(expected) and all(
+        e == -1 or s == e for s, e in zip(shape, expected, strict=True))
+
+
+def coerce_item(item: Any, spec: TensorSpec | None, *, where: str) -> Any:
+    """One query's input as an array of the model's dtype and shape, or InvalidInput.
+
+    Models that declare no signature receive the decoded JSON value unchanged.
+    """
+    if spec is None:
+        return item
+    if spec.datatype == "BYTES":
+        return item
+    try:
+        array = np.asarray(item, dtype=numpy_dtype(spec.datatype))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(f"{where}: input is not a {spec.datatype} tensor ({exc})") from exc
+    if not shape_matches(array.shape, spec.shape):
+        raise InvalidInput(f"{where}: expected input shape {list(spec.shape)}, "
+                           f"got {list(array.shape)}")
+    return array

@@ -1,0 +1,47 @@
+"""Fixtures that start real servers with real worker processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from parityserve.config import parse_config
+from parityserve.models.digits import train_digits_classifier
+from parityserve.runtime.server import RunningServer
+
+
+@pytest.fixture(scope="session")
+def digits_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_digits_classifier(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def digits_data() -> tuple:
+    from parityserve.models.datasets import load_digits_split
+
+    return load_digits_split(seed=0)
+
+
+def start_server(config: dict, tmp_path: Path) -> RunningServer:
+    """A RunningServer for a config mapping; worker logs go to tmp_path/logs."""
+    data = os.environ.get("PARITYSERVE_DATA")
+    return RunningServer(parse_config(config), base_dir=tmp_path,
+                         data_dir=Path(data) if data else None,
+                         log_dir=tmp_path / "logs").start()
+
+
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    started: list[RunningServer] = []
+
+    def make(config: dict) -> RunningServer:
+        server = start_server(config, tmp_path_factory.mktemp("server"))
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
