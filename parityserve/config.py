@@ -1,4 +1,4 @@
-"""Frozen, validated settings. Unknown keys are rejected, so a typo is an error, not a silent default.
+"""Frozen, validated settings. Unknown keys are rejected: a typo is an error, not a default.
 
 A deployment is described in YAML (``load_config``) or built in Python from the same models
 (``Server``, ``Deployment``, ``Application`` are re-exported from the package root).
@@ -36,10 +36,13 @@ class _Frozen(BaseModel):
 
 
 class BatchingConfig(_Frozen):
-    """Adaptive batching: AIMD between 1 and ``max_batch_size``; optional delay so a batch can fill."""
+    """Adaptive batching: AIMD between 1 and ``max_batch_size``; an optional delay lets a
+    batch fill."""
 
     max_batch_size: int = Field(64, ge=1, le=65536, description="AIMD ceiling")
-    max_delay_ms: float = Field(0.0, ge=0, le=10_000, description="wait this long for a batch to fill")
+    max_delay_ms: float = Field(
+        0.0, ge=0, le=10_000, description="wait this long for a batch to fill"
+    )
     additive_step: int = Field(1, ge=1, description="AIMD additive increase per on-time batch")
     backoff: float = Field(0.9, gt=0, lt=1, description="AIMD multiplicative factor on an SLO miss")
 
@@ -84,19 +87,24 @@ class Deployment(_Frozen):
     """One deployed model version and its replicas."""
 
     name: str = Field(pattern=_NAME_PATTERN)
-    source: str = Field(description="zoo:NAME, torch:pkg.mod:Class, torchscript:FILE, "
-                        "sklearn:FILE, onnx:FILE or python:pkg.mod:Class")
+    source: str = Field(
+        description="zoo:NAME, torch:pkg.mod:Class, torchscript:FILE, "
+        "sklearn:FILE, onnx:FILE or python:pkg.mod:Class"
+    )
     weights: str | None = None
     version: int = Field(1, ge=1)
     replicas: int = Field(1, ge=0, le=256)
     threads_per_replica: int = Field(1, ge=1, le=256)
     batching: BatchingConfig = BatchingConfig()
-    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the model")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments for the model"
+    )
     input: TensorSpec | None = None
     output: TensorSpec | None = None
     timeout_ms: float = Field(10_000, gt=0, description="deadline for V2 queries that name no app")
     faults: dict[str, FaultConfig] = Field(
-        default_factory=dict, description="replica index (or 'all') -> faults to inject")
+        default_factory=dict, description="replica index (or 'all') -> faults to inject"
+    )
 
     @model_validator(mode="after")
     def _check_fault_keys(self) -> Deployment:
@@ -129,7 +137,9 @@ class Server(_Frozen):
     http_port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
     rpc_port: int = Field(0, ge=0, le=65535, description="ZeroMQ port for workers; 0 picks one")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    cache_bytes: int = Field(64 * 1024 * 1024, ge=0, description="prediction cache size; 0 disables")
+    cache_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="prediction cache size; 0 disables"
+    )
     heartbeat_interval_ms: float = Field(200, gt=0)
     heartbeat_timeout_ms: float = Field(2000, gt=0)
     max_queue: int = Field(100_000, ge=1, description="per-model queue capacity")
@@ -159,7 +169,9 @@ class ServingConfig(_Frozen):
 def parse_config(data: Any, *, where: str = "config") -> ServingConfig:
     """Validate a plain mapping (e.g. parsed YAML) into a ServingConfig."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{where}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     try:
         return ServingConfig.model_validate(data)
     except ValidationError as exc:

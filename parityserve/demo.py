@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from parityserve.bench.loadgen import HttpSender, encode_bodies, json_sender, poisson_schedule
-from parityserve.bench.loadgen import LoadResult, run_open_loop
+from parityserve.bench.loadgen import (
+    HttpSender,
+    LoadResult,
+    encode_bodies,
+    json_sender,
+    poisson_schedule,
+    run_open_loop,
+)
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.models.datasets import load_digits_split
 from parityserve.models.digits import train_digits_classifier
@@ -25,19 +32,27 @@ console = Console()
 def demo_config(model_path: Path) -> dict[str, Any]:
     return {
         "server": {"http_port": 0},
-        "models": [{
-            "name": "digits-logreg", "source": f"sklearn:{model_path.resolve()}",
-            "replicas": 2, "threads_per_replica": 1,
-            "batching": {"max_batch_size": 32, "max_delay_ms": 0},
-        }],
-        "applications": [{
-            "name": "digits", "models": ["digits-logreg"], "slo_ms": 50, "default_output": -1,
-        }],
+        "models": [
+            {
+                "name": "digits-logreg",
+                "source": f"sklearn:{model_path.resolve()}",
+                "replicas": 2,
+                "threads_per_replica": 1,
+                "batching": {"max_batch_size": 32, "max_delay_ms": 0},
+            }
+        ],
+        "applications": [
+            {
+                "name": "digits",
+                "models": ["digits-logreg"],
+                "slo_ms": 50,
+                "default_output": -1,
+            }
+        ],
     }
 
 
-def run_demo(*, queries: int, rate: float, cache_dir: Path, keep_serving: bool,
-             seed: int) -> int:
+def run_demo(*, queries: int, rate: float, cache_dir: Path, keep_serving: bool, seed: int) -> int:
     console.rule("[bold]parityserve demo")
     with console.status("training a digits classifier (cached after the first run)"):
         model_path = train_digits_classifier(cache_dir, seed=seed)
@@ -59,8 +74,7 @@ def run_demo(*, queries: int, rate: float, cache_dir: Path, keep_serving: bool,
     return 0 if result.summary()["errors"] == 0 else 1
 
 
-async def _load(url: str, x_test: np.ndarray, queries: int, rate: float,
-                seed: int) -> LoadResult:
+async def _load(url: str, x_test: np.ndarray, queries: int, rate: float, seed: int) -> LoadResult:
     bodies = encode_bodies(list(x_test))
     schedule = poisson_schedule(rate, queries, np.random.default_rng(seed))
     async with HttpSender(url) as http:
@@ -77,11 +91,15 @@ def _report(result: LoadResult, y_test: np.ndarray, rate: float) -> None:
     table = Table(title=f"open-loop Poisson load, {s['n']} queries at {rate:g} q/s offered")
     for col in ("metric", "value"):
         table.add_column(col)
-    rows = [("throughput", f"{s['throughput_qps']:.1f} q/s"),
-            ("p50 latency", f"{s['p50_ms']:.2f} ms"), ("p99 latency", f"{s['p99_ms']:.2f} ms"),
-            ("p99.9 latency", f"{s['p999_ms']:.2f} ms"),
-            ("accuracy vs labels", f"{correct / max(1, len(outputs)):.2%}"),
-            ("default answers (SLO misses)", str(defaults)), ("errors", str(s["errors"]))]
+    rows = [
+        ("throughput", f"{s['throughput_qps']:.1f} q/s"),
+        ("p50 latency", f"{s['p50_ms']:.2f} ms"),
+        ("p99 latency", f"{s['p99_ms']:.2f} ms"),
+        ("p99.9 latency", f"{s['p999_ms']:.2f} ms"),
+        ("accuracy vs labels", f"{correct / max(1, len(outputs)):.2%}"),
+        ("default answers (SLO misses)", str(defaults)),
+        ("errors", str(s["errors"])),
+    ]
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -89,15 +107,17 @@ def _report(result: LoadResult, y_test: np.ndarray, rate: float) -> None:
 
 def _print_urls(url: str) -> None:
     console.print("\n[bold]explore:")
-    for what, path in [("predict", "/digits/predict  (POST {\"input\": [64 floats]})"),
-                       ("V2 model", "/v2/models/digits-logreg"), ("metrics", "/metrics"),
-                       ("admin", "/admin/state"), ("health", "/v2/health/ready")]:
+    for what, path in [
+        ("predict", '/digits/predict  (POST {"input": [64 floats]})'),
+        ("V2 model", "/v2/models/digits-logreg"),
+        ("metrics", "/metrics"),
+        ("admin", "/admin/state"),
+        ("health", "/v2/health/ready"),
+    ]:
         console.print(f"  {what:<9} {url}{path}")
 
 
 def _wait_for_ctrl_c() -> None:
     console.print("\nserving until Ctrl-C ...")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         signal.pause()
-    except KeyboardInterrupt:
-        pass

@@ -12,6 +12,7 @@ import numpy as np
 from parityserve.config import TensorSpec
 from parityserve.errors import ModelLoadError
 from parityserve.models.base import Batch, LoadedModel
+from parityserve.runtime.v2 import dtype_to_datatype
 
 __all__ = ["load_sklearn"]
 
@@ -75,6 +76,12 @@ def _input_spec(estimator: Any) -> TensorSpec | None:
 
 def _output_spec(estimator: Any, method: str) -> TensorSpec | None:
     classes = getattr(estimator, "classes_", None)
-    if method != "predict_proba" or classes is None:
-        return None
-    return TensorSpec(name="probabilities", datatype="FP32", shape=(len(classes),))
+    if method == "predict_proba":
+        return None if classes is None else TensorSpec(
+            name="probabilities", datatype="FP32", shape=(len(classes),))
+    if classes is None:  # a regressor
+        return TensorSpec(name="prediction", datatype="FP64", shape=())
+    kind = np.asarray(classes).dtype
+    # String class labels are served as BYTES; numeric labels keep their dtype.
+    datatype = dtype_to_datatype(kind)
+    return TensorSpec(name="label", datatype=datatype, shape=())

@@ -13,36 +13,17 @@ import numpy as np
 
 from parityserve.config import TensorSpec
 from parityserve.errors import ParityServeError, PredictError
+from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["Batch", "LoadedModel", "Model", "numpy_dtype"]
 
 Batch = np.ndarray | list[Any]
 
+
 # KServe V2 datatype names -> numpy dtypes. BYTES stays object: there is nothing to cast to.
-_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
-
-
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
-    """The numpy dtype for a V2 datatype name such as ``"FP32"``."""
-    try:
-        dtype: np.dtype[Any] = np.dtype(_DTYPES[datatype.upper()])
-    except KeyError:
-        raise ValueError(f"unknown datatype {datatype!r}; use one of {sorted(_DTYPES)}") from None
-    return dtype
+    """The numpy dtype for a V2 datatype name such as ``"FP32"`` (one table: ``runtime.v2``)."""
+    return datatype_to_dtype(datatype.upper())
 
 
 class Model:

@@ -29,7 +29,9 @@ MessageHandler = Callable[[str, dict[str, Any], list[Any]], None]
 class Link(Protocol):
     """What the dispatcher needs from the RPC layer."""
 
-    def send(self, replica_id: str, header: dict[str, Any], buffers: list[Any] | None = None) -> None: ...
+    def send(
+        self, replica_id: str, header: dict[str, Any], buffers: list[Any] | None = None
+    ) -> None: ...
 
 
 class WorkerLink:
@@ -54,7 +56,9 @@ class WorkerLink:
     def start(self, handler: MessageHandler) -> None:
         self._task = asyncio.get_running_loop().create_task(self._receive(handler))
 
-    def send(self, replica_id: str, header: dict[str, Any], buffers: list[Any] | None = None) -> None:
+    def send(
+        self, replica_id: str, header: dict[str, Any], buffers: list[Any] | None = None
+    ) -> None:
         """Non-blocking send; raises WorkerError when the worker is not connected."""
         frames = [replica_id.encode(), *wire.encode(header, buffers)]
         try:

@@ -58,9 +58,16 @@ class _App:
 class ServingSystem:
     """Owns applications, model paths, the worker link and the supervisor loop."""
 
-    def __init__(self, config: ServingConfig, *, base_dir: Path | None = None,
-                 data_dir: Path | None = None, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic, log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: ServingConfig,
+        *,
+        base_dir: Path | None = None,
+        data_dir: Path | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log_dir: Path | None = None,
+    ) -> None:
         self.config = config
         self.base_dir = base_dir
         self.data_dir = data_dir
@@ -85,7 +92,9 @@ class ServingSystem:
         assert self._link is not None, "start() first"
         return self._link.address
 
-    async def start(self, *, wait_ready: bool = True, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
+    async def start(
+        self, *, wait_ready: bool = True, timeout_s: float = _STARTUP_TIMEOUT_S
+    ) -> None:
         server = self.config.server
         self._link = WorkerLink(server.host, server.rpc_port)
         self._link.start(self._on_message)
@@ -100,8 +109,12 @@ class ServingSystem:
         """Wait until every replica has said hello (or raise Unavailable naming the laggards)."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
-            starting = [r.rid for p in self.models.values() for r in p.replicas.values()
-                        if r.state == "starting"]
+            starting = [
+                r.rid
+                for p in self.models.values()
+                for r in p.replicas.values()
+                if r.state == "starting"
+            ]
             if not starting:
                 return
             await asyncio.sleep(0.05)
@@ -127,9 +140,15 @@ class ServingSystem:
     # ---- replicas ------------------------------------------------------------------------
     def _install(self, deployment: Deployment) -> ModelPath:
         assert self._link is not None
-        path = ModelPath(deployment, link=self._link, metrics=self.metrics, cache=self.cache,
-                         clock=self.clock, slo_s=self._slo_for(deployment.name, deployment),
-                         max_queue=self.config.server.max_queue)
+        path = ModelPath(
+            deployment,
+            link=self._link,
+            metrics=self.metrics,
+            cache=self.cache,
+            clock=self.clock,
+            slo_s=self._slo_for(deployment.name, deployment),
+            max_queue=self.config.server.max_queue,
+        )
         self.models[deployment.name] = path
         for index in range(deployment.replicas):
             self._launch(path, index, deployment.faults_for(index).model_dump())
@@ -145,15 +164,29 @@ class ServingSystem:
         dep = path.deployment
         rid = f"{dep.name}/v{dep.version}/{index}#{next(self._incarnations)}"
         spec = WorkerSpec(
-            replica_id=rid, model=dep.name, version=dep.version, source=dep.source,
-            weights=dep.weights, options=dict(dep.options), threads=dep.threads_per_replica,
+            replica_id=rid,
+            model=dep.name,
+            version=dep.version,
+            source=dep.source,
+            weights=dep.weights,
+            options=dict(dep.options),
+            threads=dep.threads_per_replica,
             base_dir=str(self.base_dir) if self.base_dir else None,
             data_dir=str(self.data_dir) if self.data_dir else None,
             faults={} if FaultConfig.model_validate(faults).is_noop else faults,
-            heartbeat_interval_s=self.config.server.heartbeat_interval_ms / 1000)
+            heartbeat_interval_s=self.config.server.heartbeat_interval_ms / 1000,
+        )
         process = self._launcher.start(spec)
-        replica = Replica(rid, index, self._aimd(path), self.clock(), process=process,
-                          pid=process.pid, started_at=self.clock(), faults=faults)
+        replica = Replica(
+            rid,
+            index,
+            self._aimd(path),
+            self.clock(),
+            process=process,
+            pid=process.pid,
+            started_at=self.clock(),
+            faults=faults,
+        )
         path.replicas[rid] = replica
         self._by_rid[rid] = (path, replica)
         self.metrics.set_replica_up(path.name, str(index), False)
@@ -161,8 +194,9 @@ class ServingSystem:
 
     def _aimd(self, path: ModelPath) -> AIMDController:
         b = path.deployment.batching
-        return AIMDController(b.max_batch_size, path.slo_s, additive_step=b.additive_step,
-                              backoff=b.backoff)
+        return AIMDController(
+            b.max_batch_size, path.slo_s, additive_step=b.additive_step, backoff=b.backoff
+        )
 
     def _on_message(self, rid: str, header: dict[str, Any], buffers: list[Any]) -> None:
         kind = header["t"]
@@ -193,8 +227,12 @@ class ServingSystem:
         """A worker started elsewhere (``parityserve worker --connect``) joins a model."""
         path = self.models.get(header.get("model", ""))
         if path is None or header.get("version") != path.version:
-            log.warning("rejecting worker %s for unknown model %s v%s", rid,
-                        header.get("model"), header.get("version"))
+            log.warning(
+                "rejecting worker %s for unknown model %s v%s",
+                rid,
+                header.get("model"),
+                header.get("version"),
+            )
             self._send_quietly_rid(rid, {"t": wire.STOP})
             return
         replica = Replica(rid, -1, self._aimd(path), self.clock(), started_at=self.clock())
@@ -227,8 +265,9 @@ class ServingSystem:
     def _replace(self, path: ModelPath, replica: Replica, reason: str) -> None:
         """A failed replica: requeue its batch, kill it, and start a fresh one in its place."""
         requeued = path.take_back(replica)
-        log.warning("replica %s failed (%s); re-dispatching %d queries", replica.rid, reason,
-                    requeued)
+        log.warning(
+            "replica %s failed (%s); re-dispatching %d queries", replica.rid, reason, requeued
+        )
         path.replicas.pop(replica.rid, None)
         self._by_rid.pop(replica.rid, None)
         if replica.process is not None:
@@ -271,16 +310,18 @@ class ServingSystem:
         try:
             return self.apps[name]
         except KeyError:
-            raise UnknownApplication(f"unknown application {name!r}; deployed: "
-                                     f"{sorted(self.apps) or 'none'}") from None
+            raise UnknownApplication(
+                f"unknown application {name!r}; deployed: {sorted(self.apps) or 'none'}"
+            ) from None
 
     def _model(self, name: str, version: int | None = None) -> ModelPath:
         path = self.models.get(name)
         if path is None:
             raise UnknownModel(f"unknown model {name!r}; deployed: {sorted(self.models) or 'none'}")
         if version is not None and version != path.version:
-            raise UnknownModel(f"model {name!r} has no version {version}; "
-                               f"serving version {path.version}")
+            raise UnknownModel(
+                f"model {name!r} has no version {version}; serving version {path.version}"
+            )
         return path
 
     async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
@@ -304,8 +345,9 @@ class ServingSystem:
     def _answer(self, app: Application, path: ModelPath, future: Any, cached: bool) -> Prediction:
         qid = str(next(self._query_ids))
         if isinstance(future, asyncio.Future) and future.done() and future.exception() is None:
-            return Prediction(qid, future.result(), model=path.name, version=path.version,
-                              cached=cached)
+            return Prediction(
+                qid, future.result(), model=path.name, version=path.version, cached=cached
+            )
         reason = self._default_reason(app, path, future)
         self.metrics.observe_default(app.name, reason.split(":")[0])
         return Prediction(qid, app.default_output, default=True, default_explanation=reason)
@@ -341,8 +383,9 @@ class ServingSystem:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
         for future in futures:
             if not future.done():
-                raise DeadlineExceeded(f"model {model!r} did not answer within "
-                                       f"{path.deployment.timeout_ms:g} ms")
+                raise DeadlineExceeded(
+                    f"model {model!r} did not answer within {path.deployment.timeout_ms:g} ms"
+                )
             if future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
         return np.stack([np.asarray(f.result()) for f in futures])
@@ -393,8 +436,10 @@ class ServingSystem:
         """Deploy a new model, or roll a model to a newer version with no gap in service."""
         old = self.models.get(deployment.name)
         if old is not None and deployment.version <= old.version:
-            raise Conflict(f"model {deployment.name!r} already serves version {old.version}; "
-                           f"deploy version {old.version + 1} or higher")
+            raise Conflict(
+                f"model {deployment.name!r} already serves version {old.version}; "
+                f"deploy version {old.version + 1} or higher"
+            )
         if old is not None:
             del self.models[deployment.name]
         path = self._install(deployment)
@@ -416,8 +461,9 @@ class ServingSystem:
         path = self._model(model)
         if not 0 <= replicas <= 256:
             raise InvalidInput("replicas must be between 0 and 256")
-        managed = sorted((r for r in path.replicas.values() if r.process is not None),
-                         key=lambda r: r.index)
+        managed = sorted(
+            (r for r in path.replicas.values() if r.process is not None), key=lambda r: r.index
+        )
         for index in range(len(managed), replicas):
             self._launch(path, index, path.deployment.faults_for(index).model_dump())
         self._stop_replicas(path, managed[replicas:])
@@ -427,8 +473,10 @@ class ServingSystem:
         path = self._model(model)
         targets = [r for r in path.replicas.values() if replica == "all" or str(r.index) == replica]
         if not targets:
-            raise InvalidInput(f"model {model!r} has no replica {replica!r}; replicas are "
-                               f"{sorted({r.index for r in path.replicas.values()})}")
+            raise InvalidInput(
+                f"model {model!r} has no replica {replica!r}; replicas are "
+                f"{sorted({r.index for r in path.replicas.values()})}"
+            )
         spec = {} if faults.is_noop else faults.model_dump()
         for target in targets:
             target.faults = spec
@@ -436,8 +484,10 @@ class ServingSystem:
 
     def state(self) -> dict[str, Any]:
         return {
-            "applications": [{**a.config.model_dump(mode="json"),
-                              "feedback_stored": len(a.feedback)} for a in self.apps.values()],
+            "applications": [
+                {**a.config.model_dump(mode="json"), "feedback_stored": len(a.feedback)}
+                for a in self.apps.values()
+            ],
             "models": [self._model_state(p) for p in self.models.values()],
             "cache": _record(self.cache.statistics()),
             "rpc_address": self._link.address if self._link else None,
@@ -445,8 +495,11 @@ class ServingSystem:
 
     def _model_state(self, path: ModelPath) -> dict[str, Any]:
         return {
-            "name": path.name, "version": path.version, "source": path.deployment.source,
-            "platform": path.platform, "slo_ms": path.slo_s * 1000,
+            "name": path.name,
+            "version": path.version,
+            "source": path.deployment.source,
+            "platform": path.platform,
+            "slo_ms": path.slo_s * 1000,
             "queue": _record(path.queue.statistics()),
             "replicas": [_record(s) for s in path.replica_stats()],
         }
@@ -467,11 +520,12 @@ def _failure(replica: Replica, now: float, timeout_s: float) -> str | None:
 
 
 def _spec(raw: dict[str, Any] | None) -> TensorSpec | None:
-    return None if raw is None else TensorSpec(name=raw["name"], datatype=raw["datatype"],
-                                               shape=tuple(raw["shape"]))
+    return (
+        None
+        if raw is None
+        else TensorSpec(name=raw["name"], datatype=raw["datatype"], shape=tuple(raw["shape"]))
+    )
 
 
 def _record(stats: Any) -> dict[str, Any]:
     return {k: getattr(stats, k) for k in stats.__dataclass_fields__}
-
-

@@ -8,24 +8,9 @@ import numpy as np
 
 from parityserve.config import TensorSpec
 from parityserve.errors import InvalidInput
+from parityserve.runtime.v2 import datatype_to_dtype
 
-__all__ = ["coerce_item", "numpy_dtype", "shape_matches"]
-
-_DATATYPES = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-    "BYTES": np.object_,
-}
-
-
-def numpy_dtype(datatype: str) -> np.dtype[Any]:
-    try:
-        return np.dtype(_DATATYPES[datatype])
-    except KeyError:
-        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of "
-                           f"{', '.join(_DATATYPES)}") from None
-
+__all__ = ["coerce_item", "shape_matches"]
 
 def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
     """Shapes match when ranks agree and every non-wildcard (-1) dimension is equal."""
@@ -43,7 +28,7 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str) -> Any:
     if spec.datatype == "BYTES":
         return item
     try:
-        array = np.asarray(item, dtype=numpy_dtype(spec.datatype))
+        array = np.asarray(item, dtype=datatype_to_dtype(spec.datatype))
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"{where}: input is not a {spec.datatype} tensor ({exc})") from exc
     if not shape_matches(array.shape, spec.shape):

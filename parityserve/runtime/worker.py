@@ -73,11 +73,18 @@ class _Worker:
 
     def hello(self) -> None:
         spec = self.model
-        self.send({
-            "t": wire.HELLO, "replica": self.spec.replica_id, "model": self.spec.model,
-            "version": self.spec.version, "pid": os.getpid(), "platform": spec.platform,
-            "input": _spec_dict(spec.input_spec), "output": _spec_dict(spec.output_spec),
-        })
+        self.send(
+            {
+                "t": wire.HELLO,
+                "replica": self.spec.replica_id,
+                "model": self.spec.model,
+                "version": self.spec.version,
+                "pid": os.getpid(),
+                "platform": spec.platform,
+                "input": _spec_dict(spec.input_spec),
+                "output": _spec_dict(spec.output_spec),
+            }
+        )
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -115,7 +122,9 @@ class _Worker:
         self.served += 1
         self.send(*reply)
 
-    def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+    def run_batch(
+        self, header: dict[str, Any], buffers: list[Any]
+    ) -> tuple[dict[str, Any], list[Any]]:
         base = {"t": wire.RESULT, "bid": header["bid"]}
         try:
             batch = wire.unpack_payload(header["in"], buffers)
@@ -131,8 +140,11 @@ class _Worker:
 
 
 def _spec_dict(spec: Any) -> dict[str, Any] | None:
-    return None if spec is None else {"name": spec.name, "datatype": spec.datatype,
-                                      "shape": list(spec.shape)}
+    return (
+        None
+        if spec is None
+        else {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+    )
 
 
 def _hang_forever() -> None:
@@ -153,7 +165,10 @@ def run_worker(spec: WorkerSpec, connect: str) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     model = load_model(
-        spec.source, weights=spec.weights, options=spec.options, threads=spec.threads,
+        spec.source,
+        weights=spec.weights,
+        options=spec.options,
+        threads=spec.threads,
         base_dir=Path(spec.base_dir) if spec.base_dir else None,
         data_dir=Path(spec.data_dir) if spec.data_dir else None,
     )
