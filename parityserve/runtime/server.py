@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,9 @@ class ServerUrls:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on sockets that say they are
+    # TCP, and without it Nagle plus delayed ACKs add ~40 ms to every response.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -52,15 +55,20 @@ def _bind(host: str, port: int) -> socket.socket:
 async def _run(config: ServingConfig, system: ServingSystem,
                on_ready: Callable[[ServerUrls], None], install_signals: bool,
                stop: asyncio.Event | None = None) -> None:
+    stop = asyncio.Event() if stop is None else stop
+    if install_signals:
+        _stop_on_signals(stop)
     sock = _bind(config.server.host, config.server.http_port)
     try:
-        await system.start()
+        if not await _unless_stopped(system.start(), stop):
+            return  # Ctrl-C or SIGTERM while the workers were still loading
         app = create_app(system, metrics=system.metrics,
                          max_body_bytes=config.server.max_body_bytes)
         uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
                                            access_log=False, lifespan="off", http="httptools"))
-        if not install_signals:
-            uv.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
+        # after its shutdown and kill this process before the workers are stopped in order.
+        uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         host, port = sock.getsockname()[:2]
         task = asyncio.create_task(uv.serve(sockets=[sock]))
         while not uv.started and not task.done():
@@ -72,11 +80,29 @@ async def _run(config: ServingConfig, system: ServingSystem,
         sock.close()
 
 
-async def _wait_stop(task: asyncio.Task[None], uv: uvicorn.Server,
-                     stop: asyncio.Event | None) -> None:
-    if stop is None:
-        await task
-        return
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM ask for a graceful stop: HTTP first, then the workers in order."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def _unless_stopped(starting: Coroutine[object, object, None], stop: asyncio.Event) -> bool:
+    """Run ``starting`` to completion unless ``stop`` is set first (then cancel it)."""
+    task = asyncio.create_task(starting)
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # re-raise a startup failure
+    return True
+
+
+async def _wait_stop(task: asyncio.Task[None], uv: uvicorn.Server, stop: asyncio.Event) -> None:
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
     uv.should_exit = True

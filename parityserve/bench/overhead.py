@@ -1,0 +1,341 @@
+"""``parityserve bench overhead``: what the serving path costs over calling the model yourself.
+
+Three systems see the same open-loop Poisson load in one run, rate by rate, interleaved so that
+machine noise hits them alike:
+  * ``raw``: the model's predict() called in-process, one query at a time (no HTTP at all);
+  * ``bare``: a bare Starlette/uvicorn app that calls the same model in-process;
+  * ``parityserve``: the full system, frontend plus one worker process (cache off, so repeated
+    inputs are computed, not served from memory).
+Then each is driven at saturation (a fixed number of requests in flight) for peak throughput,
+and adaptive batching is compared with batch size 1 for the MLP at a 20 ms SLO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parityserve.bench.loadgen import (
+    HttpSender,
+    LoadResult,
+    Send,
+    encode_bodies,
+    json_sender,
+    poisson_schedule,
+    run_event_loop,
+    run_open_loop,
+)
+from parityserve.bench.report import markdown_table, plot_latency_vs_load, write_results
+from parityserve.bench.serverproc import ServerProcess, write_config
+from parityserve.bench.stats import percentiles
+from parityserve.errors import DataError, Unavailable
+
+__all__ = ["add_arguments", "run"]
+
+_SLO_MS = 20.0  # the batching experiment's latency objective (the issue's 20 ms)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, help="datasets/weights ($PARITYSERVE_DATA)")
+    p.add_argument("--rates", default="100,300,600", help="offered loads, queries/s")
+    p.add_argument("--queries", type=int, default=3000, help="queries per rate and system")
+    p.add_argument("--saturation-queries", type=int, default=4000)
+    p.add_argument("--in-flight", type=int, default=32,
+                   help="requests in flight when measuring peak throughput")
+    p.add_argument("--models", default="noop,mlp", help="comma list of noop, mlp")
+    p.add_argument("--batch-request", type=int, default=32,
+                   help="queries per HTTP request in the batching experiment")
+    p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--quick", action="store_true", help="small runs to check the harness")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rates = [float(r) for r in args.rates.split(",") if r]
+    if args.quick:
+        args.queries, args.saturation_queries = 300, 600
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    data_dir = _data_dir(args.data_dir)
+    report: dict[str, Any] = {"rates": rates, "queries_per_point": args.queries,
+                              "in_flight": args.in_flight, "models": {}}
+    workdir = args.results_dir / ".work"
+    for name in models:
+        model = _model_case(name, data_dir)
+        print(f"\n== {name}: {model['source']} ==", flush=True)
+        report["models"][name] = _bench_model(model, rates, args, workdir)
+    if "mlp" in models and data_dir is not None:
+        report["batching"] = _bench_batching(_model_case("mlp", data_dir), args, workdir)
+    _write(report, args.results_dir)
+    return 0
+
+
+# ---- the cases ----------------------------------------------------------------------------
+def _data_dir(explicit: Path | None) -> Path | None:
+    from parityserve.models.datasets import resolve_data_dir
+
+    try:
+        return resolve_data_dir(explicit)
+    except DataError as exc:
+        print(f"note: {exc}; the MLP cases are skipped", file=sys.stderr)
+        return None
+
+
+def _model_case(name: str, data_dir: Path | None) -> dict[str, Any]:
+    if name == "noop":
+        inputs = _mnist(data_dir) if data_dir else np.random.default_rng(0).random(
+            (1000, 784), dtype=np.float32)
+        return {"name": "noop", "source": "zoo:noop", "weights": None, "inputs": inputs}
+    if name == "mlp":
+        if data_dir is None:
+            raise DataError("the mlp case needs --data-dir or PARITYSERVE_DATA")
+        weights = str(data_dir / "weights" / "parm-mnist-base-mlp.npz")
+        return {"name": "mlp", "source": "zoo:parm-mlp", "weights": weights,
+                "inputs": _mnist(data_dir)}
+    raise DataError(f"unknown model case {name!r}; use noop or mlp")
+
+
+def _mnist(data_dir: Path) -> np.ndarray:
+    from parityserve.models.datasets import load_mnist
+
+    x, _ = load_mnist("test", data_dir=data_dir)
+    return x[::10][:1000]  # the test set is not sorted by class, but stride anyway
+
+
+# ---- one model: raw, bare, parityserve ----------------------------------------------------
+def _bench_model(model: dict[str, Any], rates: Sequence[float], args: argparse.Namespace,
+                 workdir: Path) -> dict[str, Any]:
+    raw = _bench_raw(model)
+    print(f"raw in-process predict: p50 {raw['p50_ms']:.3f} ms, "
+          f"{raw['throughput_qps']:.0f} q/s", flush=True)
+    with ExitStack() as stack:
+        bare = stack.enter_context(_BareApp(model["source"], model["weights"]))
+        config = _serving_config(model, max_batch=64, slo_ms=10_000)
+        server = stack.enter_context(
+            ServerProcess(write_config(config, workdir / f"{model['name']}.yaml")))
+        targets = {"bare": bare.url, "parityserve": server.url}
+        bodies = encode_bodies(list(model["inputs"]))
+        points = _sweep(targets, bodies, rates, args)
+        peak = _saturate(targets, bodies, args)
+    return {"source": model["source"], "raw": raw, "points": points, "peak": peak}
+
+
+def _bench_raw(model: dict[str, Any], n: int = 3000) -> dict[str, Any]:
+    from parityserve.models.loader import load_model
+
+    loaded = load_model(model["source"], weights=model["weights"])
+    xs = model["inputs"]
+    for i in range(200):
+        loaded.predict(xs[i % len(xs)][None])
+    lat = np.empty(n)
+    for i in range(n):
+        t0 = time.perf_counter()
+        loaded.predict(xs[i % len(xs)][None])
+        lat[i] = time.perf_counter() - t0
+    return {**percentiles(lat), "throughput_qps": n / lat.sum(), "n": n}
+
+
+def _sweep(targets: dict[str, str], bodies: list[bytes], rates: Sequence[float],
+           args: argparse.Namespace) -> list[dict[str, Any]]:
+    points = []
+    for rate in rates:
+        for system, url in targets.items():
+            result = run_event_loop(_open_loop(url, bodies, rate, args.queries, 10_000))
+            points.append(_row(system, rate, result))
+            _print_row(points[-1])
+    return points
+
+
+def _saturate(targets: dict[str, str], bodies: list[bytes],
+              args: argparse.Namespace) -> dict[str, Any]:
+    peak = {}
+    for system, url in targets.items():
+        result = run_event_loop(_open_loop(url, bodies, 1e6, args.saturation_queries,
+                                           args.in_flight))
+        peak[system] = _row(system, float("inf"), result)
+        print(f"  peak {system:<12} {peak[system]['throughput_qps']:8.0f} q/s", flush=True)
+    return peak
+
+
+async def _open_loop(url: str, bodies: list[bytes], rate: float, n: int,
+                     in_flight: int, path: str = "/bench/predict") -> LoadResult:
+    async with HttpSender(url, limit=max(64, in_flight)) as http:
+        send = json_sender(http, path, bodies)
+        await _warm_up(send)
+        schedule = poisson_schedule(rate, n, np.random.default_rng(int(rate) % 2**32))
+        return await run_open_loop(send, schedule, max_in_flight=in_flight, timeout_s=60)
+
+
+async def _warm_up(send: Send, n: int = 200) -> None:
+    await asyncio.gather(*(send(i) for i in range(n)))
+
+
+def _row(system: str, rate: float, result: LoadResult) -> dict[str, Any]:
+    s = result.summary()
+    good = sum(1 for r in result.results if _real_answers(r))
+    return {"system": system, "rate": rate, **s,
+            "goodput_qps": good / result.duration_s if result.duration_s else 0.0}
+
+
+def _real_answers(reply: Any) -> int:
+    """Answers that are predictions, not defaults (a list reply counts each item)."""
+    if isinstance(reply, list):
+        return sum(1 for r in reply if not r.get("default"))
+    return int(isinstance(reply, dict) and not reply.get("default"))
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    print(f"  {row['rate']:6.0f} q/s  {row['system']:<12} p50 {row['p50_ms']:7.3f}  "
+          f"p99 {row['p99_ms']:7.3f}  p99.9 {row['p999_ms']:7.3f} ms  "
+          f"{row['throughput_qps']:7.0f} q/s  errors {row['errors']}", flush=True)
+
+
+def _serving_config(model: dict[str, Any], *, max_batch: int, slo_ms: float) -> dict[str, Any]:
+    deployment: dict[str, Any] = {
+        "name": "bench", "source": model["source"], "replicas": 1,
+        "batching": {"max_batch_size": max_batch}}
+    if model["weights"]:
+        deployment["weights"] = model["weights"]
+    return {"server": {"http_port": 0, "cache_bytes": 0},
+            "models": [deployment],
+            "applications": [{"name": "bench", "models": ["bench"], "slo_ms": slo_ms,
+                              "default_output": -1}]}
+
+
+# ---- batching: adaptive vs batch size 1 ---------------------------------------------------
+def _bench_batching(model: dict[str, Any], args: argparse.Namespace,
+                    workdir: Path) -> dict[str, Any]:
+    """Peak goodput (answers within the SLO, not defaults) with AIMD vs a fixed batch of 1.
+
+    Clients send ``input_batch`` requests of several queries, as a busy upstream would, so the
+    HTTP cost is shared and the model container is what batching can speed up.
+    """
+    size = args.batch_request
+    xs = model["inputs"]
+    batches = [list(xs[i:i + size]) for i in range(0, len(xs) - size + 1, size)]
+    bodies = encode_bodies(batches, key="input_batch")
+    n = max(50, args.saturation_queries // size)
+    out = {}
+    print(f"\n== batching: MLP, {_SLO_MS:g} ms SLO, {size} queries per request ==", flush=True)
+    for label, max_batch in (("batch size 1", 1), ("adaptive (AIMD, max 64)", 64)):
+        config = _serving_config(model, max_batch=max_batch, slo_ms=_SLO_MS)
+        path = write_config(config, workdir / f"batching-{max_batch}.yaml")
+        with ServerProcess(path) as server:
+            result = run_event_loop(_open_loop(server.url, bodies, 1e6, n, args.in_flight))
+        row = _row(label, float("inf"), result)
+        out[label] = row
+        print(f"  {label:<26} goodput {row['goodput_qps']:8.0f} q/s within the SLO", flush=True)
+    base = out["batch size 1"]["goodput_qps"]
+    out["speedup"] = out["adaptive (AIMD, max 64)"]["goodput_qps"] / base if base else None
+    return out
+
+
+# ---- the bare baseline app ----------------------------------------------------------------
+class _BareApp:
+    def __init__(self, source: str, weights: str | None) -> None:
+        self.port = _free_port()
+        cmd = [sys.executable, "-m", "parityserve.bench.baseline_app", "--source", source,
+               "--port", str(self.port)]
+        if weights:
+            cmd += ["--weights", weights]
+        self.cmd = cmd
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> _BareApp:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.__exit__()
+            raise Unavailable(f"baseline app failed to start: {' '.join(self.cmd)}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- output ---------------------------------------------------------------------------------
+def _count(errors: Any) -> str:
+    return str(sum(errors.values()) if isinstance(errors, dict) else errors)
+
+
+_COLUMNS = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
+            ("throughput_qps", "throughput q/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
+            ("p99_ms", "p99 ms", ".3f"), ("p999_ms", "p99.9 ms", ".3f"), ("errors", "errors", _count)]
+
+
+def _write(report: dict[str, Any], results_dir: Path) -> None:
+    sections = [_model_section(name, m) for name, m in report["models"].items()]
+    if "batching" in report:
+        sections.append(_batching_section(report["batching"]))
+    report["verdicts"] = _verdicts(report)
+    sections.append("## Targets\n\n" + "\n".join(f"- {v}" for v in report["verdicts"]))
+    paths = write_results("overhead", report, results_dir=results_dir,
+                          markdown="\n\n".join(sections))
+    plot = plot_latency_vs_load(_series(report), results_dir / "overhead-latency.png",
+                                "parityserve vs bare Starlette app: latency vs offered load")
+    print(f"\nwrote {paths['json']}, {paths['md']} and {plot}")
+    print("\n".join(report["verdicts"]))
+
+
+def _model_section(name: str, m: dict[str, Any]) -> str:
+    raw = m["raw"]
+    rows = [*m["points"], *m["peak"].values()]
+    return (f"## {name} ({m['source']})\n\nRaw in-process predict, one query: p50 "
+            f"{raw['p50_ms']:.3f} ms, p99 {raw['p99_ms']:.3f} ms, {raw['throughput_qps']:.0f} "
+            f"q/s.\n\n" + markdown_table(rows, _COLUMNS) +
+            "\n\n(offered q/s `inf`: saturation with a fixed number of requests in flight)")
+
+
+def _batching_section(b: dict[str, Any]) -> str:
+    rows = [{"label": k, **v} for k, v in b.items() if isinstance(v, dict)]
+    cols = [("label", "batching", "s"), ("goodput_qps", "answers within SLO, q/s", ".0f"),
+            ("p50_ms", "request p50 ms", ".2f"), ("p99_ms", "request p99 ms", ".2f")]
+    return (f"## Adaptive batching, MLP, {_SLO_MS:g} ms SLO\n\n" + markdown_table(rows, cols) +
+            f"\n\nSpeed-up: {b['speedup']:.2f}x")
+
+
+def _verdicts(report: dict[str, Any]) -> list[str]:
+    out = []
+    for name, m in report["models"].items():
+        low = min(m["points"], key=lambda r: r["rate"])["rate"]
+        p50 = {r["system"]: r["p50_ms"] for r in m["points"] if r["rate"] == low}
+        added = p50["parityserve"] - m["raw"]["p50_ms"]
+        ok = "met" if added < 1.0 else "missed"
+        out.append(f"{name}: frontend adds {added:.3f} ms to p50 over the raw call at {low:g} "
+                   f"q/s (target < 1 ms): {ok}")
+        share = m["peak"]["parityserve"]["throughput_qps"] / m["peak"]["bare"]["throughput_qps"]
+        if name == "noop":
+            ok = "met" if share >= 0.6 else "missed"
+            out.append(f"noop: peak throughput {share:.0%} of the bare app's (target >= 60%): {ok}")
+    if report.get("batching", {}).get("speedup") is not None:
+        s = report["batching"]["speedup"]
+        out.append(f"mlp: adaptive batching {s:.2f}x the goodput of batch size 1 at a "
+                   f"{_SLO_MS:g} ms SLO (target >= 5x): {'met' if s >= 5 else 'missed'}")
+    return out
+
+
+def _series(report: dict[str, Any]) -> dict[str, list[tuple[float, float, float, float]]]:
+    series: dict[str, list[tuple[float, float, float, float]]] = {}
+    for name, m in report["models"].items():
+        for r in m["points"]:
+            series.setdefault(f"{name} {r['system']}", []).append(
+                (r["rate"], r["p50_ms"], r["p99_ms"], r["p999_ms"]))
+    return series
