@@ -1,0 +1,81 @@
+"""Deployment settings: validated, frozen, and strict about unknown keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from parityserve.config import Deployment, FaultConfig, load_config, parse_config
+from parityserve.errors import ConfigError
+
+ISSUE_EXAMPLE = """
+server: {http_port: 8000}
+models:
+  - name: mnist-mlp
+    source: zoo:parm-mlp
+    weights: path/to/parm-mnist-base-mlp.npz
+    replicas: 2
+    threads_per_replica: 1
+    batching: {max_batch_size: 64, max_delay_ms: 1}
+applications:
+  - name: digits
+    models: [mnist-mlp]
+    slo_ms: 20
+    default_output: -1
+"""
+
+
+def test_the_documented_yaml_shape_loads(tmp_path: Path) -> None:
+    path = tmp_path / "serving.yaml"
+    path.write_text(ISSUE_EXAMPLE)
+    config = load_config(path)
+    assert config.models[0].batching.max_batch_size == 64
+    assert config.models[0].batching.max_delay_ms == 1
+    assert config.applications[0].default_output == -1
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d["models"][0].update(replcas=2), "replcas"),
+    (lambda d: d["models"][0].update(replicas=-1), "replicas"),
+    (lambda d: d["applications"][0].update(models=["ghost"]), "ghost"),
+    (lambda d: d["applications"][0].update(slo_ms=0), "slo_ms"),
+    (lambda d: d["models"].append(dict(d["models"][0])), "unique"),
+    (lambda d: d["applications"][0].update(name="admin"), "reserved"),
+    (lambda d: d["models"][0].update(faults={"first": {}}), "replica index"),
+    (lambda d: d["models"][0].update(batching={"max_batch_size": 0}), "max_batch_size"),
+])
+def test_bad_settings_name_the_problem(mutate, message) -> None:
+    import yaml
+
+    data = yaml.safe_load(ISSUE_EXAMPLE)
+    mutate(data)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [unclosed")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_settings_are_frozen() -> None:
+    deployment = Deployment(name="m", source="zoo:noop")
+    with pytest.raises(ValidationError):
+        deployment.replicas = 3  # type: ignore[misc]
+
+
+def test_faults_for_a_replica_fall_back_to_all() -> None:
+    d = Deployment(name="m", source="zoo:noop", faults={
+        "all": {"delay_ms": 5}, "1": {"crash_after_batches": 3}})
+    assert d.faults_for(0).delay_ms == 5
+    assert d.faults_for(1).crash_after_batches == 3
+    assert FaultConfig().is_noop and not d.faults_for(0).is_noop
