@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -128,7 +129,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     spec = WorkerSpec(rid, args.model, args.version, args.source, weights=args.weights,
                       options=options, threads=args.threads, base_dir=os.getcwd(),
                       data_dir=str(data_dir) if data_dir else None)
-    return run_worker(spec, args.connect)
+    # SIGTERM unwinds like Ctrl-C, so the worker says goodbye and the frontend forgets it now.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"parityserve worker {rid}: loading {args.source} as model {args.model!r} "
+          f"v{args.version}, then joining {args.connect}", file=sys.stderr, flush=True)
+    try:
+        return run_worker(spec, args.connect)
+    finally:  # leaving anyway: a late SIGTERM must not raise inside interpreter shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

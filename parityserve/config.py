@@ -63,7 +63,8 @@ class FaultConfig(_Frozen):
     delay_ms: float = Field(0.0, ge=0, description="mean added delay per batch")
     delay_distribution: Literal["constant", "exponential", "uniform"] = "constant"
     burst: BurstConfig | None = None
-    wrong_probability: float = Field(0.0, ge=0, le=1, description="chance a batch is corrupted")
+    wrong_probability: float = Field(
+        0.0, ge=0, le=1, description="chance each query of a batch is corrupted")
     wrong_kind: Literal["noise", "labels"] = "noise"
     noise_sigma: float = Field(1.0, ge=0)
     crash_after_batches: int | None = Field(None, ge=0)
@@ -188,13 +189,21 @@ def load_config(path: str | Path) -> ServingConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(exc)}") from exc
     return parse_config(data, where=str(path))
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where (PyYAML's own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top)"
-        parts.append(f"{loc}: {err['msg']}")
+        msg = "unknown key (check its spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{loc}: {msg}")
     return "; ".join(parts)

@@ -278,7 +278,8 @@ def _count(errors: Any) -> str:
 
 _COLUMNS = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
             ("throughput_qps", "throughput q/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
-            ("p99_ms", "p99 ms", ".3f"), ("p999_ms", "p99.9 ms", ".3f"), ("errors", "errors", _count)]
+            ("p99_ms", "p99 ms", ".3f"), ("p999_ms", "p99.9 ms", ".3f"),
+            ("errors", "errors", _count)]
 
 
 def _write(report: dict[str, Any], results_dir: Path) -> None:
@@ -324,7 +325,8 @@ def _verdicts(report: dict[str, Any]) -> list[str]:
         share = m["peak"]["parityserve"]["throughput_qps"] / m["peak"]["bare"]["throughput_qps"]
         if name == "noop":
             ok = "met" if share >= 0.6 else "missed"
-            out.append(f"noop: peak throughput {share:.0%} of the bare app's (target >= 60%): {ok}")
+            out.append(f"noop: peak throughput {share:.0%} of the bare app's "
+                       f"(target >= 60%): {ok}")
     if report.get("batching", {}).get("speedup") is not None:
         s = report["batching"]["speedup"]
         out.append(f"mlp: adaptive batching {s:.2f}x the goodput of batch size 1 at a "

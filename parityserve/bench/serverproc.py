@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ class ServerProcess:
         self.url = ""
         self.output: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
+        self._started = threading.Event()
+        self._reader: threading.Thread | None = None
 
     def start(self) -> ServerProcess:
         cmd = [sys.executable, "-m", "parityserve.cli", "start", "-c", str(self.config_path),
@@ -55,31 +57,37 @@ class ServerProcess:
             cmd += ["--log-dir", str(self.log_dir)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reader = threading.Thread(target=self._read_output, name="parityserve-output",
+                                        daemon=True)
+        self._reader.start()
         self.url = self._await_url()
         return self
 
-    def _await_url(self) -> str:
+    def _read_output(self) -> None:
+        """Drain the server's output for its whole life (a full pipe would stall the server)."""
         assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            match = _URL.search(line)
+            if match and not self._started.is_set():
+                self.url = match.group(1)
+                self._started.set()
+        self._started.set()  # end of output: the server is gone
+
+    def _await_url(self) -> str:
+        assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=0.5):
-                    if self.proc.poll() is not None:
-                        break
-                    continue
-                line = self.proc.stdout.readline()
-                if not line and self.proc.poll() is not None:
-                    break
-                self.output.append(line)
-                match = _URL.search(line)
-                if match:
-                    return match.group(1)
+        while not self._started.wait(0.5) and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._started.wait(2.0)  # let the reader catch its last lines
+                break
+        if self.url:
+            return self.url
         self.stop()
         raise Unavailable("server did not start:\n" + "".join(self.output[-40:]))
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM and wait; returns the exit code."""
+        """SIGTERM and wait; returns the exit code. Calling it again is harmless."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -89,9 +97,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stdout is not None:
-            self.output.append(self.proc.stdout.read())
-            self.proc.stdout.close()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+            if not self._reader.is_alive() and self.proc.stdout is not None:
+                self.proc.stdout.close()
         return self.proc.returncode
 
     def __enter__(self) -> ServerProcess:

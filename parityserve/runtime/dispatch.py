@@ -102,6 +102,9 @@ class ModelPath:
         self.output_spec: TensorSpec | None = deployment.output
         self.platform = "unknown"
         self._wake: asyncio.TimerHandle | None = None
+        # Read once: the hot path should not build a statistics record per query.
+        self._caching = cache.statistics().capacity_bytes > 0
+        self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
 
     # ---- queries -------------------------------------------------------------------------
     def coerce(self, item: Any) -> Any:
@@ -123,7 +126,7 @@ class ModelPath:
         return future, False
 
     def _key(self, item: Any) -> tuple[str, int, bytes] | None:
-        if self.cache.statistics().capacity_bytes == 0:
+        if not self._caching:
             return None
         return cache_key(self.name, self.version, input_digest(item))
 
@@ -191,13 +194,13 @@ class ModelPath:
             self.metrics.queue_time(self.name, now - entry.enqueued_at)
 
     def _schedule_wake(self, wake_at: float | None) -> None:
-        if wake_at is None or (self._wake is not None and self._wake.when() <= wake_at):
+        if wake_at is None or (self._wake is not None and self._wake_at <= wake_at):
             return
         if self._wake is not None:
             self._wake.cancel()
         loop = asyncio.get_running_loop()
         delay = max(0.0, wake_at - self.clock())
-        self._wake = loop.call_later(delay, self._on_wake)
+        self._wake, self._wake_at = loop.call_later(delay, self._on_wake), wake_at
 
     def _on_wake(self) -> None:
         self._wake = None

@@ -56,7 +56,7 @@ class LocalLauncher:
 
     def start(self, spec: WorkerSpec) -> WorkerProcess:
         cmd = [sys.executable, "-m", "parityserve.runtime.worker", "--connect", self.connect,
-               "--spec", spec.to_json(), "--die-with-parent"]
+               "--spec", spec.to_json(), "--die-with-parent", "--parent-pid", str(os.getpid())]
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads),
                "MKL_NUM_THREADS": str(spec.threads)}
         stderr = self._stderr(spec)

@@ -62,9 +62,14 @@ class WorkerLink:
         """Non-blocking send; raises WorkerError when the worker is not connected."""
         frames = [replica_id.encode(), *wire.encode(header, buffers)]
         try:
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            sent = self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:
             raise WorkerError(f"cannot reach replica {replica_id}: {exc.strerror}") from exc
+        # zmq.asyncio reports a failed non-blocking send through the returned future, not by
+        # raising; read it now so an unreachable worker is noticed at once.
+        error = sent.exception() if sent.done() else None
+        if isinstance(error, zmq.ZMQError):
+            raise WorkerError(f"cannot reach replica {replica_id}: {error.strerror}") from error
 
     async def _receive(self, handler: MessageHandler) -> None:
         while True:

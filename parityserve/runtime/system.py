@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from parityserve.errors import (
     Conflict,
     DeadlineExceeded,
     InvalidInput,
+    ModelLoadError,
     QueueFull,
     Unavailable,
     UnknownApplication,
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-core box is slow
 _SUPERVISE_EVERY_S = 0.05
 _ONE_SHOT_FAULTS = ("crash_after_batches", "hang_after_batches")
+_RESTART_BACKOFF_S = (0.25, 4.0)  # first delay, cap; doubles per failure in a row
 
 
 @dataclass
@@ -85,6 +87,8 @@ class ServingSystem:
         self._launcher: LocalLauncher | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
+        self._load_errors: dict[tuple[str, int], str] = {}  # (model, version) -> why
+        self._failures: dict[tuple[str, int, int], int] = {}  # replica slot -> failures in a row
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
@@ -109,6 +113,7 @@ class ServingSystem:
         """Wait until every replica has said hello (or raise Unavailable naming the laggards)."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
+            await self._raise_load_error(self.models.values())
             starting = [
                 r.rid
                 for p in self.models.values()
@@ -120,6 +125,15 @@ class ServingSystem:
             await asyncio.sleep(0.05)
         raise Unavailable(f"replicas not ready after {timeout_s:.0f}s: {starting}")
 
+    async def _raise_load_error(self, paths: Collection[ModelPath]) -> None:
+        """Fail fast when a model cannot load: waiting would only restart it again and again."""
+        if any((p.name, p.version) in self._load_errors for p in paths):
+            await asyncio.sleep(0.3)  # a worker's own report may trail its exit code
+            for path in paths:
+                error = self._load_errors.get((path.name, path.version))
+                if error is not None:
+                    raise ModelLoadError(error)
+
     async def close(self) -> None:
         """Stop workers in order and answer everything still waiting."""
         self._closing = True
@@ -130,7 +144,8 @@ class ServingSystem:
         paths = [*self.models.values(), *self._retired]
         for path in paths:
             for replica in path.replicas.values():
-                self._send_quietly(replica, {"t": wire.STOP})
+                if replica.state == "ready":  # a starting worker is not listening; SIGTERM it
+                    self._send_quietly(replica, {"t": wire.STOP})
             path.fail_all("server shutting down")
         procs = [r.process for p in paths for r in p.replicas.values() if r.process is not None]
         await asyncio.to_thread(LocalLauncher.stop_all, procs)
@@ -173,7 +188,7 @@ class ServingSystem:
             threads=dep.threads_per_replica,
             base_dir=str(self.base_dir) if self.base_dir else None,
             data_dir=str(self.data_dir) if self.data_dir else None,
-            faults={} if FaultConfig.model_validate(faults).is_noop else faults,
+            faults=_worker_faults(faults),
             heartbeat_interval_s=self.config.server.heartbeat_interval_ms / 1000,
         )
         process = self._launcher.start(spec)
@@ -200,6 +215,8 @@ class ServingSystem:
 
     def _on_message(self, rid: str, header: dict[str, Any], buffers: list[Any]) -> None:
         kind = header["t"]
+        if kind == wire.FAILED:
+            self._load_failed(rid, header)
         found = self._by_rid.get(rid)
         if found is None:
             if kind == wire.HELLO:
@@ -214,14 +231,30 @@ class ServingSystem:
         elif kind == wire.BYE:
             self._forget(path, replica)
 
+    def _load_failed(self, rid: str, header: dict[str, Any]) -> None:
+        error = str(header.get("error") or "unknown error")
+        log.error("replica %s could not load its model: %s", rid, error)
+        self._load_errors[(str(header.get("model")), int(header.get("version", 0)))] = error
+
     def _ready(self, path: ModelPath, replica: Replica, header: dict[str, Any]) -> None:
+        if replica.state == "starting":
+            self._sync_faults(replica)
         replica.state = "ready" if replica.state == "starting" else replica.state
+        self._load_errors.pop((path.name, path.version), None)
+        self._failures.pop((path.name, path.version, replica.index), None)
         replica.pid = header.get("pid", replica.pid)
         path.platform = header.get("platform") or path.platform
         path.input_spec = path.input_spec or _spec(header.get("input"))
         path.output_spec = path.output_spec or _spec(header.get("output"))
         self.metrics.set_replica_up(path.name, str(replica.index), True)
         path.pump()
+
+    def _sync_faults(self, replica: Replica) -> None:
+        """Faults set while a worker was starting could not reach it: send them now."""
+        launched = getattr(getattr(replica.process, "spec", None), "faults", None)
+        wanted = _worker_faults(replica.faults)
+        if launched is not None and launched != wanted:
+            self._send_quietly(replica, {"t": wire.FAULT, "spec": wanted})
 
     def _join(self, rid: str, header: dict[str, Any]) -> None:
         """A worker started elsewhere (``parityserve worker --connect``) joins a model."""
@@ -233,7 +266,10 @@ class ServingSystem:
                 header.get("model"),
                 header.get("version"),
             )
-            self._send_quietly_rid(rid, {"t": wire.STOP})
+            served = sorted(f"{p.name} v{p.version}" for p in self.models.values())
+            error = (f"no model {header.get('model')!r} version {header.get('version')} here; "
+                     f"serving: {', '.join(served) or 'nothing'}")
+            self._send_quietly_rid(rid, {"t": wire.STOP, "error": error})
             return
         replica = Replica(rid, -1, self._aimd(path), self.clock(), started_at=self.clock())
         path.replicas[rid] = replica
@@ -274,10 +310,36 @@ class ServingSystem:
             replica.process.kill()
         self.metrics.set_replica_up(path.name, str(replica.index), False)
         if replica.process is not None and replica.state != "retiring" and not self._closing:
+            if replica.state == "starting" and reason.startswith("process exited"):
+                self._load_errors.setdefault(
+                    (path.name, path.version),
+                    f"model {path.name!r} ({path.deployment.source}): the worker {reason} "
+                    "before it was ready; see its stderr",
+                )
             self.metrics.restart(path.name, str(replica.index))
             faults = {k: v for k, v in replica.faults.items() if k not in _ONE_SHOT_FAULTS}
-            self._launch(path, replica.index, faults)
+            self._relaunch_later(path, replica.index, faults)
         path.pump()
+
+    def _relaunch_later(self, path: ModelPath, index: int, faults: dict[str, Any]) -> None:
+        """Restart at once after a first failure; back off exponentially while it keeps failing
+        without ever becoming ready (a model that cannot load must not spin)."""
+        slot = (path.name, path.version, index)
+        failures = self._failures[slot] = self._failures.get(slot, 0) + 1
+        first, cap = _RESTART_BACKOFF_S
+        delay = 0.0 if failures == 1 else min(cap, first * 2 ** (failures - 2))
+        if delay == 0.0:
+            self._launch(path, index, faults)
+            return
+        log.warning("restarting replica %d of %s in %.2fs (%d failures in a row)",
+                    index, path.name, delay, failures)
+        asyncio.get_running_loop().call_later(delay, self._relaunch, path, index, faults)
+
+    def _relaunch(self, path: ModelPath, index: int, faults: dict[str, Any]) -> None:
+        live = self.models.get(path.name) is path or path in self._retired
+        taken = any(r.index == index and r.process is not None for r in path.replicas.values())
+        if live and not taken and not self._closing and index < path.deployment.replicas:
+            self._launch(path, index, faults)
 
     def _reap_retired(self) -> None:
         for path in list(self._retired):
@@ -330,7 +392,10 @@ class ServingSystem:
         inputs = [path.coerce(item) for item in items]  # all validated before any is queued
         slo_s = state.config.slo_ms / 1000
         deadline = self.clock() + slo_s
-        submitted = [self._submit(path, x, deadline) for x in inputs]
+        if path.has_capacity():
+            submitted = [self._submit(path, x, deadline) for x in inputs]
+        else:  # nothing could answer before the deadline: say so now rather than at the SLO
+            submitted = [(_no_replica(path), False) for _ in inputs]
         pending = [f for f, _ in submitted if isinstance(f, asyncio.Future) and not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
@@ -340,7 +405,7 @@ class ServingSystem:
         try:
             return path.submit(item, deadline)
         except QueueFull:
-            return "queue full", False
+            return f"queue full: model {path.name!r} has {len(path.queue)} queries waiting", False
 
     def _answer(self, app: Application, path: ModelPath, future: Any, cached: bool) -> Prediction:
         qid = str(next(self._query_ids))
@@ -354,11 +419,11 @@ class ServingSystem:
 
     def _default_reason(self, app: Application, path: ModelPath, future: Any) -> str:
         if isinstance(future, str):
-            return f"{future}: model {path.name!r} has {len(path.queue)} queries waiting"
+            return future  # decided before queueing: queue full or no replica
         if future.done():
             return f"error: {future.exception()}"
         if not path.has_capacity():
-            return f"unavailable: model {path.name!r} has no running replica"
+            return _no_replica(path)
         return f"deadline: model {path.name!r} did not answer within the {app.slo_ms:g} ms SLO"
 
     async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]:
@@ -453,6 +518,10 @@ class ServingSystem:
     async def _await_first_ready(self, path: ModelPath) -> None:
         deadline = self.clock() + _STARTUP_TIMEOUT_S
         while not path.ready_replicas() and path.deployment.replicas:
+            error = self._load_errors.get((path.name, path.version))
+            if error is not None:
+                self._stop_replicas(path, list(path.replicas.values()))
+                raise Unavailable(f"version {path.version} of {path.name!r} not deployed: {error}")
             if self.clock() > deadline:
                 raise Unavailable(f"new version of {path.name!r} did not start")
             await asyncio.sleep(0.05)
@@ -502,7 +571,12 @@ class ServingSystem:
             "slo_ms": path.slo_s * 1000,
             "queue": _record(path.queue.statistics()),
             "replicas": [_record(s) for s in path.replica_stats()],
+            "load_error": self._load_errors.get((path.name, path.version)),
         }
+
+
+def _no_replica(path: ModelPath) -> str:
+    return f"unavailable: model {path.name!r} has no running replica"
 
 
 def _failure(replica: Replica, now: float, timeout_s: float) -> str | None:
@@ -517,6 +591,11 @@ def _failure(replica: Replica, now: float, timeout_s: float) -> str | None:
     if now - replica.last_seen > timeout_s:
         return f"no heartbeat for {now - replica.last_seen:.1f}s"
     return None
+
+
+def _worker_faults(faults: dict[str, Any]) -> dict[str, Any]:
+    """The fault spec a worker gets: empty when it injects nothing."""
+    return {} if FaultConfig.model_validate(faults).is_noop else faults
 
 
 def _spec(raw: dict[str, Any] | None) -> TensorSpec | None:

@@ -26,6 +26,7 @@ __all__ = [
     "FAULT",
     "STOP",
     "BYE",
+    "FAILED",
     "decode",
     "encode",
     "pack_payload",
@@ -37,6 +38,7 @@ HELLO = "hello"
 HEARTBEAT = "hb"
 RESULT = "res"
 BYE = "bye"
+FAILED = "failed"  # the worker could not load its model; "error" says why
 PREDICT = "pred"
 FAULT = "fault"
 STOP = "stop"

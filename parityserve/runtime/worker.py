@@ -8,11 +8,13 @@ supervisor watches for. The heartbeat timeout must therefore exceed the longest 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,12 @@ import orjson
 import zmq
 
 from parityserve.core.faults import FaultPlan, FaultSpec
+from parityserve.errors import ModelLoadError, WorkerError
 from parityserve.runtime import wire
 
-__all__ = ["WorkerSpec", "main", "run_worker"]
+__all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "main", "run_worker"]
+
+EXIT_LOAD_FAILED = 3  # exit status of a launched worker whose model did not load
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class _Worker:
         self.plan = self._make_plan(spec.faults)
         self.last_beat = 0.0
         self.running = True
+        self.refused: str | None = None
 
     def _make_plan(self, faults: dict[str, Any]) -> FaultPlan | None:
         if not faults:
@@ -90,6 +96,14 @@ class _Worker:
         self.last_beat = time.monotonic()
         self.send({"t": wire.HEARTBEAT, "served": self.served})
 
+    def sleep_beating(self, seconds: float) -> None:
+        """An injected delay models a slow replica, not a dead one: keep heartbeating."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, self.spec.heartbeat_interval_s))
+            if time.monotonic() - self.last_beat >= self.spec.heartbeat_interval_s:
+                self.beat()
+
     def loop(self) -> None:
         interval_ms = int(self.spec.heartbeat_interval_s * 1000)
         while self.running:
@@ -107,6 +121,7 @@ class _Worker:
             self.plan = self._make_plan(header.get("spec") or {})
         elif kind == wire.STOP:
             self.running = False
+            self.refused = header.get("error")  # set when the frontend turned us away
 
     def predict(self, header: dict[str, Any], buffers: list[Any]) -> None:
         action = self.plan.next_batch(time.monotonic()) if self.plan else None
@@ -117,7 +132,7 @@ class _Worker:
         started = time.perf_counter()
         reply = self.run_batch(header, buffers)
         if action is not None and action.delay_s > 0:
-            time.sleep(action.delay_s)
+            self.sleep_beating(action.delay_s)
         reply[0]["ms"] = (time.perf_counter() - started) * 1000
         self.served += 1
         self.send(*reply)
@@ -132,11 +147,24 @@ class _Worker:
         except Exception as exc:  # a user model may raise anything; report it, keep serving
             return {**base, "ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
         corrupted = 0
-        if self.plan is not None and isinstance(outputs, np.ndarray):
-            outputs, mask = self.plan.corrupt(outputs)
-            corrupted = int(mask.sum())
+        if self.plan is not None:
+            outputs, corrupted = _corrupt(self.plan, outputs)
         desc, frames = wire.pack_payload(outputs)
         return {**base, "ok": True, "out": desc, "corrupted": corrupted}, frames
+
+
+def _corrupt(plan: FaultPlan, outputs: Any) -> tuple[Any, int]:
+    """Inject the plan's wrong answers where the outputs are numeric rows; anything else (text
+    labels, ragged or object outputs) is served uncorrupted rather than failing the batch."""
+    rows = outputs
+    if isinstance(outputs, list) and plan.spec.wrong_probability > 0:
+        with contextlib.suppress(TypeError, ValueError):  # a model without a signature
+            rows = np.asarray(outputs)
+    if not isinstance(rows, np.ndarray) or rows.ndim == 0 or not (
+            np.issubdtype(rows.dtype, np.number) or rows.dtype == np.bool_):
+        return outputs, 0
+    corrupted, mask = plan.corrupt(rows)
+    return corrupted, int(mask.sum())
 
 
 def _spec_dict(spec: Any) -> dict[str, Any] | None:
@@ -152,26 +180,48 @@ def _hang_forever() -> None:
         time.sleep(3600)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int | None = None) -> None:
     """Ask Linux to SIGTERM us when the launching frontend dies, so no worker is orphaned."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:
+        sys.exit(0)  # the frontend died before the request above took effect
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    sys.exit(0)  # unwinds through run_worker, which says BYE on the way out
+
+
+def _load(spec: WorkerSpec) -> Any:
+    """The model, or ModelLoadError naming the model and what went wrong."""
+    from parityserve.models.loader import load_model
+
+    try:
+        return load_model(
+            spec.source,
+            weights=spec.weights,
+            options=spec.options,
+            threads=spec.threads,
+            base_dir=Path(spec.base_dir) if spec.base_dir else None,
+            data_dir=Path(spec.data_dir) if spec.data_dir else None,
+        )
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"model {spec.model!r} ({spec.source}) failed to load: {exc}") from exc
+    except Exception as exc:  # user code (a class's setup, unpickling) may raise anything
+        traceback.print_exc()
+        raise ModelLoadError(
+            f"model {spec.model!r} ({spec.source}) failed to load: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def run_worker(spec: WorkerSpec, connect: str) -> int:
-    """Load the model, connect, say hello, and serve until told to stop."""
-    from parityserve.models.loader import load_model
+    """Load the model, connect, say hello, and serve until told to stop.
 
+    Raises ModelLoadError (before connecting) when the model cannot be loaded.
+    """
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
-    model = load_model(
-        spec.source,
-        weights=spec.weights,
-        options=spec.options,
-        threads=spec.threads,
-        base_dir=Path(spec.base_dir) if spec.base_dir else None,
-        data_dir=Path(spec.data_dir) if spec.data_dir else None,
-    )
+    model = _load(spec)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
@@ -182,10 +232,25 @@ def run_worker(spec: WorkerSpec, connect: str) -> int:
     worker.beat()
     try:
         worker.loop()
-        worker.send({"t": wire.BYE})
-    finally:
+    finally:  # also on SIGTERM or Ctrl-C: the frontend forgets us at once, not after a timeout
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart(wire.encode({"t": wire.BYE}), flags=zmq.NOBLOCK)
         sock.close()
+    if worker.refused:
+        raise WorkerError(f"the frontend at {connect} refused this worker: {worker.refused}")
     return 0
+
+
+def _report_load_failure(spec: WorkerSpec, connect: str, error: ModelLoadError) -> None:
+    """Tell the frontend why this worker will never say hello (it then fails fast)."""
+    print(f"parityserve worker {spec.replica_id}: {error}", file=sys.stderr, flush=True)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
+    sock.connect(connect)
+    header = {"t": wire.FAILED, "model": spec.model, "version": spec.version, "error": str(error)}
+    with contextlib.suppress(zmq.ZMQError):
+        sock.send_multipart(wire.encode(header), flags=zmq.NOBLOCK)
+    sock.close(linger=2000)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,11 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", required=True, help="frontend RPC address, tcp://HOST:PORT")
     parser.add_argument("--spec", required=True, help="WorkerSpec as JSON")
     parser.add_argument("--die-with-parent", action="store_true")
+    parser.add_argument("--parent-pid", type=int, help="exit at once if this is not our parent")
     args = parser.parse_args(argv)
     if args.die_with_parent:
-        _die_with_parent()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return run_worker(WorkerSpec.from_json(args.spec), args.connect)
+        _die_with_parent(args.parent_pid)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    spec = WorkerSpec.from_json(args.spec)
+    try:
+        return run_worker(spec, args.connect)
+    except ModelLoadError as exc:
+        _report_load_failure(spec, args.connect, exc)
+        return EXIT_LOAD_FAILED
+    finally:  # leaving anyway: a late SIGTERM must not raise inside interpreter shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,221 @@
+"""Worker-side fault injection, set in the config and through the admin API, on real workers.
+
+Only cheap models (``zoo:echo``, ``zoo:noop``) so that the injected faults are the only thing
+that takes time. The cache is off: every query really reaches a worker.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import joblib
+import numpy as np
+import pytest
+
+from parityserve.client import Client
+from parityserve.errors import InvalidInput
+
+pytestmark = pytest.mark.integration
+
+VECTOR = {"name": "input", "datatype": "FP32", "shape": [4]}
+
+
+def _app(name: str, slo_ms: float = 5000) -> dict:
+    return {"name": name, "models": [name], "slo_ms": slo_ms, "default_output": "DEFAULT"}
+
+
+@pytest.fixture(scope="module")
+def text_labels(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A scikit-learn classifier whose predictions are strings, not numbers."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.array([[0, 0], [1, 1], [0, 1], [1, 0]], dtype=np.float32)
+    path = tmp_path_factory.mktemp("text") / "pets.joblib"
+    joblib.dump(LogisticRegression().fit(x, ["cat", "dog", "cat", "dog"]), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served(server_factory, text_labels):
+    config = {
+        "server": {"http_port": 0, "cache_bytes": 0, "heartbeat_timeout_ms": 3000},
+        "models": [
+            {"name": "delayed", "source": "zoo:noop", "replicas": 1,
+             "faults": {"0": {"delay_ms": 150}}},
+            {"name": "noisy", "source": "zoo:echo", "replicas": 1, "input": VECTOR,
+             "faults": {"all": {"wrong_probability": 1.0, "wrong_kind": "noise",
+                                "noise_sigma": 5}}},
+            {"name": "plain", "source": "zoo:echo", "replicas": 1,  # no declared signature
+             "faults": {"0": {"wrong_probability": 1.0, "noise_sigma": 5}}},
+            {"name": "text", "source": f"sklearn:{text_labels}", "replicas": 1,
+             "faults": {"0": {"wrong_probability": 1.0, "wrong_kind": "labels"}}},
+            {"name": "relabel", "source": "zoo:echo", "replicas": 1, "input": VECTOR,
+             "faults": {"0": {"wrong_probability": 1.0, "wrong_kind": "labels"}}},
+            {"name": "crashy", "source": "zoo:echo", "replicas": 2, "input": VECTOR,
+             "faults": {"0": {"crash_after_batches": 2}}},
+            {"name": "scaled", "source": "zoo:sleep", "options": {"sleep_ms": 100},
+             "replicas": 1, "batching": {"max_batch_size": 1}},
+            {"name": "bursty", "source": "zoo:noop", "replicas": 1,
+             "faults": {"0": {"burst": {"every_ms": 200, "duration_ms": 200,
+                                        "delay_ms": 100}}}},
+        ],
+        "applications": [_app("delayed"), _app("noisy"), _app("plain"), _app("text"),
+                         _app("relabel"),
+                         _app("crashy", slo_ms=10_000), _app("bursty"), _app("scaled")],
+    }
+    return server_factory(config)
+
+
+@pytest.fixture
+def client(served) -> Client:
+    with Client(served.url) as c:
+        yield c
+
+
+def _timed(client: Client, app: str, x: object) -> tuple[dict, float]:
+    started = time.monotonic()
+    answer = client.predict(app, x)
+    assert answer["default"] is False, answer
+    return answer, time.monotonic() - started
+
+
+def _model_state(client: Client, name: str) -> dict:
+    return next(m for m in client.state()["models"] if m["name"] == name)
+
+
+def _wait(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def _restarts(client: Client, model: str) -> float:
+    pattern = rf'^parityserve_replica_restarts_total\{{model="{model}",replica="0"\}} (\S+)$'
+    found = re.search(pattern, client.metrics_text(), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_configured_delay_then_cleared_through_the_admin_api(client) -> None:
+    slow = [_timed(client, "delayed", [float(i)])[1] for i in range(3)]
+    assert min(slow) >= 0.15, slow
+    reply = client.set_faults("delayed", "0")  # every setting at its default: no fault
+    assert reply["replica"] == "0" and reply["faults"]["delay_ms"] == 0
+    fast = [_timed(client, "delayed", [float(10 + i)])[1] for i in range(3)]
+    assert min(fast) < 0.1, fast
+    assert _model_state(client, "delayed")["replicas"][0]["state"] == "ready"
+
+
+def test_noise_makes_outputs_differ_from_inputs(client) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = rng.normal(size=4).astype(np.float32)
+        answer, _ = _timed(client, "noisy", x.tolist())
+        out = np.asarray(answer["output"], dtype=np.float32)
+        assert out.shape == (4,)
+        assert not np.allclose(out, x, atol=1e-3), (out, x)
+
+
+def test_noise_reaches_a_model_without_a_signature(client) -> None:
+    # zoo:echo with no declared input gets (and returns) plain JSON lists, not arrays.
+    x = [1.0, 2.0, 3.0]
+    answer, _ = _timed(client, "plain", x)
+    assert len(answer["output"]) == 3 and answer["output"] != x
+
+
+def test_outputs_that_cannot_be_corrupted_are_served_not_crashed_on(client) -> None:
+    # String class labels cannot be made wrong by the worker: it answers them as they are
+    # instead of dying on every batch (which left the model with no replica at all).
+    pid = _model_state(client, "text")["replicas"][0]["pid"]
+    answers = [_timed(client, "text", [float(a), float(b)])[0]["output"]
+               for a, b in [(0, 0), (1, 1), (0, 0), (1, 1)]]
+    assert set(answers) <= {"cat", "dog"}
+    assert [r["pid"] for r in _model_state(client, "text")["replicas"]] == [pid]
+    assert _restarts(client, "text") == 0
+
+
+def test_label_faults_move_the_argmax(client) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        scores = rng.permutation(np.arange(4, dtype=np.float32))
+        answer, _ = _timed(client, "relabel", scores.tolist())
+        out = np.asarray(answer["output"], dtype=np.float32)
+        assert int(np.argmax(out)) != int(np.argmax(scores)), (out, scores)
+        np.testing.assert_array_equal(np.sort(out), np.sort(scores))  # a swap, not noise
+
+
+def test_faults_cleared_on_one_model_leave_the_others_alone(client) -> None:
+    x = [0.0, 3.0, 1.0, 2.0]
+    answer, _ = _timed(client, "relabel", x)
+    assert int(np.argmax(answer["output"])) != 1
+    client.set_faults("relabel", "all")
+    answer, _ = _timed(client, "relabel", x)
+    assert answer["output"] == x  # the echo is honest again
+    noisy, _ = _timed(client, "noisy", x)
+    assert noisy["output"] != x  # another model's faults are untouched
+
+
+def test_crash_after_batches_restarts_the_worker_and_loses_no_query(client) -> None:
+    before = _restarts(client, "crashy")
+    pid = next(r["pid"] for r in _model_state(client, "crashy")["replicas"] if r["index"] == 0)
+    inputs = [[float(i), 0.0, 0.0, 0.0] for i in range(8)]
+    answers = [_timed(client, "crashy", x)[0] for x in inputs]
+    assert [a["output"] for a in answers] == inputs  # answered, correctly, exactly once each
+    assert len({a["query_id"] for a in answers}) == len(inputs)
+    assert _restarts(client, "crashy") >= before + 1
+
+    def restarted() -> bool:
+        replicas = _model_state(client, "crashy")["replicas"]
+        return (len(replicas) == 2 and all(r["state"] == "ready" for r in replicas)
+                and pid not in [r["pid"] for r in replicas])
+
+    _wait(restarted)
+    # The replacement came back without the one-shot crash: it keeps serving.
+    again = [_timed(client, "crashy", [float(i), 1.0, 0.0, 0.0])[0] for i in range(4)]
+    assert all(a["output"][1] == 1.0 for a in again)
+    assert _restarts(client, "crashy") == before + 1
+
+
+def test_bursts_slow_down_some_queries_but_not_all(client) -> None:
+    latencies = [_timed(client, "bursty", [float(i)])[1] for i in range(40)]
+    slow = [t for t in latencies if t >= 0.1]
+    fast = [t for t in latencies if t < 0.08]
+    assert slow and fast, latencies
+
+
+def test_faults_set_while_a_replica_starts_reach_it_once_ready(client) -> None:
+    client.set_replicas("scaled", 2)
+    client.set_faults("scaled", "1", delay_ms=300)  # replica 1 is still loading
+    _wait(lambda: [r["state"] for r in _model_state(client, "scaled")["replicas"]]
+          == ["ready", "ready"])
+    # Batches of one on two replicas: four concurrent queries put two on each replica.
+    with ThreadPoolExecutor(4) as pool:
+        timed = list(pool.map(lambda i: _timed(client, "scaled", [float(i)]), range(4)))
+    latencies = sorted(t for _, t in timed)
+    assert latencies[-1] >= 0.4, latencies  # 100 ms of model plus 300 ms injected on replica 1
+    assert latencies[0] < 0.3, latencies  # replica 0 has no fault
+
+
+def test_unknown_replica_index_is_invalid_input(client) -> None:
+    with pytest.raises(InvalidInput, match="no replica '7'"):
+        client.set_faults("delayed", "7", delay_ms=10)
+
+
+@pytest.mark.parametrize("body", [
+    {"replica": "0", "faults": {"wrong_probability": 2}},
+    {"replica": "0", "faults": {"delay_ms": -1}},
+    {"replica": "0", "faults": {"nonsense": 1}},
+    {"replica": "first", "faults": {}},
+    {"replica": "0", "faults": {"burst": {"every_ms": 100}}},
+])
+def test_invalid_fault_body_is_a_400_and_changes_nothing(served, client, body) -> None:
+    r = httpx.post(f"{served.url}/admin/models/delayed/faults", json=body)
+    assert r.status_code == 400 and r.json()["code"] == "invalid_input" and r.json()["error"]
+    with pytest.raises(InvalidInput):
+        client.set_faults("delayed", body["replica"], **body["faults"])
+    assert _timed(client, "delayed", [float(len(str(body)))])[1] < 1.0  # still serving
