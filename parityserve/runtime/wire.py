@@ -52,7 +52,7 @@ def pack_payload(value: Any) -> tuple[dict[str, Any], list[Any]]:
         array = np.ascontiguousarray(value)
         desc = {"k": "nd", "dtype": array.dtype.str, "shape": list(array.shape)}
         return desc, [memoryview(array).cast("B") if array.size else b""]
-    return {"k": "obj", "v": _plain(value)}, []
+    return {"k": "obj", "v": value}, []
 
 
 def unpack_payload(desc: dict[str, Any], frames: list[Any]) -> Any:
@@ -71,7 +71,7 @@ def unpack_payload(desc: dict[str, Any], frames: list[Any]) -> Any:
 
 def encode(header: dict[str, Any], buffers: list[Any] | None = None) -> Frames:
     """Frames for one message: the msgpack header, then its raw buffers."""
-    return [msgpack.packb(header, use_bin_type=True), *(buffers or [])]
+    return [msgpack.packb(header, use_bin_type=True, default=_numpy_default), *(buffers or [])]
 
 
 def decode(frames: list[Any]) -> tuple[dict[str, Any], list[Any]]:
@@ -88,14 +88,11 @@ def decode(frames: list[Any]) -> tuple[dict[str, Any], list[Any]]:
     return header, list(frames[1:])
 
 
-def _plain(value: Any) -> Any:
-    """Make numpy scalars and arrays inside Python containers msgpack-friendly."""
+def _numpy_default(value: Any) -> Any:
+    """msgpack calls this only for types it cannot pack: numpy scalars and arrays nested in
+    Python values. Plain lists of numbers never come here, so they cost nothing extra."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+    raise TypeError(f"cannot send {type(value).__name__} to a worker")

@@ -135,7 +135,11 @@ class _Worker:
             self.sleep_beating(action.delay_s)
         reply[0]["ms"] = (time.perf_counter() - started) * 1000
         self.served += 1
-        self.send(*reply)
+        try:
+            self.send(*reply)
+        except TypeError as exc:  # outputs msgpack cannot carry: report, keep serving
+            self.send({"t": wire.RESULT, "bid": header["bid"], "ok": False,
+                       "error": f"model outputs cannot be sent: {exc}"})
 
     def run_batch(
         self, header: dict[str, Any], buffers: list[Any]

@@ -56,3 +56,13 @@ def test_bad_payload_descriptors_raise_protocol_error() -> None:
         wire.unpack_payload({"k": "nd", "dtype": "<f4", "shape": [3]}, [b"\x00" * 5])
     with pytest.raises(ProtocolError):
         wire.unpack_payload({"k": "weird"}, [])
+
+
+def test_numpy_values_nested_in_python_values_are_packed() -> None:
+    header, _ = wire.decode(wire.encode({"t": wire.RESULT, "v": [np.float32(2.5), np.arange(2)]}))
+    assert header["v"] == [2.5, [0, 1]]
+
+
+def test_unpackable_values_raise_type_error() -> None:
+    with pytest.raises(TypeError, match="object"):
+        wire.encode({"t": wire.RESULT, "v": object()})
