@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -360,10 +360,15 @@ class HttpSender:
 
     async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST an already-encoded JSON body; returns (status, body). Connection errors raise."""
+        return await self.post(path, body, _JSON_HEADERS)
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str]
+                   ) -> tuple[int, bytes]:
+        """POST a pre-encoded body with its headers (e.g. a V2 binary tensor request)."""
         if self._session is None:
             raise RuntimeError("HttpSender is used outside 'async with'")
         async with self._session.post(self.base_url + path, data=body,
-                                      headers=_JSON_HEADERS) as resp:
+                                      headers=headers) as resp:
             return resp.status, await resp.read()
 
 
