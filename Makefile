@@ -23,7 +23,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check parityserve tests
 	$(BIN)/mypy parityserve/core
-	$(BIN)/pytest $(PYTEST_ARGS)
+	# A private Redis (127.0.0.1:6390, or $$PARITYSERVE_REDIS_PORT) for the shared-state tests;
+	# it is stopped again whether or not the tests pass.
+	scripts/redis.sh ensure && scripts/redis.sh start
+	status=0; PARITYSERVE_REDIS_URL="$$(scripts/redis.sh url)" $(BIN)/pytest $(PYTEST_ARGS) \
+	  || status=$$?; scripts/redis.sh stop; exit $$status
 
 lint: $(STAMP)
 	$(BIN)/ruff check parityserve tests

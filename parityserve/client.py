@@ -67,6 +67,10 @@ def _error_from(response: httpx.Response) -> ParityServeError:
     return _ERRORS.get(code, fallback)(message)
 
 
+def _with_uid(body: dict[str, Any], uid: str | None) -> dict[str, Any]:
+    return body if uid is None else {**body, "uid": uid}
+
+
 def _q(name: str) -> str:
     return quote(str(name), safe="")
 
@@ -120,14 +124,22 @@ class Client:
 
     # ------------------------------------------------------------ Clipper-style routes
 
-    def predict(self, app: str, x: Any) -> dict[str, Any]:
-        return self._call("POST", f"/{_q(app)}/predict", {"input": x})
+    def predict(self, app: str, x: Any, *, uid: str | None = None) -> dict[str, Any]:
+        """One query; ``uid`` names the user/session whose selection state applies."""
+        return self._call("POST", f"/{_q(app)}/predict", _with_uid({"input": x}, uid))
 
-    def predict_batch(self, app: str, xs: Sequence[Any]) -> list[dict[str, Any]]:
-        return self._call("POST", f"/{_q(app)}/predict", {"input_batch": list(xs)})
+    def predict_batch(self, app: str, xs: Sequence[Any], *,
+                      uid: str | None = None) -> list[dict[str, Any]]:
+        body = _with_uid({"input_batch": list(xs)}, uid)
+        return self._call("POST", f"/{_q(app)}/predict", body)
 
-    def update(self, app: str, uid: str, x: Any, label: Any) -> dict[str, Any]:
-        return self._call("POST", f"/{_q(app)}/update", {"uid": uid, "input": x, "label": label})
+    def update(self, app: str, uid: str, x: Any, label: Any, *,
+               query_id: str | None = None) -> dict[str, Any]:
+        """Feedback: the true ``label`` for input ``x``, optionally naming the query answered."""
+        body = {"uid": uid, "input": x, "label": label}
+        if query_id is not None:
+            body["query_id"] = query_id
+        return self._call("POST", f"/{_q(app)}/update", body)
 
     # ------------------------------------------------------------ V2 routes
 

@@ -125,6 +125,13 @@ class Application(_Frozen):
     models: tuple[str, ...] = Field(min_length=1)
     slo_ms: float = Field(100.0, gt=0, le=600_000)
     default_output: Any = None
+    policy: str = Field("single", description="single, exp3, exp4, robust-exp4, or "
+                        "python:pkg.mod:Class for a policy of your own")
+    policy_options: dict[str, Any] = Field(default_factory=dict,
+                                           description="keyword arguments for the policy")
+    loss: Literal["zero-one", "cross-entropy", "abs-error"] = "zero-one"
+    confidence_threshold: float | None = Field(
+        None, ge=0, le=1, description="below this confidence, answer with the default output")
 
     @model_validator(mode="after")
     def _check_name(self) -> Application:
@@ -145,6 +152,8 @@ class Server(_Frozen):
     heartbeat_timeout_ms: float = Field(2000, gt=0)
     max_queue: int = Field(100_000, ge=1, description="per-model queue capacity")
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    state_store: str = Field("memory", description="where selection state lives: memory, "
+                             "sqlite:PATH or redis://HOST:PORT/DB")
 
 
 class ServingConfig(_Frozen):

@@ -57,11 +57,14 @@ class ModelMetadata:
 class ServingSystem(Protocol):
     """What the HTTP layer needs. Every method raises ``parityserve.errors`` types only."""
 
-    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
-        """Answer each item (one query each). Validates items; never returns fewer answers."""
+    async def predict(self, app: str, items: Sequence[Any],
+                      uid: str | None = None) -> list[Prediction]:
+        """Answer each item (one query each) in context ``uid`` (None: the global context).
+        Validates items; never returns fewer answers."""
         ...
 
-    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]: ...
+    async def update(self, app: str, uid: str, item: Any, label: Any,
+                     query_id: str | None = None) -> dict[str, Any]: ...
 
     async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         """Run a V2 batch (first axis = queries) through the model path; returns stacked outputs."""

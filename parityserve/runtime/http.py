@@ -278,6 +278,13 @@ def _predict_items(body: dict[str, Any]) -> tuple[list[Any], bool]:
     return batch, True
 
 
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise MalformedRequest(f"{key!r} must be a non-empty string")
+    return value
+
+
 def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
     missing = [k for k in ("uid", "input", "label") if k not in body]
     if missing:
@@ -418,15 +425,18 @@ class _Frontend:
     async def predict(self, request: Request) -> tuple[Response, Outcome]:
         body = _object(await _read_body(request, self.limit))
         items, batched = _predict_items(body)
-        predictions = await self.system.predict(request.path_params["app"], items)
+        predictions = await self.system.predict(request.path_params["app"], items,
+                                                _optional_str(body, "uid"))
         outcome = "default" if any(p.default for p in predictions) else "ok"
         if batched:
             return _json([p.to_json() for p in predictions]), outcome
         return _json(predictions[0].to_json()), outcome
 
     async def update(self, request: Request) -> tuple[Response, Outcome]:
-        uid, item, label = _update_fields(_object(await _read_body(request, self.limit)))
-        result = await self.system.update(request.path_params["app"], uid, item, label)
+        body = _object(await _read_body(request, self.limit))
+        uid, item, label = _update_fields(body)
+        result = await self.system.update(request.path_params["app"], uid, item, label,
+                                          _optional_str(body, "query_id"))
         return _json(result), "ok"
 
     # ------------------------------------------------------------ admin handlers

@@ -36,6 +36,7 @@ class Metrics:
         self._define_requests()
         self._define_models()
         self._define_replicas()
+        self._define_selection()
 
     def _define_requests(self) -> None:
         reg = self.registry
@@ -97,6 +98,27 @@ class Metrics:
 
     def restart(self, model: str, replica: str) -> None:
         self._restarts.labels(model, replica).inc()
+
+    def _define_selection(self) -> None:
+        reg, labels = self.registry, ["app", "model"]
+        self._selections = Counter("parityserve_selections", "Times a policy asked a model",
+                                   labels, registry=reg)
+        self._feedback = Counter("parityserve_feedback", "Feedback labels joined per model",
+                                 labels, registry=reg)
+        self._loss = Counter("parityserve_loss", "Sum of feedback losses per model (divide by "
+                             "parityserve_feedback_total for the mean)", labels, registry=reg)
+        self._weight = Gauge("parityserve_policy_weight", "A model's normalised policy weight "
+                             "in the context last updated", labels, registry=reg)
+
+    def selection(self, app: str, model: str) -> None:
+        self._selections.labels(app, model).inc()
+
+    def loss(self, app: str, model: str, value: float) -> None:
+        self._feedback.labels(app, model).inc()
+        self._loss.labels(app, model).inc(value)
+
+    def set_weight(self, app: str, model: str, share: float) -> None:
+        self._weight.labels(app, model).set(share)
 
     def set_replica_up(self, model: str, replica: str, up: bool) -> None:
         self._up.labels(model, replica).set(1 if up else 0)

@@ -11,9 +11,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +20,15 @@ import numpy as np
 from parityserve.config import Application, Deployment, FaultConfig, ServingConfig, TensorSpec
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
 from parityserve.errors import (
     Conflict,
     DeadlineExceeded,
     InvalidInput,
     ModelLoadError,
+    PredictError,
     QueueFull,
+    ServiceError,
     Unavailable,
     UnknownApplication,
     UnknownModel,
@@ -35,10 +36,17 @@ from parityserve.errors import (
 )
 from parityserve.runtime import wire
 from parityserve.runtime.api import ModelMetadata, Prediction
+from parityserve.runtime.applications import (
+    AppRuntime,
+    QueryRecord,
+    describe_combined,
+    read_state,
+)
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.state_store import MemoryStore, StateStore, open_store
 from parityserve.runtime.worker import WorkerSpec
 
 __all__ = ["ServingSystem"]
@@ -49,12 +57,6 @@ _STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-co
 _SUPERVISE_EVERY_S = 0.05
 _ONE_SHOT_FAULTS = ("crash_after_batches", "hang_after_batches")
 _RESTART_BACKOFF_S = (0.25, 4.0)  # first delay, cap; doubles per failure in a row
-
-
-@dataclass
-class _App:
-    config: Application
-    feedback: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
 class ServingSystem:
@@ -78,7 +80,10 @@ class ServingSystem:
         self.log_dir = log_dir
         self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
         self.models: dict[str, ModelPath] = {}
-        self.apps: dict[str, _App] = {a.name: _App(a) for a in config.applications}
+        self.apps: dict[str, AppRuntime] = {
+            a.name: AppRuntime.build(a) for a in config.applications}
+        self.store: StateStore = MemoryStore()
+        self._rng = np.random.default_rng()
         self._by_rid: dict[str, tuple[ModelPath, Replica]] = {}
         self._retired: list[ModelPath] = []
         self._query_ids = itertools.count(1)
@@ -100,6 +105,9 @@ class ServingSystem:
         self, *, wait_ready: bool = True, timeout_s: float = _STARTUP_TIMEOUT_S
     ) -> None:
         server = self.config.server
+        # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.
+        self.store = await asyncio.to_thread(open_store, server.state_store,
+                                             base_dir=self.base_dir)
         self._link = WorkerLink(server.host, server.rpc_port)
         self._link.start(self._on_message)
         self._launcher = LocalLauncher(self._link.address, log_dir=self.log_dir)
@@ -151,6 +159,7 @@ class ServingSystem:
         await asyncio.to_thread(LocalLauncher.stop_all, procs)
         if self._link is not None:
             await self._link.close()
+        self.store.close()
 
     # ---- replicas ------------------------------------------------------------------------
     def _install(self, deployment: Deployment) -> ModelPath:
@@ -368,7 +377,7 @@ class ServingSystem:
             self._link.send(rid, header)
 
     # ---- queries -------------------------------------------------------------------------
-    def _app(self, name: str) -> _App:
+    def _app(self, name: str) -> AppRuntime:
         try:
             return self.apps[name]
         except KeyError:
@@ -386,20 +395,50 @@ class ServingSystem:
             )
         return path
 
-    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
-        state = self._app(app)
-        path = self._model(state.config.models[0])  # the selection layer picks among several
-        inputs = [path.coerce(item) for item in items]  # all validated before any is queued
-        slo_s = state.config.slo_ms / 1000
-        deadline = self.clock() + slo_s
-        if path.has_capacity():
-            submitted = [self._submit(path, x, deadline) for x in inputs]
-        else:  # nothing could answer before the deadline: say so now rather than at the SLO
-            submitted = [(_no_replica(path), False) for _ in inputs]
-        pending = [f for f, _ in submitted if isinstance(f, asyncio.Future) and not f.done()]
+    async def predict(self, app: str, items: Sequence[Any],
+                      uid: str | None = None) -> list[Prediction]:
+        runtime = self._app(app)
+        context = _context(uid)
+        paths = {m: self._model(m) for m in runtime.config.models}
+        inputs = [self._coerce_for(paths, item) for item in items]  # validated before queueing
+        state = await self._read_state(runtime, context)
+        deadline = self.clock() + runtime.config.slo_ms / 1000
+        plans = [self._plan(runtime, state, context, paths, x, deadline) for x in inputs]
+        pending = [f for _, fs in plans for f, _ in fs.values()
+                   if isinstance(f, asyncio.Future) and not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
-        return [self._answer(state.config, path, f, cached) for f, cached in submitted]
+        return [self._answer(runtime, state, context, paths, x, selected, futures)
+                for x, (selected, futures) in zip(inputs, plans, strict=True)]
+
+    def _coerce_for(self, paths: dict[str, ModelPath], item: Any) -> dict[str, Any]:
+        """The item checked against each linked model's signature (once per distinct one)."""
+        by_spec: dict[Any, Any] = {}
+        out = {}
+        for name, path in paths.items():
+            if path.input_spec not in by_spec:
+                by_spec[path.input_spec] = path.coerce(item)
+            out[name] = by_spec[path.input_spec]
+        return out
+
+    async def _read_state(self, runtime: AppRuntime, context: str) -> dict[str, Any]:
+        try:
+            return await read_state(self.store, runtime, context)
+        except ServiceError as exc:  # a store outage must not stop predictions
+            log.warning("state store unavailable (%s); using fresh policy state", exc)
+            return runtime.current_state(None)
+
+    def _plan(self, runtime: AppRuntime, state: dict[str, Any], context: str,
+              paths: dict[str, ModelPath], x: dict[str, Any], deadline: float
+              ) -> tuple[tuple[str, ...], dict[str, tuple[Any, bool]]]:
+        selected = tuple(runtime.policy.select(state, runtime.query_info(context), self._rng))
+        futures = {}
+        for model in selected:
+            self.metrics.selection(runtime.config.name, model)
+            path = paths[model]
+            futures[model] = (self._submit(path, x[model], deadline) if path.has_capacity()
+                              else (_no_replica(path), False))
+        return selected, futures
 
     def _submit(self, path: ModelPath, item: Any, deadline: float) -> tuple[Any, bool]:
         try:
@@ -407,17 +446,41 @@ class ServingSystem:
         except QueueFull:
             return f"queue full: model {path.name!r} has {len(path.queue)} queries waiting", False
 
-    def _answer(self, app: Application, path: ModelPath, future: Any, cached: bool) -> Prediction:
+    def _answer(self, runtime: AppRuntime, state: dict[str, Any], context: str,
+                paths: dict[str, ModelPath], x: dict[str, Any], selected: tuple[str, ...],
+                futures: dict[str, tuple[Any, bool]]) -> Prediction:
+        app = runtime.config
         qid = str(next(self._query_ids))
-        if isinstance(future, asyncio.Future) and future.done() and future.exception() is None:
-            return Prediction(
-                qid, future.result(), model=path.name, version=path.version, cached=cached
-            )
-        reason = self._default_reason(app, path, future)
-        self.metrics.observe_default(app.name, reason.split(":")[0])
-        return Prediction(qid, app.default_output, default=True, default_explanation=reason)
+        runtime.remember(qid, QueryRecord(app.name, context, x, selected))
+        arrived = {m: f.result() for m, (f, _) in futures.items() if _succeeded(f)}
+        try:
+            combined = runtime.policy.combine(state, runtime.query_info(context, selected),
+                                              arrived)
+        except PredictError as exc:
+            return self._default(app, qid, f"error: {exc}")
+        if combined.output is None:
+            return self._default(app, qid, self._missing_reason(app, paths, futures))
+        extra = describe_combined(combined, selected)
+        threshold = app.confidence_threshold
+        if threshold is not None and combined.confidence < threshold:
+            return self._default(app, qid, f"low confidence: {combined.confidence:.2f} is below "
+                                 f"the application's threshold {threshold:g}", extra)
+        one = combined.used[0] if len(combined.used) == 1 else None
+        cached = all(futures[m][1] for m in combined.used)
+        return Prediction(qid, combined.output, model=one,
+                          version=paths[one].version if one else None, cached=cached, extra=extra)
 
-    def _default_reason(self, app: Application, path: ModelPath, future: Any) -> str:
+    def _default(self, app: Application, qid: str, reason: str,
+                 extra: dict[str, Any] | None = None) -> Prediction:
+        self.metrics.observe_default(app.name, reason.split(":")[0])
+        return Prediction(qid, app.default_output, default=True, default_explanation=reason,
+                          extra=extra or {})
+
+    def _missing_reason(self, app: Application, paths: dict[str, ModelPath],
+                        futures: dict[str, tuple[Any, bool]]) -> str:
+        """Why nothing usable arrived, from the first model that did not answer."""
+        model, (future, _) = next(iter(futures.items()))
+        path = paths[model]
         if isinstance(future, str):
             return future  # decided before queueing: queue full or no replica
         if future.done():
@@ -426,16 +489,54 @@ class ServingSystem:
             return _no_replica(path)
         return f"deadline: model {path.name!r} did not answer within the {app.slo_ms:g} ms SLO"
 
-    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]:
-        state = self._app(app)
-        path = self._model(state.config.models[0])
+    async def update(self, app: str, uid: str, item: Any, label: Any,
+                     query_id: str | None = None) -> dict[str, Any]:
+        runtime = self._app(app)
         if not isinstance(uid, str) or not uid:
             raise InvalidInput("feedback needs a non-empty string 'uid'")
         if label is None:
             raise InvalidInput("feedback needs a 'label'")
-        coerced = path.coerce(item)
-        state.feedback.append({"uid": uid, "input": coerced, "label": label, "at": time.time()})
-        return {"ok": True, "uid": uid, "feedback_stored": len(state.feedback)}
+        paths = {m: self._model(m) for m in runtime.config.models}
+        record = runtime.recall(query_id) if query_id is not None else None
+        inputs = record.item if record else self._coerce_for(paths, item)
+        predictions = await self._predictions_for(paths, inputs)
+        losses = runtime.losses(label, predictions)  # a malformed label raises InvalidInput
+        query = runtime.query_info(uid, record.selected if record else None)
+        state = await self._observe(runtime, uid, query, label, predictions)
+        self._record_feedback(runtime, losses, state)
+        runtime.feedback.append({"uid": uid, "label": label, "at": time.time()})
+        return {"ok": True, "uid": uid, "losses": losses, "weights": weight_shares(state),
+                "feedback_stored": len(runtime.feedback)}
+
+    async def _predictions_for(self, paths: dict[str, ModelPath],
+                               inputs: dict[str, Any]) -> dict[str, Any]:
+        """Each linked model's prediction for the input: from the cache, else recomputed."""
+        futures = {}
+        for name, path in paths.items():
+            if path.has_capacity():
+                deadline = self.clock() + path.deployment.timeout_ms / 1000
+                with contextlib.suppress(QueueFull):
+                    futures[name] = self._submit(path, inputs[name], deadline)[0]
+        waiting = [f for f in futures.values() if not f.done()]
+        if waiting:
+            timeout = max(p.deployment.timeout_ms for p in paths.values()) / 1000
+            await asyncio.wait(waiting, timeout=timeout)
+        return {m: f.result() for m, f in futures.items() if _succeeded(f)}
+
+    async def _observe(self, runtime: AppRuntime, context: str, query: Any, label: Any,
+                       predictions: dict[str, Any]) -> dict[str, Any]:
+        args = (self.store, context, query, label, predictions)
+        if self.store.description == "memory":
+            return runtime.observe(*args)
+        return await asyncio.to_thread(runtime.observe, *args)
+
+    def _record_feedback(self, runtime: AppRuntime, losses: dict[str, float],
+                         state: dict[str, Any]) -> None:
+        app = runtime.config.name
+        for model, value in losses.items():
+            self.metrics.loss(app, model, value)
+        for model, share in weight_shares(state).items():
+            self.metrics.set_weight(app, model, share)
 
     async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         path = self._model(model, version)
@@ -474,13 +575,16 @@ class ServingSystem:
             raise Conflict(f"application {app.name!r} already exists")
         for model in app.models:
             self._model(model)
-        self.apps[app.name] = _App(app)
+        self.apps[app.name] = AppRuntime.build(app)
         self._refresh_slos()
 
     async def remove_application(self, name: str) -> None:
         self._app(name)
         del self.apps[name]
         self._refresh_slos()
+        # A later application of the same name starts learning afresh.
+        with contextlib.suppress(ServiceError):
+            await asyncio.to_thread(self.store.delete_prefix, f"{name}/")
 
     async def link_models(self, app: str, models: Sequence[str]) -> None:
         state = self._app(app)
@@ -488,7 +592,7 @@ class ServingSystem:
             raise InvalidInput("link needs at least one model")
         for model in models:
             self._model(model)
-        state.config = state.config.model_copy(update={"models": tuple(models)})
+        state.relink(state.config.model_copy(update={"models": tuple(models)}))
         self._refresh_slos()
 
     def _refresh_slos(self) -> None:
@@ -573,6 +677,19 @@ class ServingSystem:
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": self._load_errors.get((path.name, path.version)),
         }
+
+
+def _context(uid: str | None) -> str:
+    """Selection state is per user or session; queries that name none share one context."""
+    if uid is None:
+        return DEFAULT_CONTEXT
+    if not isinstance(uid, str) or not uid:
+        raise InvalidInput("'uid' must be a non-empty string")
+    return uid
+
+
+def _succeeded(future: Any) -> bool:
+    return isinstance(future, asyncio.Future) and future.done() and future.exception() is None
 
 
 def _no_replica(path: ModelPath) -> str:

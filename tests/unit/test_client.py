@@ -34,6 +34,7 @@ class FakeSystem:
 
     def __init__(self) -> None:
         self.ready = True
+        self.uids: list[str | None] = []
         self.apps: dict[str, Application] = {"calc": Application(name="calc", models=("double",))}
         self.models = {
             "double": ModelMetadata("double", ("1", "2"), "python", (_spec("x"),), (_spec("y"),)),
@@ -47,14 +48,17 @@ class FakeSystem:
             raise errors.UnknownApplication(f"no application named {app!r}")
         return self.apps[app]
 
-    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
+    async def predict(self, app: str, items: Sequence[Any],
+                      uid: str | None = None) -> list[Prediction]:
         self._app(app)
+        self.uids.append(uid)
         for item in items:
             if not (isinstance(item, list) and len(item) == 3):
                 raise errors.InvalidInput(f"expected shape [3], got {item!r}")
         return [Prediction(str(i), [2 * v for v in x]) for i, x in enumerate(items)]
 
-    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]:
+    async def update(self, app: str, uid: str, item: Any, label: Any,
+                     query_id: str | None = None) -> dict[str, Any]:
         self._app(app)
         self.calls.append(("update", app, uid, item, label))
         return {"uid": uid}

@@ -38,6 +38,7 @@ class FakeSystem:
 
     def __init__(self) -> None:
         self.ready = True
+        self.uids: list[str | None] = []
         self.apps = {"calc": Application(name="calc", models=("double",))}
         self.models = {
             "double": ModelMetadata("double", ("1", "2"), "python",
@@ -63,8 +64,10 @@ class FakeSystem:
             raise UnknownApplication(f"no application named {app!r}")
         return self.apps[app]
 
-    async def predict(self, app: str, items: Sequence[Any]) -> list[Prediction]:
+    async def predict(self, app: str, items: Sequence[Any],
+                      uid: str | None = None) -> list[Prediction]:
         self._app(app)
+        self.uids.append(uid)
         return [self._answer(i, item) for i, item in enumerate(items)]
 
     def _answer(self, i: int, item: Any) -> Prediction:
@@ -76,7 +79,8 @@ class FakeSystem:
             raise InvalidInput(f"expected shape [3], got {item!r}")
         return Prediction(str(i), np.asarray(item, np.float32) * 2, model="double", version=1)
 
-    async def update(self, app: str, uid: str, item: Any, label: Any) -> dict[str, Any]:
+    async def update(self, app: str, uid: str, item: Any, label: Any,
+                     query_id: str | None = None) -> dict[str, Any]:
         self._app(app)
         self.updates.append((app, uid, item, label))
         return {"uid": uid, "updated": True}
@@ -526,3 +530,10 @@ def test_metrics_endpoint_shows_counters_moving(client):
     again = client.get("/metrics").text
     assert sample(again, total, route="predict", target="calc", outcome="ok") == 2
     assert sample(again, total, route="metrics", target="", outcome="ok") == 1
+
+
+def test_predict_passes_the_uid_and_rejects_a_bad_one(client, system) -> None:
+    assert client.post("/calc/predict", json={"input": [1, 2, 3], "uid": "alice"}).status_code == 200
+    assert system.uids[-1] == "alice"
+    r = client.post("/calc/predict", json={"input": [1, 2, 3], "uid": 7})
+    assert r.status_code == 400 and r.json()["code"] == "malformed_request"
