@@ -533,7 +533,8 @@ def test_metrics_endpoint_shows_counters_moving(client):
 
 
 def test_predict_passes_the_uid_and_rejects_a_bad_one(client, system) -> None:
-    assert client.post("/calc/predict", json={"input": [1, 2, 3], "uid": "alice"}).status_code == 200
+    r = client.post("/calc/predict", json={"input": [1, 2, 3], "uid": "alice"})
+    assert r.status_code == 200
     assert system.uids[-1] == "alice"
     r = client.post("/calc/predict", json={"input": [1, 2, 3], "uid": 7})
     assert r.status_code == 400 and r.json()["code"] == "malformed_request"
