@@ -68,10 +68,13 @@ def run_demo(*, queries: int, rate: float, cache_dir: Path, keep_serving: bool, 
         _print_urls(server.url)
         if keep_serving:
             _wait_for_ctrl_c()
+        else:
+            console.print("\n(the server stops now; run `parityserve demo --serve` to keep it "
+                          "up and explore these URLs)")
     finally:
         code = server.stop()
     console.print(f"server stopped (exit code {code}); no worker left behind.")
-    return 0 if result.summary()["errors"] == 0 else 1
+    return 0 if not result.summary()["errors"] else 1
 
 
 async def _load(url: str, x_test: np.ndarray, queries: int, rate: float, seed: int) -> LoadResult:
@@ -98,7 +101,7 @@ def _report(result: LoadResult, y_test: np.ndarray, rate: float) -> None:
         ("p99.9 latency", f"{s['p999_ms']:.2f} ms"),
         ("accuracy vs labels", f"{correct / max(1, len(outputs)):.2%}"),
         ("default answers (SLO misses)", str(defaults)),
-        ("errors", str(s["errors"])),
+        ("errors", str(sum(s["errors"].values()))),
     ]
     for row in rows:
         table.add_row(*row)
