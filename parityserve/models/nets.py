@@ -13,7 +13,15 @@ from torch import nn
 
 from parityserve.config import TensorSpec
 
-__all__ = ["BasicBlock", "CifarResNet", "LeNet5", "ParMMLP", "RESNET_DEPTHS", "cifar_resnet"]
+__all__ = [
+    "BasicBlock",
+    "CifarResNet",
+    "DigitsMLP",
+    "LeNet5",
+    "ParMMLP",
+    "RESNET_DEPTHS",
+    "cifar_resnet",
+]
 
 RESNET_DEPTHS = (20, 32, 44, 56)
 
@@ -33,6 +41,25 @@ class ParMMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.nn(x.reshape(x.shape[0], 784))
+        return out
+
+
+class DigitsMLP(nn.Module):
+    """A small MLP for scikit-learn's 8x8 digits (pixels / 16): 64-64-10 with ReLU.
+
+    It has no published weights: ``parityserve train-parity --dataset digits`` trains one
+    (and its parity model) in seconds.
+    """
+
+    input_spec: ClassVar[TensorSpec] = TensorSpec(name="input", datatype="FP32", shape=(64,))
+    output_spec: ClassVar[TensorSpec] = TensorSpec(name="logits", datatype="FP32", shape=(10,))
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.nn = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.nn(x.reshape(x.shape[0], 64))
         return out
 
 

@@ -2,8 +2,9 @@
 
 ``zoo:parm-mlp`` and ``zoo:resnetNN`` fall back to the published weights under
 ``<data_dir>/weights/`` when no ``weights`` are given. The torch classes (``ParMMLP``,
-``LeNet5``, ``CifarResNet``) live in ``nets`` and are imported from here only on first use,
-so ``zoo:noop`` works without torch installed.
+``LeNet5``, ``CifarResNet``, ``DigitsMLP``) live in ``nets`` and are imported from here only on
+first use, so ``zoo:noop`` works without torch installed. ``zoo:digits-mlp`` (sklearn digits,
+64 features) has no published weights; ``parityserve train-parity --dataset digits`` makes some.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from parityserve.models.base import Batch, LoadedModel, Model
 from parityserve.models.datasets import resolve_data_dir, weights_file
 
 if TYPE_CHECKING:
-    from parityserve.models.nets import CifarResNet, LeNet5, ParMMLP
+    from parityserve.models.nets import CifarResNet, DigitsMLP, LeNet5, ParMMLP
 
 __all__ = [
     "ZOO_NAMES",
     "CifarResNet",
+    "DigitsMLP",
     "EchoModel",
     "LeNet5",
     "NoopModel",
@@ -36,7 +38,7 @@ __all__ = [
     "load_zoo",
 ]
 
-_TORCH_CLASSES = ("CifarResNet", "LeNet5", "ParMMLP")
+_TORCH_CLASSES = ("CifarResNet", "DigitsMLP", "LeNet5", "ParMMLP")
 _MNIST_KINDS = ("mnist", "fashion-mnist")
 
 
@@ -140,6 +142,12 @@ def _lenet5(req: _Request) -> LoadedModel:
     return _torch_model(req, "LeNet5", {}, None)
 
 
+def _digits_mlp(req: _Request) -> LoadedModel:
+    # No published weights: without a file this is the seed-0 initialisation (like lenet5).
+    _check_options(req, ())
+    return _torch_model(req, "DigitsMLP", {}, None)
+
+
 def _resnet(depth: int) -> Callable[[_Request], LoadedModel]:
     def build(req: _Request) -> LoadedModel:
         _check_options(req, ())
@@ -184,6 +192,7 @@ _BUILDERS: dict[str, Callable[[_Request], LoadedModel]] = {
     "parm-mlp": _parm_mlp,
     "lenet5": _lenet5,
     **{f"resnet{d}": _resnet(d) for d in (20, 32, 44, 56)},
+    "digits-mlp": _digits_mlp,
     "noop": _builtin(NoopModel, ()),
     "sleep": _builtin(SleepModel, ("sleep_ms",)),
     "echo": _builtin(EchoModel, ()),

@@ -98,6 +98,7 @@ class ModelPath:
         self.replicas: dict[str, Replica] = {}
         self.inflight: dict[int, InflightBatch] = {}
         self.pending: dict[tuple[str, int, bytes], asyncio.Future[Any]] = {}
+        self.wanted_until: dict[tuple[str, int, bytes], float] = {}
         self.input_spec: TensorSpec | None = deployment.input
         self.output_spec: TensorSpec | None = deployment.output
         self.platform = "unknown"
@@ -115,7 +116,7 @@ class ModelPath:
         """Queue one input; returns (future, from_cache). Raises QueueFull."""
         key = self._key(item)
         if key is not None:
-            found = self._lookup(key)
+            found = self._lookup(key, deadline)
             if found is not None:
                 return found
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -130,7 +131,8 @@ class ModelPath:
             return None
         return cache_key(self.name, self.version, input_digest(item))
 
-    def _lookup(self, key: tuple[str, int, bytes]) -> tuple[asyncio.Future[Any], bool] | None:
+    def _lookup(self, key: tuple[str, int, bytes],
+                deadline: float) -> tuple[asyncio.Future[Any], bool] | None:
         cached = self.cache.get(key)
         if cached is not None:
             self.metrics.cache(self.name, True)
@@ -140,13 +142,18 @@ class ModelPath:
         pending = self.pending.get(key)
         # The same input is already queued or computing: share its answer, don't compute again.
         self.metrics.cache(self.name, pending is not None)
-        return (pending, True) if pending is not None else None
+        if pending is None:
+            return None
+        # The sharer may wait longer than the query that queued the work: keep it wanted.
+        self.wanted_until[key] = max(self.wanted_until.get(key, deadline), deadline)
+        return pending, True
 
     def _track_pending(self, key: tuple[str, int, bytes], future: asyncio.Future[Any]) -> None:
         self.pending[key] = future
 
         def settle(done: asyncio.Future[Any]) -> None:
             self.pending.pop(key, None)
+            self.wanted_until.pop(key, None)
             if not done.cancelled() and done.exception() is None:
                 value = done.result()
                 self.cache.put(key, (value,), _nbytes(value))
@@ -175,6 +182,8 @@ class ModelPath:
         live = [e for e in entries if not e.item.future.done()]
         if live:
             self._send(replica, live, now)
+        elif self.queue:  # all it popped expired (some perhaps requeued for a later sharer)
+            return self._dispatch_to(replica)
         return True
 
     def _send(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
@@ -207,9 +216,18 @@ class ModelPath:
         self.pump()
 
     def _expire(self, expired: list[Entry[Query]]) -> None:
-        """Queued work whose deadline passed is dropped, not computed; its waiter has answered."""
+        """Queued work whose deadline passed is dropped, not computed; its waiter has answered.
+
+        Work that a later query shares (same input, later deadline) goes back in the queue
+        under that deadline instead.
+        """
         for entry in expired:
-            _fail(entry.item.future, WorkerError("deadline passed while queued"))
+            query = entry.item
+            later = self.wanted_until.pop(query.key, None) if query.key is not None else None
+            if later is not None and later > entry.deadline and not query.future.done():
+                self.queue.try_put(query, deadline=later, enqueued_at=entry.enqueued_at)
+                continue
+            _fail(query.future, WorkerError("deadline passed while queued"))
 
     def expire_stale(self, now: float) -> None:
         """Drop queued work whose deadline passed even while no replica is pulling."""

@@ -481,3 +481,33 @@ def test_queue_full_when_capacity_is_exceeded() -> None:
         assert len(rig.path.queue) == 2 and rig.path.queue.statistics().rejected == 1
 
     run(body)
+
+
+def test_shared_work_outlives_the_first_queries_deadline_when_a_sharer_waits_longer() -> None:
+    async def body() -> None:
+        rig = Rig(cache_bytes=1 << 20)
+        first = rig.submit([4.0], ttl=0.05)
+        shared, cached = rig.path.submit(np.array([4.0], dtype=np.float32), rig.clock() + 5.0)
+        assert shared is first and cached
+        rig.clock.advance(0.1)  # past the first deadline, well before the sharer's
+        r1 = rig.add("r1")
+        rig.path.pump()
+        assert not shared.done() and len(rig.link.sent) == 1  # requeued and sent, not failed
+        rig.echo(r1, scale=2)
+        assert shared.result().tolist() == [8.0]
+
+    run(body)
+
+
+def test_shared_work_expires_once_every_sharer_has_given_up() -> None:
+    async def body() -> None:
+        rig = Rig(cache_bytes=1 << 20)
+        first = rig.submit([5.0], ttl=0.05)
+        rig.path.submit(np.array([5.0], dtype=np.float32), rig.clock() + 0.2)
+        rig.clock.advance(0.3)
+        rig.path.expire_stale(rig.clock())  # requeued under 0.2, which has passed too
+        rig.path.expire_stale(rig.clock())
+        assert isinstance(failure(first), WorkerError)
+        assert len(rig.path.queue) == 0
+
+    run(body)

@@ -22,6 +22,7 @@ def test_zoo_names() -> None:
         "resnet32",
         "resnet44",
         "resnet56",
+        "digits-mlp",
         "noop",
         "sleep",
         "echo",
