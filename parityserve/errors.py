@@ -18,6 +18,7 @@
     │   ├── Unavailable        503   no ready replica
     │   └── DeadlineExceeded   504   no answer before the deadline (V2 routes)
     ├── QueueFull                    raised by non-waiting ``try_put`` calls
+    ├── CodingError                  an encoder or decoder cannot do what was asked
     └── WorkerError
         ├── WorkerCrashed            a replica died with work in flight
         └── ProtocolError            a malformed RPC frame
@@ -28,6 +29,7 @@ Outside errors are translated where they enter (``raise ... from exc``).
 from __future__ import annotations
 
 __all__ = [
+    "CodingError",
     "ConfigError",
     "Conflict",
     "DataError",
@@ -134,6 +136,14 @@ class DeadlineExceeded(ServiceError):
 
 class QueueFull(ParityServeError):
     """A non-waiting put found the queue at capacity."""
+
+
+class CodingError(ParityServeError):
+    """A coded-computation encoder or decoder got inputs it cannot use.
+
+    Too few outputs to rebuild what is missing, a rank-deficient system, mismatched
+    shapes, or non-finite values. The caller falls back to waiting or to a default output.
+    """
 
 
 class WorkerError(ParityServeError):
