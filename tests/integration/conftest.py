@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from parityserve.client import Client
 from parityserve.config import parse_config
 from parityserve.models.digits import train_digits_classifier
 from parityserve.runtime.server import RunningServer
@@ -45,3 +47,18 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     yield make
     for server in started:
         server.stop()
+
+
+def model_state(client: Client, name: str) -> dict:
+    """One model's entry in the admin state."""
+    return next(m for m in client.state()["models"] if m["name"] == name)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` (a real server changes state asynchronously) or fail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")

@@ -14,6 +14,7 @@ import httpx
 import joblib
 import numpy as np
 import pytest
+from conftest import model_state, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput
@@ -82,18 +83,6 @@ def _timed(client: Client, app: str, x: object) -> tuple[dict, float]:
     return answer, time.monotonic() - started
 
 
-def _model_state(client: Client, name: str) -> dict:
-    return next(m for m in client.state()["models"] if m["name"] == name)
-
-
-def _wait(condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
 
 def _restarts(client: Client, model: str) -> float:
     pattern = rf'^parityserve_replica_restarts_total\{{model="{model}",replica="0"\}} (\S+)$'
@@ -108,7 +97,7 @@ def test_configured_delay_then_cleared_through_the_admin_api(client) -> None:
     assert reply["replica"] == "0" and reply["faults"]["delay_ms"] == 0
     fast = [_timed(client, "delayed", [float(10 + i)])[1] for i in range(3)]
     assert min(fast) < 0.1, fast
-    assert _model_state(client, "delayed")["replicas"][0]["state"] == "ready"
+    assert model_state(client, "delayed")["replicas"][0]["state"] == "ready"
 
 
 def test_noise_makes_outputs_differ_from_inputs(client) -> None:
@@ -131,11 +120,11 @@ def test_noise_reaches_a_model_without_a_signature(client) -> None:
 def test_outputs_that_cannot_be_corrupted_are_served_not_crashed_on(client) -> None:
     # String class labels cannot be made wrong by the worker: it answers them as they are
     # instead of dying on every batch (which left the model with no replica at all).
-    pid = _model_state(client, "text")["replicas"][0]["pid"]
+    pid = model_state(client, "text")["replicas"][0]["pid"]
     answers = [_timed(client, "text", [float(a), float(b)])[0]["output"]
                for a, b in [(0, 0), (1, 1), (0, 0), (1, 1)]]
     assert set(answers) <= {"cat", "dog"}
-    assert [r["pid"] for r in _model_state(client, "text")["replicas"]] == [pid]
+    assert [r["pid"] for r in model_state(client, "text")["replicas"]] == [pid]
     assert _restarts(client, "text") == 0
 
 
@@ -162,7 +151,7 @@ def test_faults_cleared_on_one_model_leave_the_others_alone(client) -> None:
 
 def test_crash_after_batches_restarts_the_worker_and_loses_no_query(client) -> None:
     before = _restarts(client, "crashy")
-    pid = next(r["pid"] for r in _model_state(client, "crashy")["replicas"] if r["index"] == 0)
+    pid = next(r["pid"] for r in model_state(client, "crashy")["replicas"] if r["index"] == 0)
     inputs = [[float(i), 0.0, 0.0, 0.0] for i in range(8)]
     answers = [_timed(client, "crashy", x)[0] for x in inputs]
     assert [a["output"] for a in answers] == inputs  # answered, correctly, exactly once each
@@ -170,11 +159,11 @@ def test_crash_after_batches_restarts_the_worker_and_loses_no_query(client) -> N
     assert _restarts(client, "crashy") >= before + 1
 
     def restarted() -> bool:
-        replicas = _model_state(client, "crashy")["replicas"]
+        replicas = model_state(client, "crashy")["replicas"]
         return (len(replicas) == 2 and all(r["state"] == "ready" for r in replicas)
                 and pid not in [r["pid"] for r in replicas])
 
-    _wait(restarted)
+    wait_until(restarted)
     # The replacement came back without the one-shot crash: it keeps serving.
     again = [_timed(client, "crashy", [float(i), 1.0, 0.0, 0.0])[0] for i in range(4)]
     assert all(a["output"][1] == 1.0 for a in again)
@@ -191,7 +180,7 @@ def test_bursts_slow_down_some_queries_but_not_all(client) -> None:
 def test_faults_set_while_a_replica_starts_reach_it_once_ready(client) -> None:
     client.set_replicas("scaled", 2)
     client.set_faults("scaled", "1", delay_ms=300)  # replica 1 is still loading
-    _wait(lambda: [r["state"] for r in _model_state(client, "scaled")["replicas"]]
+    wait_until(lambda: [r["state"] for r in model_state(client, "scaled")["replicas"]]
           == ["ready", "ready"])
     # Batches of one on two replicas: four concurrent queries put two on each replica.
     with ThreadPoolExecutor(4) as pool:

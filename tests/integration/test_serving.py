@@ -13,6 +13,7 @@ import joblib
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from conftest import model_state, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput, UnknownApplication, UnknownModel
@@ -118,7 +119,7 @@ def test_cache_hit_for_repeated_input(served, client, digits_data) -> None:
 
 
 def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
-    replicas = _model_state(client, "sleepy")["replicas"]
+    replicas = model_state(client, "sleepy")["replicas"]
     victim = replicas[0]["pid"]
     inputs = [[float(i)] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
@@ -128,8 +129,8 @@ def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
         answers = [f.result(timeout=30) for f in futures]
     assert all(a["default"] is False for a in answers), answers
     assert len({a["query_id"] for a in answers}) == 8
-    _wait(lambda: all(r["state"] == "ready" for r in _model_state(client, "sleepy")["replicas"])
-          and victim not in [r["pid"] for r in _model_state(client, "sleepy")["replicas"]])
+    wait_until(lambda: all(r["state"] == "ready" for r in model_state(client, "sleepy")["replicas"])
+          and victim not in [r["pid"] for r in model_state(client, "sleepy")["replicas"]])
     assert 'parityserve_replica_restarts_total{model="sleepy"' in client.metrics_text()
 
 
@@ -170,27 +171,15 @@ def test_admin_api_round_trip(client, digits_model, digits_data) -> None:
     assert client.predict("digits-b", digits_data[2][0])["default"] is False
     client.link_models("digits-b", ["digits"])
     client.set_replicas("digits", 3)
-    _wait(lambda: len(_model_state(client, "digits")["replicas"]) == 3
-          and all(r["state"] == "ready" for r in _model_state(client, "digits")["replicas"]))
+    wait_until(lambda: len(model_state(client, "digits")["replicas"]) == 3
+          and all(r["state"] == "ready" for r in model_state(client, "digits")["replicas"]))
     client.set_replicas("digits", 2)
-    _wait(lambda: len(_model_state(client, "digits")["replicas"]) == 2)
+    wait_until(lambda: len(model_state(client, "digits")["replicas"]) == 2)
     client.deploy({"name": "digits", "source": f"sklearn:{digits_model}", "version": 2,
                    "replicas": 1})
-    assert _model_state(client, "digits")["version"] == 2
+    assert model_state(client, "digits")["version"] == 2
     assert client.predict("digits-b", digits_data[2][1])["version"] == 2
     client.remove_application("digits-b")
     with pytest.raises(UnknownApplication):
         client.predict("digits-b", digits_data[2][0])
 
-
-def _model_state(client: Client, name: str) -> dict:
-    return next(m for m in client.state()["models"] if m["name"] == name)
-
-
-def _wait(condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
