@@ -20,7 +20,10 @@ _EPILOG = textwrap.dedent("""\
       parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
                                                    join a running frontend from another machine
       parityserve demo                             train a digits model, serve it, load-test it
+      parityserve train-parity --dataset digits --k 2 --epochs 10
+                                                   train a ParM parity model for a zoo net
       parityserve bench overhead --data-dir DATA   frontend overhead vs in-process baselines
+      parityserve bench selection --data-dir DATA  Clipper Figs 8-9: bandits, stragglers
 
     Datasets and weights are read from --data-dir or $PARITYSERVE_DATA; nothing is downloaded.
     """)
@@ -82,6 +85,51 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "overhead", help="frontend overhead vs raw call and a bare Starlette app",
         description="Open-loop Poisson load at several rates against parityserve, a bare "
                     "Starlette app calling the model in-process, and the raw predict call."))
+    from parityserve.bench import selection
+
+    selection.add_arguments(bench.add_parser(
+        "selection", help="Clipper Figures 8 and 9: bandits under model failure, stragglers",
+        description="Figure 8: exp3 and exp4 applications over five models learn from "
+                    "feedback while the best model is degraded by fault injection and restored. "
+                    "Figure 9: exp4 ensembles of 2-5 models with one straggler, with and "
+                    "without a deadline-bounded combine. Real data, a real server."))
+
+
+def _add_train_parity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "train-parity", help="train a ParM parity model for a deployed zoo model",
+        description="Train a parity model (ParM): it learns the sum (or another linear "
+                    "combination) of the deployed model's outputs on k encoded queries, so a "
+                    "slow or lost prediction can be rebuilt. Reports degraded-mode accuracy A_d "
+                    "each epoch, checkpoints to --out, and writes deployable .npz weights plus "
+                    "a JSON sidecar next to it.")
+    p.add_argument("--dataset", required=True,
+                   choices=["mnist", "fashion-mnist", "cifar10", "digits"])
+    p.add_argument("--model", help="zoo:parm-mlp, zoo:lenet5, zoo:resnet20..56 or "
+                   "zoo:digits-mlp (default: the dataset's usual net)")
+    p.add_argument("--weights", help="deployed weights (.npz/.pt); default: the published ones "
+                   "(digits: a DigitsMLP trained and cached under --cache-dir)")
+    p.add_argument("--k", type=int, default=2, help="queries per parity group")
+    p.add_argument("--r", type=int, default=1, help="parity models (linear-code rows)")
+    p.add_argument("--encoder", default="addition", help="addition or concat (k = 2 or 4)")
+    p.add_argument("--epochs", type=int, default=10, help="total epochs (also with --resume)")
+    p.add_argument("--out", help="checkpoint path (default .cache/parity/NAME.pt)")
+    p.add_argument("--resume", action="store_true", help="continue from the --out checkpoint")
+    p.add_argument("--init", default="deployed", help="deployed (start from its weights) or "
+                   "scratch")
+    p.add_argument("--batch-size", type=int, help="default 64 for k=2, else 32")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--samples-per-epoch", type=int, help="default: the training-set size")
+    p.add_argument("--train-limit", type=int, help="use only N training images")
+    p.add_argument("--val-limit", type=int, help="use only N test images")
+    p.add_argument("--data-dir", type=Path, help="datasets/weights folder ($PARITYSERVE_DATA)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache"))
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="tqdm progress bar (default: only on a terminal)")
+    p.set_defaults(func=_cmd_train_parity)
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -146,6 +194,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                     keep_serving=args.serve, seed=args.seed)
 
 
+def _cmd_train_parity(args: argparse.Namespace) -> int:
+    try:
+        from parityserve.training import TrainConfig, train_parity
+    except ImportError as exc:
+        raise ParityServeError(
+            f"train-parity needs PyTorch: pip install 'parityserve[torch]' ({exc})") from exc
+
+    data_dir = _data_dir(args.data_dir)
+    config = TrainConfig(
+        dataset=args.dataset, model=args.model, weights=args.weights, k=args.k, r=args.r,
+        encoder=args.encoder, epochs=args.epochs, out=args.out, resume=args.resume,
+        data_dir=str(data_dir) if data_dir else None, cache_dir=str(args.cache_dir),
+        device=args.device, seed=args.seed, init=args.init, batch_size=args.batch_size,
+        lr=args.lr, samples_per_epoch=args.samples_per_epoch, train_limit=args.train_limit,
+        val_limit=args.val_limit, threads=args.threads, progress=args.progress)
+    train_parity(config, log=lambda line: print(line, flush=True))
+    return 0
+
+
 def _data_dir(explicit: Path | None) -> Path | None:
     import os
 
@@ -161,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "slow, fail or lie.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_start, _add_validate, _add_worker, _add_demo, _add_bench):
+    for add in (_add_start, _add_validate, _add_worker, _add_demo, _add_bench,
+                _add_train_parity):
         add(sub)
     return parser
 

@@ -1,6 +1,7 @@
 """Torch-side parity codes for training: encoders, coefficient rows, targets and decoders.
 
-They follow the serving-side encoders in ``parityserve.core.coding`` (numpy):
+They match the serving-side numpy codes in ``parityserve.core.coding.parity``
+(``AdditionEncoder``, ``ConcatEncoder``, ``LinearCode``, ``SubtractionDecoder``), batched:
 
 - ``addition``: the parity query is the sum of the k queries. With ``r > 1`` parity models,
   parity model ``j`` gets the linear combination ``sum_l C[j, l] * x_l`` with the coefficient
@@ -19,9 +20,11 @@ Tensors of k queries are stacked along a leading axis: ``(k, B, ...)``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from parityserve.core.coding.parity import LinearCode
 from parityserve.errors import ConfigError
 
 __all__ = [
@@ -55,18 +58,22 @@ def check_code(k: int, r: int, encoder: str) -> None:
 
 
 def default_coefficients(k: int, r: int) -> torch.Tensor:
-    """The (r, k) coefficient matrix: row j is ``[1, 2, ..., k] ** j`` (row 0 all ones)."""
+    """The (r, k) matrix of ``LinearCode.default(k, r)``: row j is ``[1, 2, ..., k] ** j``.
+
+    Taken from the serving-side code, so a trained parity model and the decoder agree.
+    """
     if k < 1 or r < 1:
         raise ConfigError(f"coefficients need k >= 1 and r >= 1, got k={k}, r={r}")
-    base = torch.arange(1, k + 1, dtype=torch.float64)
-    rows = torch.stack([base**j for j in range(r)])
-    return rows.to(torch.float32)
+    matrix = LinearCode.default(k, r).coefficients
+    return torch.from_numpy(np.array(matrix, dtype=np.float32))
 
 
 def combine(stacked: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     """``sum_l coefficients[l] * stacked[l]``: a linear code's encoder, and its target."""
     if stacked.shape[0] != coefficients.shape[0]:
-        raise ValueError(f"{stacked.shape[0]} stacked items for {coefficients.shape[0]} coefficients")
+        raise ValueError(
+            f"{stacked.shape[0]} stacked items for {coefficients.shape[0]} coefficients"
+        )
     coeffs = coefficients.to(device=stacked.device, dtype=stacked.dtype)
     return torch.tensordot(coeffs, stacked, dims=1)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -80,7 +81,7 @@ def _read(
         x_tr, y_tr = datasets.load_cifar10("train", data_dir=data_dir)
         x_te, y_te = datasets.load_cifar10("test", data_dir=data_dir)
         return x_tr, y_tr, x_te, y_te
-    kind = "mnist" if name == "mnist" else "fashion-mnist"
+    kind: Literal["mnist", "fashion-mnist"] = "mnist" if name == "mnist" else "fashion-mnist"
     x_tr, y_tr = datasets.load_mnist("train", kind=kind, data_dir=data_dir)
     x_te, y_te = datasets.load_mnist("test", kind=kind, data_dir=data_dir)
     return x_tr, y_tr, x_te, y_te

@@ -38,7 +38,7 @@ def parse_model(spec: str | None, info: DatasetInfo) -> str:
         )
     if name not in info.models:
         fits = ", ".join("zoo:" + m for m in info.models)
-        raise ConfigError(f"zoo:{name} does not take {info.name} inputs; for {info.name} use {fits}")
+        raise ConfigError(f"zoo:{name} does not take {info.name} inputs; use {fits}")
     return name
 
 
@@ -92,7 +92,7 @@ def _default_weights(
         raise DataError(f"zoo:{name}: {exc}; pass --weights or --data-dir") from exc
 
 
-def train_digits_mlp(split: Split, path: Path, *, epochs: int = 60) -> Path:
+def train_digits_mlp(split: Split, path: Path, *, epochs: int = 20) -> Path:
     """Train (or reuse) the deployed DigitsMLP on the digits training split."""
     if path.is_file():
         return path
