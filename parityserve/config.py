@@ -18,6 +18,9 @@ __all__ = [
     "Application",
     "BatchingConfig",
     "BurstConfig",
+    "ParityConfig",
+    "REDUNDANCY_MODES",
+    "RedundancyConfig",
     "Deployment",
     "FaultConfig",
     "Server",
@@ -84,6 +87,111 @@ class TensorSpec(_Frozen):
     shape: tuple[int, ...] = ()
 
 
+REDUNDANCY_MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",
+                    "systematic-berrut")
+
+
+class ParityConfig(_Frozen):
+    """ParM's learned parity models for one deployment, as ``train-parity`` prints them.
+
+    One line deploys them: ``parity: {weights: parity.npz, k: 2, encoder: addition}``.
+    """
+
+    weights: str | tuple[str, ...] | None = Field(
+        None, description="one parity model's weights per linear combination (r of them); "
+        "omit to evaluate the deployed model itself on the parity query (exact only for "
+        "bias-free linear models)")
+    source: str | None = Field(None, description="parity model source; default: the model's")
+    k: int = Field(2, ge=2, le=16, description="batches per coding group")
+    r: int = Field(1, ge=1, le=4, description="parity models: rebuild up to r missing batches")
+    encoder: Literal["addition", "concat"] = "addition"
+    decoder: Literal["subtraction", "linear", "softmax-subtraction"] | None = Field(
+        None, description="default: subtraction (r = 1), linear (r > 1), softmax-subtraction "
+        "(concat)")
+    coefficients: tuple[tuple[float, ...], ...] | None = Field(
+        None, description="the (r, k) combination matrix; default: rows [1..k] ** j")
+    replicas: int | None = Field(
+        None, ge=1, le=256, description="replicas per parity model; default ceil(m / k)")
+    timeout_ms: float | None = Field(
+        None, gt=0, description="wait at least this long for a late batch before decoding it "
+        "(default: decode as soon as the group can)")
+    group_wait_ms: float = Field(
+        5.0, ge=0, description="close a coding group that has not filled after this long")
+    options: dict[str, Any] | None = Field(None, description="default: the model's options")
+
+    @property
+    def weight_files(self) -> tuple[str | None, ...]:
+        if self.weights is None:
+            return (None,) * self.r
+        return (self.weights,) if isinstance(self.weights, str) else self.weights
+
+    @model_validator(mode="after")
+    def _check(self) -> ParityConfig:
+        if self.weights is not None and len(self.weight_files) != self.r:
+            raise ValueError(f"parity: r = {self.r} needs {self.r} weight files, "
+                             f"got {len(self.weight_files)}")
+        if self.encoder == "concat":
+            if self.k not in (2, 4):
+                raise ValueError(f"parity: the concat encoder needs k = 2 or 4, not {self.k}")
+            if self.r != 1:
+                raise ValueError("parity: the concat encoder has one parity model (r = 1)")
+        if self.decoder == "subtraction" and self.r != 1:
+            raise ValueError("parity: the subtraction decoder rebuilds one batch (r = 1); "
+                             "use decoder: linear for r > 1")
+        if self.coefficients is not None:
+            rows = self.coefficients
+            if len(rows) != self.r or any(len(row) != self.k for row in rows):
+                raise ValueError(f"parity: coefficients must be an (r={self.r}, k={self.k}) "
+                                 "matrix")
+        return self
+
+    def resolved_decoder(self) -> str:
+        if self.decoder is not None:
+            return self.decoder
+        if self.encoder == "concat":
+            return "softmax-subtraction"
+        return "subtraction" if self.r == 1 else "linear"
+
+
+class RedundancyConfig(_Frozen):
+    """How a deployment guards against slow, failed or wrong replicas (see the README).
+
+    ``none``; ``equal-resources`` (``extra`` more plain replicas); ``replication`` (each batch
+    to ``d`` replicas, first answer wins); ``reactive`` (re-issue after ``timeout_ms``);
+    ``parm`` (learned parity models: set ``parity``); ``berrut`` (ApproxIFER: ``K`` batches
+    coded onto N+1 replicas, tolerating ``S`` stragglers and ``E`` Byzantine replicas);
+    ``systematic-berrut`` (the K batches as they are plus ``S`` Berrut-coded ones).
+    """
+
+    mode: Literal["none", "equal-resources", "replication", "reactive", "parm", "berrut",
+                  "systematic-berrut"] = "none"
+    extra: int | None = Field(None, ge=0, le=256,
+                              description="equal-resources: added replicas; default ceil(m/2)")
+    d: int = Field(2, ge=2, le=16, description="replication: copies of each batch")
+    timeout_ms: float | None = Field(None, gt=0, description="reactive: re-issue after this")
+    K: int = Field(2, ge=1, le=64, description="berrut: batches per group")
+    S: int = Field(1, ge=0, le=64, description="berrut: stragglers tolerated")
+    E: int = Field(0, ge=0, le=16, description="berrut: Byzantine replicas tolerated")
+
+    @model_validator(mode="after")
+    def _check(self) -> RedundancyConfig:
+        if self.mode == "reactive" and self.timeout_ms is None:
+            raise ValueError("redundancy: reactive needs timeout_ms (re-issue after how long?)")
+        if self.mode == "systematic-berrut" and self.E:
+            raise ValueError("redundancy: systematic-berrut does not locate errors; use E: 0")
+        if self.mode in ("berrut", "systematic-berrut") and self.K + self.S < 2:
+            raise ValueError("redundancy: a Berrut group needs K + S >= 2 tasks")
+        return self
+
+    def coded_tasks(self) -> int:
+        """Replicas one group occupies in the berrut modes."""
+        if self.mode == "systematic-berrut":
+            return self.K + self.S
+        if self.E == 0:
+            return self.K + self.S
+        return 2 * (self.K + self.E) + self.S
+
+
 class Deployment(_Frozen):
     """One deployed model version and its replicas."""
 
@@ -106,6 +214,17 @@ class Deployment(_Frozen):
     faults: dict[str, FaultConfig] = Field(
         default_factory=dict, description="replica index (or 'all') -> faults to inject"
     )
+    redundancy: RedundancyConfig = RedundancyConfig()
+    parity: ParityConfig | None = Field(None, description="ParM parity models (mode parm)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parity_implies_parm(cls, data: Any) -> Any:
+        # One line of config deploys a trained parity model: ``parity:`` alone selects ParM.
+        if isinstance(data, dict) and data.get("parity") is not None and not data.get(
+                "redundancy"):
+            return {**data, "redundancy": {"mode": "parm"}}
+        return data
 
     @model_validator(mode="after")
     def _check_fault_keys(self) -> Deployment:
@@ -113,6 +232,35 @@ class Deployment(_Frozen):
             if key != "all" and not key.isdigit():
                 raise ValueError(f"fault key {key!r} must be a replica index or 'all'")
         return self
+
+    @model_validator(mode="after")
+    def _check_redundancy(self) -> Deployment:
+        mode = self.redundancy.mode
+        if mode == "parm" and self.parity is None:
+            raise ValueError(f"model {self.name!r}: redundancy parm needs a 'parity' entry "
+                             "(train one with `parityserve train-parity`)")
+        if mode != "parm" and self.parity is not None:
+            raise ValueError(f"model {self.name!r}: 'parity' is only used with mode parm, "
+                             f"not {mode}")
+        need = {"replication": self.redundancy.d, "berrut": self.redundancy.coded_tasks(),
+                "systematic-berrut": self.redundancy.coded_tasks()}.get(mode, 1)
+        if self.replicas and self.replicas < need:
+            raise ValueError(f"model {self.name!r}: redundancy {mode} needs at least {need} "
+                             f"replicas (one per task of a group), got {self.replicas}")
+        return self
+
+    def data_replicas(self) -> int:
+        """Replicas running the model itself (equal-resources adds its extra ones)."""
+        if self.redundancy.mode != "equal-resources":
+            return self.replicas
+        extra = self.redundancy.extra
+        return self.replicas + (extra if extra is not None else -(-self.replicas // 2))
+
+    def parity_replicas(self) -> int:
+        """Replicas per parity model: ParM's m/k (at least one)."""
+        if self.parity is None:
+            return 0
+        return self.parity.replicas or max(1, -(-self.replicas // self.parity.k))
 
     def faults_for(self, replica: int) -> FaultConfig:
         return self.faults.get(str(replica), self.faults.get("all", FaultConfig()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,15 +21,18 @@ from parityserve.config import Deployment, TensorSpec
 from parityserve.core.batching import AIMDController, decide_batch
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
+from parityserve.core.redundancy import Decoded
 from parityserve.errors import PredictError, WorkerError
 from parityserve.runtime import wire
+from parityserve.runtime.coding import GroupRun, make_redundancy
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import Link
 from parityserve.runtime.tensors import coerce_item
 
-__all__ = ["InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats"]
+__all__ = ["DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats", "Task"]
 
 _batch_ids = itertools.count(1)
+DATA_POOL = "data"
 
 
 @dataclass(eq=False, slots=True)
@@ -41,11 +45,38 @@ class Query:
 
 
 @dataclass(eq=False)
+class Task:
+    """One unit of work for a replica: a batch of queries, a copy of one, or a coded batch.
+
+    ``entries`` are the queries its output answers directly (none for parity and Berrut-coded
+    tasks, whose outputs only feed a decoder). ``group``/``slot`` place it in a coding group;
+    a replicated or re-issued task is the same object sent to several replicas.
+    """
+
+    payload: Any
+    entries: list[Entry[Query]]
+    pool: str = DATA_POOL
+    kind: str = "data"  # data | parity | coded
+    group: Any = None  # runtime.coding.GroupRun, or None
+    slot: int = -1
+    done: bool = False  # its output arrived (from any copy): later copies are not needed
+    running: int = 0  # replicas working on it now
+
+    def needed(self) -> bool:
+        if self.done:
+            return False
+        if self.group is not None:
+            return bool(self.group.needs(self))
+        return any(not e.item.future.done() for e in self.entries)
+
+
+@dataclass(eq=False)
 class InflightBatch:
     bid: int
     replica: Replica
     entries: list[Entry[Query]]
     sent_at: float
+    task: Task
 
 
 @dataclass(eq=False)
@@ -63,6 +94,8 @@ class Replica:
     pid: int | None = None
     started_at: float = 0.0
     faults: dict[str, Any] = field(default_factory=dict)
+    pool: str = DATA_POOL  # "data" runs the model; "parity<j>" runs parity model j
+    located: int = 0  # results of this replica the Byzantine error locator excluded
 
     @property
     def idle(self) -> bool:
@@ -78,6 +111,8 @@ class ReplicaStats:
     inflight: int
     served: int
     max_batch_size: int
+    pool: str = DATA_POOL
+    located: int = 0
 
 
 class ModelPath:
@@ -106,6 +141,10 @@ class ModelPath:
         # Read once: the hot path should not build a statistics record per query.
         self._caching = cache.statistics().capacity_bytes > 0
         self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
+        self.redundancy = make_redundancy(self, deployment)
+        # Futures answered by decoding, and how; a late real prediction still goes to the cache.
+        self.rebuilt: weakref.WeakKeyDictionary[asyncio.Future[Any], str] = (
+            weakref.WeakKeyDictionary())
 
     # ---- queries -------------------------------------------------------------------------
     def coerce(self, item: Any) -> Any:
@@ -154,7 +193,7 @@ class ModelPath:
         def settle(done: asyncio.Future[Any]) -> None:
             self.pending.pop(key, None)
             self.wanted_until.pop(key, None)
-            if not done.cancelled() and done.exception() is None:
+            if not done.cancelled() and done.exception() is None and done not in self.rebuilt:
                 value = done.result()
                 self.cache.put(key, (value,), _nbytes(value))
 
@@ -162,17 +201,24 @@ class ModelPath:
 
     # ---- dispatch ------------------------------------------------------------------------
     def pump(self) -> None:
-        """Hand batches to idle replicas while there is work and a replica to take it."""
+        """Hand work to idle replicas: queued tasks (copies, parities, coded batches) first,
+        then new batches from the deadline queue."""
+        forming = True
         for replica in list(self.replicas.values()):
-            if not self.queue or not replica.idle:
+            if not replica.idle:
                 continue
-            if not self._dispatch_to(replica):
-                return
+            task = self.redundancy.next_task(replica.pool)
+            if task is not None:
+                self.send_task(replica, task, self.clock())
+                continue
+            if replica.pool != DATA_POOL or not forming or not self.queue:
+                continue
+            forming = self._dispatch_to(replica)
 
     def _dispatch_to(self, replica: Replica) -> bool:
         now = self.clock()
-        decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now,
-                                replica.aimd.max_batch_size,
+        limit = replica.aimd.max_batch_size * self.redundancy.batches_per_dispatch
+        decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now, limit,
                                 self.deployment.batching.max_delay_ms / 1000)
         if not decision.dispatch:
             self._schedule_wake(decision.wake_at)
@@ -181,26 +227,37 @@ class ModelPath:
         self._expire(expired)
         live = [e for e in entries if not e.item.future.done()]
         if live:
-            self._send(replica, live, now)
+            self.redundancy.dispatch(replica, live, now)
         elif self.queue:  # all it popped expired (some perhaps requeued for a later sharer)
             return self._dispatch_to(replica)
         return True
 
-    def _send(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
-        batch = InflightBatch(next(_batch_ids), replica, entries, now)
-        desc, frames = wire.pack_payload(_assemble([e.item.item for e in entries]))
+    def new_task(self, entries: list[Entry[Query]], *, payload: Any = None,
+                 pool: str = DATA_POOL, kind: str = "data") -> Task:
+        return Task(self.assemble(entries) if payload is None else payload, entries, pool, kind)
+
+    def assemble(self, entries: list[Entry[Query]]) -> Any:
+        return _assemble([e.item.item for e in entries])
+
+    def send_task(self, replica: Replica, task: Task, now: float) -> bool:
+        """Send ``task`` to an idle replica; False (and the task back) if the worker is gone."""
+        batch = InflightBatch(next(_batch_ids), replica, task.entries, now, task)
+        desc, frames = wire.pack_payload(task.payload)
         try:
             self.link.send(replica.rid, {"t": wire.PREDICT, "bid": batch.bid, "in": desc}, frames)
         except WorkerError:
-            self.requeue(entries)  # the supervisor notices the dead worker and restarts it
-            replica.state = "dead"
-            return
+            replica.state = "dead"  # the supervisor notices the dead worker and restarts it
+            self.redundancy.take_back(task)
+            return False
+        task.running += 1
         replica.batch = batch
         self.inflight[batch.bid] = batch
-        self.metrics.batch(self.name, len(entries))
-        self.metrics.set_inflight(self.name, replica.rid, len(entries))
-        for entry in entries:
+        rows = len(task.payload) if hasattr(task.payload, "__len__") else 1
+        self.metrics.batch(self.name, rows)
+        self.metrics.set_inflight(self.name, replica.rid, rows)
+        for entry in task.entries:
             self.metrics.queue_time(self.name, now - entry.enqueued_at)
+        return True
 
     def _schedule_wake(self, wake_at: float | None) -> None:
         if wake_at is None or (self._wake is not None and self._wake_at <= wake_at):
@@ -247,52 +304,85 @@ class ModelPath:
             self.metrics.set_inflight(self.name, replica.rid, 0)
         if batch is None:
             return  # a late answer for a batch already re-dispatched elsewhere
+        batch.task.running -= 1
         replica.served += 1
-        replica.aimd.observe(len(batch.entries), self.clock() - batch.sent_at)
+        replica.aimd.observe(len(batch.entries) or 1, self.clock() - batch.sent_at)
         self._deliver(batch, header, buffers)
         self.pump()
 
     def _deliver(self, batch: InflightBatch, header: dict[str, Any], buffers: list[Any]) -> None:
-        futures = [e.item.future for e in batch.entries]
         if not header.get("ok"):
             error = PredictError(f"model {self.name!r} failed: {header.get('error')}")
-            for future in futures:
-                _fail(future, error)
+            self.redundancy.on_error(batch, error)
             return
         outputs = wire.unpack_payload(header["out"], buffers)
-        if len(outputs) != len(futures):
+        rows = len(batch.task.payload) if hasattr(batch.task.payload, "__len__") else 1
+        if len(outputs) != rows:
             error = PredictError(f"model {self.name!r} returned {len(outputs)} outputs "
-                                 f"for {len(futures)} inputs")
-            for future in futures:
-                _fail(future, error)
+                                 f"for {rows} inputs")
+            self.redundancy.on_error(batch, error)
             return
-        for future, output in zip(futures, outputs, strict=True):
-            if not future.done():
-                future.set_result(_own(output))
+        self.redundancy.on_output(batch, outputs)
+
+    def settle(self, entries: list[Entry[Query]], outputs: list[Any], *, late: bool) -> None:
+        """Answer queries with their own predictions. A prediction arriving after its query
+        was answered (rebuilt, or by a faster copy) goes to the cache, not to the client."""
+        for entry, output in zip(entries, outputs, strict=False):
+            query = entry.item
+            if not query.future.done():
+                query.future.set_result(_own(output))
+            elif query.key is not None and query.future in self.rebuilt:
+                value = _own(output)
+                self.cache.put(query.key, (value,), _nbytes(value))
+
+    def deliver_decoded(self, run: GroupRun, decoded: Decoded) -> None:
+        """Answer the queries of rebuilt batches, flagged with the decoding method."""
+        count = 0
+        for slot, rows in decoded.outputs.items():
+            for entry, row in zip(run.entries.get(slot, []), rows, strict=False):
+                future = entry.item.future
+                if not future.done():
+                    self.rebuilt[future] = decoded.method
+                    future.set_result(_own(row))
+                    count += 1
+        if count:
+            self.metrics.reconstructed(self.name, decoded.method, count)
+
+    def reconstruction(self, future: Any) -> str | None:
+        """How a query was answered by decoding (``parm-subtraction``, ``berrut``...), or None."""
+        return self.rebuilt.get(future) if isinstance(future, asyncio.Future) else None
+
+    def located(self, rid: str | None) -> None:
+        replica = self.replicas.get(rid or "")
+        if replica is not None:
+            replica.located += 1
+            self.metrics.byzantine(self.name, f"{replica.pool}/{replica.index}")
 
     def take_back(self, replica: Replica) -> int:
-        """Requeue the batch a failed replica held; returns how many queries went back."""
+        """Requeue the work a failed replica held; returns how many queries went back."""
         batch = replica.batch
         replica.batch = None
         if batch is None:
             return 0
         self.inflight.pop(batch.bid, None)
         self.metrics.set_inflight(self.name, replica.rid, 0)
-        self.requeue(batch.entries)
-        return len(batch.entries)
+        batch.task.running -= 1
+        return self.redundancy.take_back(batch.task)
 
     # ---- state ---------------------------------------------------------------------------
     def ready_replicas(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.state == "ready"]
 
     def has_capacity(self) -> bool:
-        """True while some replica is serving or about to (so waiting makes sense)."""
-        return any(r.state in ("ready", "starting") for r in self.replicas.values())
+        """True while some model replica is serving or about to (so waiting makes sense)."""
+        return any(r.state in ("ready", "starting") and r.pool == DATA_POOL
+                   for r in self.replicas.values())
 
     def replica_stats(self) -> list[ReplicaStats]:
         return [ReplicaStats(r.rid, r.index, r.state, r.pid,
                              len(r.batch.entries) if r.batch else 0, r.served,
-                             r.aimd.max_batch_size) for r in self.replicas.values()]
+                             r.aimd.max_batch_size, r.pool, r.located)
+                for r in self.replicas.values()]
 
     def fail_all(self, reason: str) -> None:
         """Answer every queued and in-flight query with an error (shutdown)."""
@@ -300,6 +390,13 @@ class ModelPath:
         for batch in self.inflight.values():
             for entry in batch.entries:
                 _fail(entry.item.future, error)
+            if batch.task.group is not None:
+                for entry in batch.task.group.unanswered():
+                    _fail(entry.item.future, error)
+        for tasks in self.redundancy.pending.values():
+            for task in tasks:
+                for entry in task.entries:
+                    _fail(entry.item.future, error)
         self._expire(self.queue.drop_expired(float("inf")))
         if self._wake is not None:
             self._wake.cancel()

@@ -414,10 +414,13 @@ class _Frontend:
         meta = self.system.model_metadata(model, version)
         decoded = v2.decode_infer_request(body, _header_length(request))
         name = _output_name(decoded, meta)
-        result = await self.system.infer(model, version, _the_input(decoded, meta))
+        result, rebuilt = await self.system.infer_detailed(model, version,
+                                                           _the_input(decoded, meta))
+        params = ({"reconstructed_rows": sorted(rebuilt),
+                   "reconstruction": sorted(set(rebuilt.values()))} if rebuilt else None)
         out, headers = v2.encode_infer_response(
             model, str(version) if version else _latest(meta), decoded.id,
-            [(name, result)], {name: decoded.wants_binary(name)})
+            [(name, result)], {name: decoded.wants_binary(name)}, params)
         return Response(out, headers=headers), "ok"
 
     # ------------------------------------------------------------ Clipper handlers

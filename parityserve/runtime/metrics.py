@@ -70,6 +70,24 @@ class Metrics:
                                  registry=reg)
         self._up = Gauge("parityserve_replica_up", "1 if the replica is alive", labels,
                          registry=reg)
+        self._tasks = Counter("parityserve_redundant_tasks",
+                              "Extra tasks sent for redundancy (copies, parity, coded)",
+                              ["model", "kind"], registry=reg)
+        self._rebuilt = Counter("parityserve_reconstructed",
+                                "Queries answered by decoding instead of their own prediction",
+                                ["model", "method"], registry=reg)
+        self._byzantine = Counter("parityserve_byzantine_located",
+                                  "Coded results the error locator excluded", labels,
+                                  registry=reg)
+
+    def redundant_task(self, model: str, kind: str) -> None:
+        self._tasks.labels(model, kind).inc()
+
+    def reconstructed(self, model: str, method: str, n: int) -> None:
+        self._rebuilt.labels(model, method).inc(n)
+
+    def byzantine(self, model: str, replica: str) -> None:
+        self._byzantine.labels(model, replica).inc()
 
     def request(self, route: str, target: str, outcome: str, latency_s: float) -> None:
         key = (route, target, outcome)

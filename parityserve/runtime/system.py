@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from parityserve.config import Application, Deployment, FaultConfig, ServingConfig, TensorSpec
 from parityserve.core.batching import AIMDController
@@ -42,7 +43,8 @@ from parityserve.runtime.applications import (
     describe_combined,
     read_state,
 )
-from parityserve.runtime.dispatch import ModelPath, Replica
+from parityserve.runtime.coding import parity_pool
+from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import WorkerLink
@@ -93,7 +95,8 @@ class ServingSystem:
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._load_errors: dict[tuple[str, int], str] = {}  # (model, version) -> why
-        self._failures: dict[tuple[str, int, int], int] = {}  # replica slot -> failures in a row
+        # replica slot -> failures in a row
+        self._failures: dict[tuple[str, int, int | str], int] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
@@ -174,8 +177,11 @@ class ServingSystem:
             max_queue=self.config.server.max_queue,
         )
         self.models[deployment.name] = path
-        for index in range(deployment.replicas):
+        for index in range(deployment.data_replicas()):
             self._launch(path, index, deployment.faults_for(index).model_dump())
+        for pool in _parity_pools(deployment):
+            for index in range(deployment.parity_replicas()):
+                self._launch(path, index, {}, pool)
         return path
 
     def _slo_for(self, model: str, deployment: Deployment) -> float:
@@ -183,17 +189,20 @@ class ServingSystem:
         slos = [a.config.slo_ms for a in self.apps.values() if model in a.config.models]
         return (min(slos) if slos else deployment.timeout_ms) / 1000
 
-    def _launch(self, path: ModelPath, index: int, faults: dict[str, Any]) -> Replica:
+    def _launch(self, path: ModelPath, index: int, faults: dict[str, Any],
+                pool: str = DATA_POOL) -> Replica:
         assert self._launcher is not None
         dep = path.deployment
-        rid = f"{dep.name}/v{dep.version}/{index}#{next(self._incarnations)}"
+        slot = _slot_name(index, pool)
+        rid = f"{dep.name}/v{dep.version}/{slot}#{next(self._incarnations)}"
+        source, weights, options = _pool_model(dep, pool)
         spec = WorkerSpec(
             replica_id=rid,
             model=dep.name,
             version=dep.version,
-            source=dep.source,
-            weights=dep.weights,
-            options=dict(dep.options),
+            source=source,
+            weights=weights,
+            options=options,
             threads=dep.threads_per_replica,
             base_dir=str(self.base_dir) if self.base_dir else None,
             data_dir=str(self.data_dir) if self.data_dir else None,
@@ -210,6 +219,7 @@ class ServingSystem:
             pid=process.pid,
             started_at=self.clock(),
             faults=faults,
+            pool=pool,
         )
         path.replicas[rid] = replica
         self._by_rid[rid] = (path, replica)
@@ -250,7 +260,7 @@ class ServingSystem:
             self._sync_faults(replica)
         replica.state = "ready" if replica.state == "starting" else replica.state
         self._load_errors.pop((path.name, path.version), None)
-        self._failures.pop((path.name, path.version, replica.index), None)
+        self._failures.pop((path.name, path.version, _slot_of(replica)), None)
         replica.pid = header.get("pid", replica.pid)
         path.platform = header.get("platform") or path.platform
         path.input_spec = path.input_spec or _spec(header.get("input"))
@@ -327,28 +337,33 @@ class ServingSystem:
                 )
             self.metrics.restart(path.name, str(replica.index))
             faults = {k: v for k, v in replica.faults.items() if k not in _ONE_SHOT_FAULTS}
-            self._relaunch_later(path, replica.index, faults)
+            self._relaunch_later(path, replica.index, faults, replica.pool)
         path.pump()
 
-    def _relaunch_later(self, path: ModelPath, index: int, faults: dict[str, Any]) -> None:
+    def _relaunch_later(self, path: ModelPath, index: int, faults: dict[str, Any],
+                        pool: str = DATA_POOL) -> None:
         """Restart at once after a first failure; back off exponentially while it keeps failing
         without ever becoming ready (a model that cannot load must not spin)."""
-        slot = (path.name, path.version, index)
+        slot = (path.name, path.version, _slot_name(index, pool))
         failures = self._failures[slot] = self._failures.get(slot, 0) + 1
         first, cap = _RESTART_BACKOFF_S
         delay = 0.0 if failures == 1 else min(cap, first * 2 ** (failures - 2))
         if delay == 0.0:
-            self._launch(path, index, faults)
+            self._launch(path, index, faults, pool)
             return
         log.warning("restarting replica %d of %s in %.2fs (%d failures in a row)",
                     index, path.name, delay, failures)
-        asyncio.get_running_loop().call_later(delay, self._relaunch, path, index, faults)
+        asyncio.get_running_loop().call_later(delay, self._relaunch, path, index, faults, pool)
 
-    def _relaunch(self, path: ModelPath, index: int, faults: dict[str, Any]) -> None:
+    def _relaunch(self, path: ModelPath, index: int, faults: dict[str, Any],
+                  pool: str = DATA_POOL) -> None:
         live = self.models.get(path.name) is path or path in self._retired
-        taken = any(r.index == index and r.process is not None for r in path.replicas.values())
-        if live and not taken and not self._closing and index < path.deployment.replicas:
-            self._launch(path, index, faults)
+        taken = any(r.index == index and r.pool == pool and r.process is not None
+                    for r in path.replicas.values())
+        wanted = (path.deployment.data_replicas() if pool == DATA_POOL
+                  else path.deployment.parity_replicas())
+        if live and not taken and not self._closing and index < wanted:
+            self._launch(path, index, faults, pool)
 
     def _reap_retired(self) -> None:
         for path in list(self._retired):
@@ -467,6 +482,10 @@ class ServingSystem:
                                  f"the application's threshold {threshold:g}", extra)
         one = combined.used[0] if len(combined.used) == 1 else None
         cached = all(futures[m][1] for m in combined.used)
+        rebuilt = {m: how for m in combined.used
+                   if (how := paths[m].reconstruction(futures[m][0])) is not None}
+        if rebuilt:  # answered by decoding, not by the model's own prediction
+            extra["reconstructed"] = next(iter(rebuilt.values())) if one else rebuilt
         return Prediction(qid, combined.output, model=one,
                           version=paths[one].version if one else None, cached=cached, extra=extra)
 
@@ -539,6 +558,11 @@ class ServingSystem:
             self.metrics.set_weight(app, model, share)
 
     async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
+        return (await self.infer_detailed(model, version, batch))[0]
+
+    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
+                             ) -> tuple[np.ndarray, dict[int, str]]:
+        """The outputs, and which rows were rebuilt by decoding (row -> method)."""
         path = self._model(model, version)
         if not path.has_capacity():
             raise Unavailable(f"model {model!r} has no running replica")
@@ -554,7 +578,9 @@ class ServingSystem:
                 )
             if future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
-        return np.stack([np.asarray(f.result()) for f in futures])
+        rebuilt = {i: m for i, f in enumerate(futures)
+                   if (m := path.reconstruction(f)) is not None}
+        return np.stack([np.asarray(f.result()) for f in futures]), rebuilt
 
     # ---- metadata --------------------------------------------------------------------------
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
@@ -634,21 +660,29 @@ class ServingSystem:
         path = self._model(model)
         if not 0 <= replicas <= 256:
             raise InvalidInput("replicas must be between 0 and 256")
-        managed = sorted(
-            (r for r in path.replicas.values() if r.process is not None), key=lambda r: r.index
-        )
-        for index in range(len(managed), replicas):
-            self._launch(path, index, path.deployment.faults_for(index).model_dump())
-        self._stop_replicas(path, managed[replicas:])
-        path.deployment = path.deployment.model_copy(update={"replicas": replicas})
+        try:  # re-validated: a coded mode needs enough replicas for one group
+            deployment = Deployment.model_validate(
+                {**path.deployment.model_dump(), "replicas": replicas})
+        except ValidationError as exc:
+            raise InvalidInput(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+        wanted = {DATA_POOL: deployment.data_replicas(),
+                  **dict.fromkeys(_parity_pools(deployment), deployment.parity_replicas())}
+        for pool, count in wanted.items():
+            managed = sorted((r for r in path.replicas.values()
+                              if r.process is not None and r.pool == pool), key=lambda r: r.index)
+            for index in range(len(managed), count):
+                faults = deployment.faults_for(index).model_dump() if pool == DATA_POOL else {}
+                self._launch(path, index, faults, pool)
+            self._stop_replicas(path, managed[count:])
+        path.deployment = deployment
 
     async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None:
         path = self._model(model)
-        targets = [r for r in path.replicas.values() if replica == "all" or str(r.index) == replica]
+        targets = [r for r in path.replicas.values() if replica in ("all", _slot_of(r))]
         if not targets:
             raise InvalidInput(
                 f"model {model!r} has no replica {replica!r}; replicas are "
-                f"{sorted({r.index for r in path.replicas.values()})}"
+                f"{sorted({_slot_of(r) for r in path.replicas.values()})}"
             )
         spec = {} if faults.is_noop else faults.model_dump()
         for target in targets:
@@ -677,6 +711,32 @@ class ServingSystem:
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": self._load_errors.get((path.name, path.version)),
         }
+
+
+def _slot_name(index: int, pool: str) -> str:
+    """How admin calls and replica ids name a replica: "2", or "parity0-1" for parity ones."""
+    return str(index) if pool == DATA_POOL else f"{pool}-{index}"
+
+
+def _slot_of(replica: Replica) -> str:
+    return _slot_name(replica.index, replica.pool)
+
+
+def _parity_pools(deployment: Deployment) -> list[str]:
+    if deployment.redundancy.mode != "parm" or deployment.parity is None:
+        return []
+    return [parity_pool(j) for j in range(deployment.parity.r)]
+
+
+def _pool_model(dep: Deployment, pool: str) -> tuple[str, str | None, dict[str, Any]]:
+    """(source, weights, options) a replica of ``pool`` loads."""
+    if pool == DATA_POOL or dep.parity is None:
+        return dep.source, dep.weights, dict(dep.options)
+    j = int(pool.removeprefix("parity"))
+    parity = dep.parity
+    weights = parity.weight_files[j]
+    options = dict(parity.options if parity.options is not None else dep.options)
+    return parity.source or dep.source, weights if weights is not None else dep.weights, options
 
 
 def _context(uid: str | None) -> str:

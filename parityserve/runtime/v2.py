@@ -356,13 +356,17 @@ def _json_bytes(name: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
 
 def encode_infer_response(model_name: str, model_version: str | None, request_id: str | None,
                           outputs: Sequence[tuple[str, np.ndarray]],
-                          binary: Mapping[str, bool]) -> tuple[bytes, dict[str, str]]:
+                          binary: Mapping[str, bool],
+                          parameters: Mapping[str, Any] | None = None,
+                          ) -> tuple[bytes, dict[str, str]]:
     """A V2 response body and its headers; binary outputs follow the JSON header."""
     header: dict[str, Any] = {"model_name": model_name}
     if model_version is not None:
         header["model_version"] = model_version
     if request_id:
         header["id"] = request_id
+    if parameters:
+        header["parameters"] = dict(parameters)
     buffers: list[Any] = []
     header["outputs"] = [_encode_tensor(n, a, binary.get(n, False), buffers)
                          for n, a in outputs]

@@ -63,6 +63,10 @@ class FakeSystem:
         self.calls.append(("update", app, uid, item, label))
         return {"uid": uid}
 
+    async def infer_detailed(self, model: str, version: int | None,
+                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+        return await self.infer(model, version, batch), {}
+
     async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         self.calls.append(("infer", model, version))
         return batch * 2 if model == "double" else batch

@@ -110,7 +110,7 @@ def failure(future: asyncio.Future[Any]) -> BaseException | None:
 
 def test_public_names() -> None:
     assert sorted(dispatch.__all__) == [
-        "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats"]
+        "DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats", "Task"]
 
 
 # --- one query, one batch -----------------------------------------------------------------

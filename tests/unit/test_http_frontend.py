@@ -85,6 +85,10 @@ class FakeSystem:
         self.updates.append((app, uid, item, label))
         return {"uid": uid, "updated": True}
 
+    async def infer_detailed(self, model: str, version: int | None,
+                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+        return await self.infer(model, version, batch), {}
+
     async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         self._meta(model)
         self.infer_calls.append((model, version))

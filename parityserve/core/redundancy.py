@@ -1,0 +1,321 @@
+"""Coding groups: the pure decisions of ParM, Berrut (ApproxIFER) and systematic Berrut serving.
+
+A *group* ties together the batches one redundancy scheme codes jointly. The runtime
+(``runtime/dispatch.py``) forms batches, sends the tasks a group asks for, and reports each
+task's outputs back; the group says when it can decode and rebuilds the missing outputs.
+Nothing here touches a clock, a socket or a random generator: time comes in as ``now``.
+
+Batches travel row-aligned: row i of every batch in a group codes into row i of the coded
+batch. Shorter batches are padded with zero rows; a padded row's output is taken to be zero,
+which is exact for a bias-free linear model and an approximation otherwise (a learned parity
+model is trained on full groups, so a short group decodes a little less accurately).
+
+* ``ParmGroup``: k data batches dispatched as they form, plus r parity batches for the parity
+  models; up to r missing outputs are rebuilt from the others and the parity outputs.
+* ``BerrutGroup``: K batches coded into N+1 Berrut queries, all served by the deployed model;
+  every output is an interpolation from the fastest ``needed`` results, after the error
+  locator (E > 0) has excluded the Byzantine workers.
+* ``SystematicGroup``: the K batches themselves plus S coded ones; exact when every original
+  arrives, interpolated over whatever arrived otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from parityserve.core.coding._arrays import Array
+from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut
+from parityserve.core.coding.parity import ConcatEncoder, LinearCode
+from parityserve.errors import CodingError
+
+__all__ = [
+    "BerrutGroup",
+    "Decoded",
+    "ParmGroup",
+    "SystematicGroup",
+    "pad_rows",
+    "softmax_subtraction",
+]
+
+ParmEncoder = Literal["addition", "concat"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """Outputs a group rebuilt: data slot -> rows (one per real query of that batch)."""
+
+    outputs: dict[int, Array]
+    method: str
+    suspected: tuple[int, ...] = ()  # coded slots the error locator excluded
+
+
+def pad_rows(batches: Sequence[Array]) -> np.ndarray:
+    """Stack batches ``(b_j, ...)`` into ``(n, max b_j, ...)``, zero-padding short ones."""
+    arrays = [np.asarray(b) for b in batches]
+    if not arrays:
+        raise CodingError("a coding group needs at least one batch")
+    item = arrays[0].shape[1:]
+    for j, array in enumerate(arrays):
+        if array.ndim == 0 or array.shape[1:] != item:
+            raise CodingError(f"batch {j} has rows of shape {array.shape[1:]}, expected {item}")
+        if not np.issubdtype(array.dtype, np.number):
+            raise CodingError(f"batch {j} has dtype {array.dtype}; coding needs numbers")
+    rows = max(len(a) for a in arrays)
+    out = np.zeros((len(arrays), rows, *item), dtype=np.result_type(*arrays, np.float32))
+    for j, array in enumerate(arrays):
+        out[j, : len(array)] = array
+    return out
+
+
+def softmax_subtraction(parity: Array, present: Sequence[Array], k: int) -> np.ndarray:
+    """The concat decoder (ParM §4.3): ``k * softmax(parity) - sum softmax(present)``, in
+    probability space, clipped at zero and renormalised; returned as probabilities."""
+    def softmax(x: Array) -> np.ndarray:
+        z = np.asarray(x, dtype=np.float64)
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return np.asarray(z / z.sum(axis=-1, keepdims=True))
+
+    rebuilt = k * softmax(parity) - sum((softmax(p) for p in present), np.zeros(1))
+    rebuilt = np.clip(rebuilt, 0.0, None)
+    total = rebuilt.sum(axis=-1, keepdims=True)
+    safe = np.where(total > 0, total, 1.0)
+    return np.asarray(np.where(total > 0, rebuilt / safe, 1.0 / rebuilt.shape[-1]))
+
+
+@dataclass(eq=False)
+class _Slots:
+    """Per data slot: how many real rows it has and the outputs that arrived."""
+
+    sizes: list[int] = field(default_factory=list)
+    outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    settled: set[int] = field(default_factory=set)  # arrived or rebuilt: nothing left to do
+
+    def add(self, rows: int) -> int:
+        self.sizes.append(rows)
+        return len(self.sizes) - 1
+
+    def arrive(self, slot: int, outputs: Array) -> None:
+        self.outputs[slot] = np.asarray(outputs)
+        self.settled.add(slot)
+
+    def missing(self) -> list[int]:
+        return [s for s in range(len(self.sizes)) if s not in self.settled]
+
+
+def _cut(rows: Array, size: int) -> np.ndarray:
+    return np.asarray(rows)[:size]
+
+
+def _padded(outputs: np.ndarray, rows: int) -> np.ndarray:
+    if len(outputs) == rows:
+        return outputs
+    out = np.zeros((rows, *outputs.shape[1:]), dtype=np.result_type(outputs, np.float32))
+    out[: len(outputs)] = outputs
+    return out
+
+
+class ParmGroup:
+    """ParM: up to k data batches joined as they are dispatched, then r parity batches.
+
+    ``add`` never waits: the data batch is sent by the caller first, then joins the group.
+    ``close`` (when k batches joined, or when the runtime stops waiting for more) returns
+    the r parity payloads. A missing batch is rebuilt once the parity outputs that arrived
+    are at least as many as the missing batches and every other batch has arrived, and
+    (with ``grace_s``) once it has been outstanding that long.
+    """
+
+    def __init__(self, code: LinearCode, encoder: ParmEncoder = "addition",
+                 grace_s: float | None = None) -> None:
+        if encoder == "concat" and code.r != 1:
+            raise CodingError("the concat encoder has one parity (r = 1)")
+        self.code = code
+        self.encoder = encoder
+        self.grace_s = grace_s
+        self._concat = ConcatEncoder(code.k) if encoder == "concat" else None
+        self._slots = _Slots()
+        self._inputs: list[np.ndarray] = []
+        self._sent_at: list[float] = []
+        self.parity_outputs: dict[int, np.ndarray] = {}
+        self.closed = False
+        self.rebuilt: set[int] = set()
+
+    @property
+    def k(self) -> int:
+        return self.code.k
+
+    @property
+    def size(self) -> int:
+        return len(self._inputs)
+
+    @property
+    def full(self) -> bool:
+        return self.size >= self.k
+
+    def add(self, batch: Array, sent_at: float) -> int:
+        """Join a dispatched batch; returns its slot."""
+        if self.closed or self.full:
+            raise CodingError("this coding group is closed")
+        self._inputs.append(np.asarray(batch))
+        self._sent_at.append(sent_at)
+        return self._slots.add(len(self._inputs[-1]))
+
+    def close(self) -> list[np.ndarray]:
+        """Encode the r parity batches (row i of each from row i of every data batch)."""
+        if not self._inputs:
+            raise CodingError("cannot encode an empty coding group")
+        self.closed = True
+        stacked = pad_rows(self._inputs)  # (n, rows, ...)
+        self._inputs = []  # the group no longer needs the inputs
+        if self._concat is not None:
+            concat = self._concat
+            rows = [concat.encode(list(stacked[:, i])) for i in range(stacked.shape[1])]
+            return [np.stack(rows)]
+        parities = self.code.encode(list(stacked))  # (r, rows, ...)
+        return [parities[j] for j in range(self.code.r)]
+
+    def arrive(self, slot: int, outputs: Array) -> None:
+        self._slots.arrive(slot, outputs)
+
+    def arrive_parity(self, j: int, outputs: Array) -> None:
+        self.parity_outputs[j] = np.asarray(outputs)
+
+    def missing(self) -> list[int]:
+        return self._slots.missing()
+
+    def decision(self, now: float) -> list[int] | float | None:
+        """Slots to rebuild now; or the time to ask again (grace not over); or None."""
+        missing = self.missing()
+        if not self.closed or not missing or len(missing) > len(self.parity_outputs):
+            return None
+        if self.grace_s is not None:
+            ready_at = max(self._sent_at[s] for s in missing) + self.grace_s
+            if now < ready_at:
+                return ready_at
+        return missing
+
+    def decode(self, missing: Sequence[int]) -> Decoded:
+        """Rebuild ``missing`` (as returned by ``decision``)."""
+        slots = self._slots
+        rows = max(len(p) for p in self.parity_outputs.values())
+        present = {s: _padded(o, rows) for s, o in slots.outputs.items()}
+        if self._concat is not None:
+            (slot,) = missing
+            rebuilt = softmax_subtraction(self.parity_outputs[0], list(present.values()), self.k)
+            outputs = {slot: rebuilt}
+            method = "parm-concat"
+        else:
+            # Slots the group never filled (closed early) hold zero queries, zero outputs.
+            unfilled = range(len(slots.sizes), self.k)
+            zeros = np.zeros_like(next(iter(self.parity_outputs.values())))
+            known = {**present, **{s: zeros for s in unfilled}}
+            outputs = self.code.decode(known, self.parity_outputs, list(missing))
+            method = "parm-subtraction" if self.code.r == 1 else "parm-linear"
+        cut = {s: _cut(o, slots.sizes[s]) for s, o in outputs.items()}
+        for s in cut:
+            slots.settled.add(s)
+            self.rebuilt.add(s)
+        return Decoded(cut, method)
+
+
+class BerrutGroup:
+    """ApproxIFER: K batches coded into ``n_workers`` Berrut batches, all formed at once."""
+
+    def __init__(self, code: BerrutCode) -> None:
+        self.code = code
+        self._sizes: list[int] = []
+        self.results: dict[int, np.ndarray] = {}
+        self.decoded = False
+
+    @property
+    def tasks(self) -> int:
+        return self.code.n_workers
+
+    def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
+        """The ``n_workers`` coded batches; fewer than K batches are padded with zero batches."""
+        if not 1 <= len(batches) <= self.code.K:
+            raise CodingError(
+                f"a Berrut group takes 1 to {self.code.K} batches, got {len(batches)}")
+        self._sizes = [len(np.asarray(b)) for b in batches]
+        stacked = pad_rows(batches)
+        if len(stacked) < self.code.K:
+            fill = np.zeros((self.code.K - len(stacked), *stacked.shape[1:]), stacked.dtype)
+            stacked = np.concatenate([stacked, fill])
+        coded = self.code.encode(stacked)
+        return [coded[i] for i in range(len(coded))]
+
+    def arrive(self, worker: int, outputs: Array) -> None:
+        if not self.decoded:
+            self.results[worker] = np.asarray(outputs)
+
+    def ready(self) -> bool:
+        return not self.decoded and len(self.results) >= self.code.needed
+
+    def decode(self) -> Decoded:
+        """Every batch's outputs, from the fastest ``needed`` results (after locating errors)."""
+        self.decoded = True
+        detail = self.code.decode_detailed(self.results)
+        outputs = {s: _cut(detail.outputs[s], size) for s, size in enumerate(self._sizes)}
+        return Decoded(outputs, "berrut", detail.suspected)
+
+
+class SystematicGroup:
+    """Systematic Berrut: the K batches go out unchanged (slots 0..K-1), S coded ones after."""
+
+    def __init__(self, code: SystematicBerrut) -> None:
+        self.code = code
+        self._slots = _Slots()
+        self.coded: dict[int, np.ndarray] = {}
+        self._rows = 0
+
+    @property
+    def tasks(self) -> int:
+        return self.code.n_workers
+
+    def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
+        """The S coded batches (the originals are sent as they are)."""
+        if not 1 <= len(batches) <= self.code.K:
+            raise CodingError(
+                f"a systematic group takes 1 to {self.code.K} batches, got {len(batches)}")
+        for b in batches:
+            self._slots.add(len(np.asarray(b)))
+        stacked = pad_rows(batches)
+        self._rows = stacked.shape[1]
+        if len(stacked) < self.code.K:
+            fill = np.zeros((self.code.K - len(stacked), *stacked.shape[1:]), stacked.dtype)
+            stacked = np.concatenate([stacked, fill])
+        both = self.code.encode(stacked)
+        return [both[self.code.K + i] for i in range(self.code.S)]
+
+    def arrive(self, slot: int, outputs: Array) -> None:
+        self._slots.arrive(slot, outputs)
+
+    def arrive_coded(self, i: int, outputs: Array) -> None:
+        self.coded[i] = np.asarray(outputs)
+
+    def missing(self) -> list[int]:
+        return self._slots.missing()
+
+    def ready(self) -> bool:
+        """Some original is missing, and K results of any kind have arrived."""
+        missing = self.missing()
+        unfilled = self.code.K - len(self._slots.sizes)  # zero batches: known, output zero
+        have = len(self._slots.outputs) + len(self.coded) + unfilled
+        return bool(missing) and have >= self.code.K
+
+    def decode(self) -> Decoded:
+        slots = self._slots
+        results: dict[int, Any] = {s: _padded(o, self._rows) for s, o in slots.outputs.items()}
+        template = next(iter([*results.values(), *self.coded.values()]))
+        for s in range(len(slots.sizes), self.code.K):
+            results[s] = np.zeros_like(template)
+        results.update({self.code.K + i: o for i, o in self.coded.items()})
+        decoded = self.code.decode(results)
+        outputs = {s: _cut(decoded[s], slots.sizes[s]) for s in self.missing()}
+        for s in outputs:
+            slots.settled.add(s)
+        return Decoded(outputs, "systematic-berrut")
+
