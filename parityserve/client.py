@@ -195,6 +195,15 @@ class Client:
         return self._call("POST", f"/admin/applications/{_q(app)}/models",
                           {"models": list(models)})
 
+    def set_redundancy(self, model: str, mode: str = "none", *,
+                       parity: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+        """Switch a model's redundancy mode, e.g. ``set_redundancy("m", "berrut", K=4, S=1)``
+        or ``set_redundancy("m", "parm", parity={"k": 2, "weights": "parity.npz"})``."""
+        body: dict[str, Any] = {"redundancy": {"mode": mode, **options}}
+        if parity is not None:
+            body["parity"] = parity
+        return self._call("POST", f"/admin/models/{_q(model)}/redundancy", body)
+
     def set_faults(self, model: str, replica: str = "all", **faults: Any) -> dict[str, Any]:
         return self._call("POST", f"/admin/models/{_q(model)}/faults",
                           {"replica": str(replica), "faults": faults})

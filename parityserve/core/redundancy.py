@@ -79,6 +79,9 @@ def softmax_subtraction(parity: Array, present: Sequence[Array], k: int) -> np.n
         z = np.exp(z - z.max(axis=-1, keepdims=True))
         return np.asarray(z / z.sum(axis=-1, keepdims=True))
 
+    # NaN/inf logits would otherwise come back as uniform probabilities: a plausible answer.
+    if not all(np.all(np.isfinite(np.asarray(x))) for x in (parity, *present)):
+        raise CodingError("the concat decoder needs finite outputs; got NaN or inf")
     rebuilt = k * softmax(parity) - sum((softmax(p) for p in present), np.zeros(1))
     rebuilt = np.clip(rebuilt, 0.0, None)
     total = rebuilt.sum(axis=-1, keepdims=True)
@@ -200,6 +203,9 @@ class ParmGroup:
     def decode(self, missing: Sequence[int]) -> Decoded:
         """Rebuild ``missing`` (as returned by ``decision``)."""
         slots = self._slots
+        if not 0 < len(missing) <= len(self.parity_outputs):
+            raise CodingError(f"cannot rebuild {len(missing)} outputs from "
+                              f"{len(self.parity_outputs)} parity outputs")
         rows = max(len(p) for p in self.parity_outputs.values())
         present = {s: _padded(o, rows) for s, o in slots.outputs.items()}
         if self._concat is not None:
@@ -256,8 +262,8 @@ class BerrutGroup:
 
     def decode(self) -> Decoded:
         """Every batch's outputs, from the fastest ``needed`` results (after locating errors)."""
-        self.decoded = True
         detail = self.code.decode_detailed(self.results)
+        self.decoded = True  # only once it succeeded: a failed decode waits for more results
         outputs = {s: _cut(detail.outputs[s], size) for s, size in enumerate(self._sizes)}
         return Decoded(outputs, "berrut", detail.suspected)
 
@@ -309,6 +315,8 @@ class SystematicGroup:
     def decode(self) -> Decoded:
         slots = self._slots
         results: dict[int, Any] = {s: _padded(o, self._rows) for s, o in slots.outputs.items()}
+        if not results and not self.coded:
+            raise CodingError("no outputs have arrived to decode from")
         template = next(iter([*results.values(), *self.coded.values()]))
         for s in range(len(slots.sizes), self.code.K):
             results[s] = np.zeros_like(template)

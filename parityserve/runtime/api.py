@@ -12,7 +12,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+from parityserve.config import (
+    Application,
+    Deployment,
+    FaultConfig,
+    ParityConfig,
+    RedundancyConfig,
+    TensorSpec,
+)
 
 __all__ = ["ModelMetadata", "Prediction", "ServingSystem"]
 
@@ -87,5 +94,8 @@ class ServingSystem(Protocol):
     async def link_models(self, app: str, models: Sequence[str]) -> None: ...
 
     async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None: ...
+
+    async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
+                             parity: ParityConfig | None) -> None: ...
 
     def state(self) -> dict[str, Any]: ...

@@ -52,6 +52,9 @@ class GroupRun:
         self.mode = mode
         self.entries: dict[int, list[Entry[Query]]] = {}  # data slot -> its queries
         self.workers: dict[int, str] = {}  # coded slot -> replica that served it
+        # Replicas that took a task of this group: one replica must not serve two of them,
+        # or a single Byzantine (or slow) replica would count as two.
+        self.assigned: set[str] = set()
         self.tasks: list[Task] = []
         self.error: str | None = None
         self.finished = False
@@ -82,11 +85,16 @@ class Redundancy:
         self.pending: dict[str, deque[Task]] = {}
 
     # ---- what idle replicas pull -----------------------------------------------------------
-    def next_task(self, pool: str) -> Task | None:
+    def next_task(self, pool: str, rid: str) -> Task | None:
+        """The first queued task of ``pool`` still needed that replica ``rid`` may take."""
         queue = self.pending.get(pool)
-        while queue:
-            task = queue.popleft()
-            if task.needed():
+        if not queue:
+            return None
+        for task in list(queue):
+            if not task.needed():
+                queue.remove(task)
+            elif task.group is None or rid not in task.group.assigned:
+                queue.remove(task)
                 return task
         return None
 

@@ -61,6 +61,7 @@ class Task:
     slot: int = -1
     done: bool = False  # its output arrived (from any copy): later copies are not needed
     running: int = 0  # replicas working on it now
+    via: Any = None  # the runtime.coding.Redundancy that made it (modes can change live)
 
     def needed(self) -> bool:
         if self.done:
@@ -207,7 +208,7 @@ class ModelPath:
         for replica in list(self.replicas.values()):
             if not replica.idle:
                 continue
-            task = self.redundancy.next_task(replica.pool)
+            task = self.redundancy.next_task(replica.pool, replica.rid)
             if task is not None:
                 self.send_task(replica, task, self.clock())
                 continue
@@ -234,7 +235,22 @@ class ModelPath:
 
     def new_task(self, entries: list[Entry[Query]], *, payload: Any = None,
                  pool: str = DATA_POOL, kind: str = "data") -> Task:
-        return Task(self.assemble(entries) if payload is None else payload, entries, pool, kind)
+        task = Task(self.assemble(entries) if payload is None else payload, entries, pool, kind)
+        task.via = self.redundancy
+        return task
+
+    def set_redundancy(self, deployment: Deployment) -> None:
+        """Serve new batches under the deployment's (new) mode; old groups finish as they were.
+        Tasks the old mode still had queued move over to the new one's queues."""
+        old, self.deployment = self.redundancy, deployment
+        self.redundancy = make_redundancy(self, deployment)
+        for tasks in old.pending.values():
+            for task in tasks:
+                if task.pool == DATA_POOL or task.pool in _pools(deployment):
+                    self.redundancy.push(task)
+                elif task.needed() and not task.entries:
+                    continue  # a parity task whose pool is gone: its group decodes without it
+        self.pump()
 
     def assemble(self, entries: list[Entry[Query]]) -> Any:
         return _assemble([e.item.item for e in entries])
@@ -247,9 +263,11 @@ class ModelPath:
             self.link.send(replica.rid, {"t": wire.PREDICT, "bid": batch.bid, "in": desc}, frames)
         except WorkerError:
             replica.state = "dead"  # the supervisor notices the dead worker and restarts it
-            self.redundancy.take_back(task)
+            task.via.take_back(task)
             return False
         task.running += 1
+        if task.group is not None:
+            task.group.assigned.add(replica.rid)
         replica.batch = batch
         self.inflight[batch.bid] = batch
         rows = len(task.payload) if hasattr(task.payload, "__len__") else 1
@@ -313,16 +331,16 @@ class ModelPath:
     def _deliver(self, batch: InflightBatch, header: dict[str, Any], buffers: list[Any]) -> None:
         if not header.get("ok"):
             error = PredictError(f"model {self.name!r} failed: {header.get('error')}")
-            self.redundancy.on_error(batch, error)
+            batch.task.via.on_error(batch, error)
             return
         outputs = wire.unpack_payload(header["out"], buffers)
         rows = len(batch.task.payload) if hasattr(batch.task.payload, "__len__") else 1
         if len(outputs) != rows:
             error = PredictError(f"model {self.name!r} returned {len(outputs)} outputs "
                                  f"for {rows} inputs")
-            self.redundancy.on_error(batch, error)
+            batch.task.via.on_error(batch, error)
             return
-        self.redundancy.on_output(batch, outputs)
+        batch.task.via.on_output(batch, outputs)
 
     def settle(self, entries: list[Entry[Query]], outputs: list[Any], *, late: bool) -> None:
         """Answer queries with their own predictions. A prediction arriving after its query
@@ -367,7 +385,7 @@ class ModelPath:
         self.inflight.pop(batch.bid, None)
         self.metrics.set_inflight(self.name, replica.rid, 0)
         batch.task.running -= 1
-        return self.redundancy.take_back(batch.task)
+        return int(batch.task.via.take_back(batch.task))
 
     # ---- state ---------------------------------------------------------------------------
     def ready_replicas(self) -> list[Replica]:
@@ -400,6 +418,11 @@ class ModelPath:
         self._expire(self.queue.drop_expired(float("inf")))
         if self._wake is not None:
             self._wake.cancel()
+
+
+def _pools(deployment: Deployment) -> set[str]:
+    parity = deployment.parity if deployment.redundancy.mode == "parm" else None
+    return {f"parity{j}" for j in range(parity.r)} if parity is not None else set()
 
 
 def _assemble(items: list[Any]) -> Any:

@@ -10,6 +10,7 @@ bodies read straight off the ASGI channel.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from time import perf_counter
@@ -25,7 +26,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+from parityserve.config import (
+    Application,
+    Deployment,
+    FaultConfig,
+    ParityConfig,
+    RedundancyConfig,
+    TensorSpec,
+)
 from parityserve.errors import (
     InvalidInput,
     MalformedRequest,
@@ -197,9 +205,18 @@ class _FaultsBody(_Body):
     @field_validator("replica")
     @classmethod
     def _replica(cls, value: str) -> str:
-        if value != "all" and not value.isdigit():
-            raise ValueError("must be a replica index or 'all'")
+        if value != "all" and not value.isdigit() and not _PARITY_SLOT.match(value):
+            raise ValueError("must be a replica index, a parity replica like 'parity0-1', "
+                             "or 'all'")
         return value
+
+
+_PARITY_SLOT = re.compile(r"^parity\d+-\d+$")
+
+
+class _RedundancyBody(_Body):
+    redundancy: RedundancyConfig = RedundancyConfig()
+    parity: ParityConfig | None = None
 
 
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
@@ -339,7 +356,9 @@ class _Frontend:
                 r(models + "/{model}/replicas", self.set_replicas, "admin_replicas", "model",
                   ["POST"]),
                 r(models + "/{model}/faults", self.set_faults, "admin_faults", "model",
-                  ["POST"])]
+                  ["POST"]),
+                r(models + "/{model}/redundancy", self.set_redundancy, "admin_redundancy",
+                  "model", ["POST"])]
 
     def _route(self, path: str, handler: Handler, name: str, target: str | None = None,
                methods: Sequence[str] = ("GET",)) -> Route:
@@ -473,6 +492,12 @@ class _Frontend:
         model = request.path_params["model"]
         await self.system.set_replicas(model, body.replicas)
         return _json({"model": model, "replicas": body.replicas}), "ok"
+
+    async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_RedundancyBody, await self._body(request), "redundancy request")
+        model = request.path_params["model"]
+        await self.system.set_redundancy(model, body.redundancy, body.parity)
+        return _json({"model": model, **body.model_dump(mode="json")}), "ok"
 
     async def set_faults(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_FaultsBody, await self._body(request), "faults request")

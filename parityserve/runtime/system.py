@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from parityserve.config import Application, Deployment, FaultConfig, ServingConfig, TensorSpec
+from parityserve.config import (
+    Application,
+    Deployment,
+    FaultConfig,
+    ParityConfig,
+    RedundancyConfig,
+    ServingConfig,
+    TensorSpec,
+)
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
@@ -660,11 +668,24 @@ class ServingSystem:
         path = self._model(model)
         if not 0 <= replicas <= 256:
             raise InvalidInput("replicas must be between 0 and 256")
-        try:  # re-validated: a coded mode needs enough replicas for one group
-            deployment = Deployment.model_validate(
-                {**path.deployment.model_dump(), "replicas": replicas})
-        except ValidationError as exc:
-            raise InvalidInput(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+        self._reconcile(path, _revalidated(path.deployment, replicas=replicas))
+
+    async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
+                             parity: ParityConfig | None) -> None:
+        """Switch a model's redundancy mode; groups in flight finish under the old one."""
+        path = self._model(model)
+        deployment = _revalidated(path.deployment, redundancy=redundancy.model_dump(),
+                                  parity=parity.model_dump() if parity else None)
+        old_parity = path.deployment.parity
+        if old_parity is not None and deployment.parity != old_parity:
+            parity_replicas = [r for r in path.replicas.values() if r.pool != DATA_POOL]
+            self._stop_replicas(path, parity_replicas)  # new parity models load afresh
+        self._reconcile(path, deployment)
+        path.set_redundancy(deployment)
+
+    def _reconcile(self, path: ModelPath, deployment: Deployment) -> None:
+        """Start or stop replicas so every pool has the size ``deployment`` asks for."""
+        pools = {r.pool for r in path.replicas.values()}
         wanted = {DATA_POOL: deployment.data_replicas(),
                   **dict.fromkeys(_parity_pools(deployment), deployment.parity_replicas())}
         for pool, count in wanted.items():
@@ -674,6 +695,8 @@ class ServingSystem:
                 faults = deployment.faults_for(index).model_dump() if pool == DATA_POOL else {}
                 self._launch(path, index, faults, pool)
             self._stop_replicas(path, managed[count:])
+        gone = pools - set(wanted)
+        self._stop_replicas(path, [r for r in path.replicas.values() if r.pool in gone])
         path.deployment = deployment
 
     async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None:
@@ -711,6 +734,16 @@ class ServingSystem:
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": self._load_errors.get((path.name, path.version)),
         }
+
+
+def _revalidated(deployment: Deployment, **changes: Any) -> Deployment:
+    """The deployment with ``changes``, validated again (a coded mode needs enough replicas
+    for one group; parm needs parity models)."""
+    try:
+        return Deployment.model_validate({**deployment.model_dump(), **changes})
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidInput(reasons) from None
 
 
 def _slot_name(index: int, pool: str) -> str:
