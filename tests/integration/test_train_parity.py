@@ -75,3 +75,34 @@ def test_resume_runs_one_more_epoch(trained: tuple[Path, str]) -> None:
     assert "epoch 4/4:" in stdout and "epoch 3/4" not in stdout
     info = json.loads((tmp_path / "parity.json").read_text())
     assert info["epochs"] == 4
+
+
+def test_trained_parity_model_deploys_with_its_one_printed_line(
+        trained: tuple[Path, str], server_factory) -> None:
+    import time
+
+    import yaml
+
+    from parityserve.client import Client
+
+    tmp_path, stdout = trained
+    line = next(s for s in stdout.splitlines() if s.startswith("parity: "))
+    model = {"name": "digits", "source": "zoo:digits-mlp", "replicas": 2,
+             "weights": str(tmp_path / "cache/digits-mlp-seed0.npz"),
+             "input": {"name": "input", "datatype": "FP32", "shape": [64]},
+             "batching": {"max_batch_size": 1},
+             "faults": {"0": {"delay_ms": 3000}},
+             **yaml.safe_load(line)}  # the printed line, as a user pastes it
+    served = server_factory({
+        "server": {"http_port": 0, "cache_bytes": 0},
+        "models": [model],
+        "applications": [{"name": "digits", "models": ["digits"], "slo_ms": 10_000}]})
+    _, _, x, y = load_digits_split(seed=0)
+    with Client(served.url) as client:
+        started = time.monotonic()
+        answer = client.predict("digits", x[0].tolist())  # replica 0 (3 s slow) takes it
+        assert time.monotonic() - started < 2.5
+        assert answer["reconstructed"] == "parm-subtraction", answer
+        state = next(m for m in client.state()["models"] if m["name"] == "digits")
+        assert sorted(r["pool"] for r in state["replicas"]) == ["data", "data", "parity0"]
+    assert len(answer["output"]) == 10
