@@ -135,6 +135,10 @@ class ParityConfig(_Frozen):
                 raise ValueError(f"parity: the concat encoder needs k = 2 or 4, not {self.k}")
             if self.r != 1:
                 raise ValueError("parity: the concat encoder has one parity model (r = 1)")
+        if self.decoder is not None and (
+                (self.decoder == "softmax-subtraction") != (self.encoder == "concat")):
+            raise ValueError("parity: the concat encoder decodes with softmax-subtraction, and "
+                             "only it does (addition decodes with subtraction or linear)")
         if self.decoder == "subtraction" and self.r != 1:
             raise ValueError("parity: the subtraction decoder rebuilds one batch (r = 1); "
                              "use decoder: linear for r > 1")

@@ -99,7 +99,12 @@ class Redundancy:
         return None
 
     def push(self, task: Task, *, front: bool = False) -> None:
-        queue = self.pending.setdefault(task.pool, deque())
+        # Into the queues idle replicas pull from now: after ``set_redundancy`` this mode's
+        # own tasks (a re-issue, a retry, an old group's parity) go to the new mode's queues.
+        target = self.queues
+        if target is not self.pending and not _pool_deployed(self.path, task.pool):
+            return  # a parity pool the new mode no longer has: its group decodes without it
+        queue = target.setdefault(task.pool, deque())
         if front:
             queue.appendleft(task)
         else:
@@ -107,6 +112,12 @@ class Redundancy:
 
     def has_pending(self, pool: str) -> bool:
         return bool(self.pending.get(pool))
+
+    @property
+    def queues(self) -> dict[str, deque[Task]]:
+        """The queued tasks of the path's current mode (this one's until it is replaced)."""
+        current = getattr(self.path, "redundancy", None)
+        return self.pending if current is None else current.pending
 
     # ---- formed batches --------------------------------------------------------------------
     def dispatch(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
@@ -160,7 +171,7 @@ class Replication(Redundancy):
 
     def on_error(self, batch: InflightBatch, error: Exception) -> None:
         task = batch.task
-        if task.running == 0 and not any(t is task for t in self.pending.get("data", ())):
+        if task.running == 0 and not any(t is task for t in self.queues.get("data", ())):
             for entry in task.entries:
                 _fail(entry.item.future, error)
 
@@ -272,7 +283,8 @@ class Parm(Redundancy):
             super().on_error(batch, error)
             return
         run.error = str(error)
-        self._fail_if_stuck(run, error)
+        if run.core.decision(self.path.clock()) is None:  # else a decode is due or scheduled
+            self._fail_if_stuck(run, error)
 
     def _try_decode(self, run: GroupRun) -> None:
         decision = run.core.decision(self.path.clock())
@@ -283,6 +295,10 @@ class Parm(Redundancy):
         if not decision:
             if not run.core.missing():
                 run.finished = True
+            elif run.error is not None and run.core.closed:
+                # A task failed earlier and the last one has now answered without making the
+                # group decodable: nothing left can answer the missing batches.
+                self._fail_if_stuck(run, PredictError(run.error))
             return
         try:
             decoded = run.core.decode(decision)
@@ -299,7 +315,7 @@ class Parm(Redundancy):
             run.finished = True
 
     def _queued(self, task: Task) -> bool:
-        return any(t is task for t in self.pending.get(task.pool, ()))
+        return any(t is task for t in self.queues.get(task.pool, ()))
 
 
 class Berrut(Redundancy):
@@ -350,11 +366,11 @@ class Berrut(Redundancy):
 
     def on_output(self, batch: InflightBatch, outputs: list[Any]) -> None:
         task = batch.task
-        run: GroupRun = task.group
+        run: GroupRun | None = task.group
         if task.kind == "data":
             super().on_output(batch, outputs)
-        if run.finished:
-            return
+        if run is None or run.finished:
+            return  # run is None: a batch that could not be coded, sent plainly
         stacked = _stack(outputs)
         if stacked is None:
             run.finished = True
@@ -373,6 +389,8 @@ class Berrut(Redundancy):
             return
         if core.ready():
             self._decode(run)
+        if not run.finished and run.error is not None:
+            self._fail_if_stuck(run, PredictError(run.error))
 
     def _decode(self, run: GroupRun) -> None:
         try:
@@ -387,10 +405,17 @@ class Berrut(Redundancy):
         run.finished = True
 
     def on_error(self, batch: InflightBatch, error: Exception) -> None:
-        run: GroupRun = batch.task.group
+        run: GroupRun | None = batch.task.group
+        if run is None:
+            super().on_error(batch, error)  # a batch that could not be coded, sent plainly
+            return
         run.error = str(error)
+        self._fail_if_stuck(run, error)
+
+    def _fail_if_stuck(self, run: GroupRun, error: Exception) -> None:
+        """Fail the group's unanswered queries once no task of it runs or waits to run."""
         if all(t.done or t.running == 0 for t in run.tasks) and not any(
-                t.needed() for q in self.pending.values() for t in q if t.group is run):
+                t.needed() for q in self.queues.values() for t in q if t.group is run):
             for entry in run.unanswered():
                 _fail(entry.item.future, error)
             run.finished = True
@@ -408,6 +433,15 @@ def make_redundancy(path: ModelPath, deployment: Deployment) -> Redundancy:
     if cfg.mode in ("berrut", "systematic-berrut"):
         return Berrut(path, deployment)
     return Redundancy(path)  # none, equal-resources
+
+
+def _pool_deployed(path: ModelPath, pool: str) -> bool:
+    """Whether replicas of ``pool`` serve under the path's current deployment."""
+    if pool == "data":
+        return True
+    deployment = path.deployment
+    parity = deployment.parity if deployment.redundancy.mode == "parm" else None
+    return parity is not None and pool in {parity_pool(j) for j in range(parity.r)}
 
 
 def _split(entries: list[Entry[Query]], k: int) -> list[list[Entry[Query]]]:

@@ -79,3 +79,45 @@ def test_faults_for_a_replica_fall_back_to_all() -> None:
     assert d.faults_for(0).delay_ms == 5
     assert d.faults_for(1).crash_after_batches == 3
     assert FaultConfig().is_noop and not d.faults_for(0).is_noop
+
+
+# ---- redundancy ------------------------------------------------------------------------------
+def _dep(**extra: object) -> Deployment:
+    return Deployment.model_validate({"name": "m", "source": "zoo:echo", "replicas": 2, **extra})
+
+
+def test_a_parity_line_alone_selects_parm_with_m_over_k_parity_replicas() -> None:
+    dep = _dep(replicas=4, parity={"weights": "p.npz", "k": 2})
+    assert dep.redundancy.mode == "parm" and dep.parity_replicas() == 2
+    assert dep.parity is not None and dep.parity.resolved_decoder() == "subtraction"
+    assert _dep(replicas=3, parity={"k": 2}).parity_replicas() == 2  # ceil(3 / 2)
+    assert _dep(parity={"k": 2, "r": 2}).parity.resolved_decoder() == "linear"
+
+
+def test_equal_resources_adds_replicas() -> None:
+    assert _dep(redundancy={"mode": "equal-resources"}).data_replicas() == 3
+    assert _dep(redundancy={"mode": "equal-resources", "extra": 2}).data_replicas() == 4
+    assert _dep().data_replicas() == 2
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"redundancy": {"mode": "parm"}}, "needs a 'parity' entry"),
+    ({"redundancy": {"mode": "replication"}, "parity": {"k": 2}}, "only used with mode parm"),
+    ({"redundancy": {"mode": "reactive"}}, "needs timeout_ms"),
+    ({"redundancy": {"mode": "replication", "d": 3}}, "needs at least 3 replicas"),
+    ({"redundancy": {"mode": "berrut", "K": 2, "S": 1}}, "needs at least 3 replicas"),
+    ({"replicas": 6, "redundancy": {"mode": "berrut", "K": 2, "E": 1, "S": 1}},
+     "needs at least 7 replicas"),
+    ({"replicas": 4, "redundancy": {"mode": "systematic-berrut", "K": 2, "S": 1, "E": 1}},
+     "does not locate errors"),
+    ({"parity": {"k": 3, "encoder": "concat"}}, "k = 2 or 4"),
+    ({"parity": {"k": 2, "encoder": "concat", "r": 2}}, "one parity model"),
+    ({"parity": {"k": 2, "r": 2, "weights": "a.npz"}}, "needs 2 weight files"),
+    ({"parity": {"k": 2, "r": 2, "decoder": "subtraction"}}, "rebuilds one batch"),
+    ({"parity": {"k": 2, "decoder": "softmax-subtraction"}}, "softmax-subtraction"),
+    ({"parity": {"k": 2, "coefficients": [[1, 2, 3]]}}, "coefficients must be"),
+    ({"redundancy": {"mode": "mirror"}}, "mode"),
+])
+def test_bad_redundancy_settings_name_the_problem(extra: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _dep(**extra)
