@@ -19,11 +19,15 @@ _EPILOG = textwrap.dedent("""\
       parityserve validate -c serving.yaml         check a deployment file without starting it
       parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
                                                    join a running frontend from another machine
-      parityserve demo                             train a digits model, serve it, load-test it
+      parityserve demo                             train a digits model, serve it, load-test it,
+                                                   then slow a replica: with and without ParM
       parityserve train-parity --dataset digits --k 2 --epochs 10
                                                    train a ParM parity model for a zoo net
       parityserve bench overhead --data-dir DATA   frontend overhead vs in-process baselines
       parityserve bench selection --data-dir DATA  Clipper Figs 8-9: bandits, stragglers
+      parityserve bench tail --data-dir DATA       ParM §6: tail latency under bursts, codecs
+      parityserve bench accuracy --data-dir DATA   ParM / ApproxIFER accuracy vs the papers
+      parityserve bench simulate --quick           simulated tails at 18 to 1,000 instances
 
     Datasets and weights are read from --data-dir or $PARITYSERVE_DATA; nothing is downloaded.
     """)
@@ -64,15 +68,33 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="train, serve and load-test a digits classifier",
-                       description="Train a small classifier on scikit-learn's digits, serve it "
-                                   "with 2 replicas, send open-loop Poisson load over HTTP, and "
-                                   "report throughput, tail latency and accuracy.")
-    p.add_argument("--queries", type=int, default=3000)
-    p.add_argument("--rate", type=float, default=300.0, help="offered load, queries/s")
-    p.add_argument("--cache-dir", type=Path, default=Path(".cache"))
-    p.add_argument("--serve", action="store_true", help="keep serving after the report")
-    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("demo", help="train, serve and load-test a digits classifier; then show "
+                       "what coding buys when a replica is slow",
+                       description="Part 1: train a small classifier on scikit-learn's digits, "
+                                   "serve it with 2 replicas, send open-loop Poisson load over "
+                                   "HTTP, and report throughput, tail latency and accuracy. "
+                                   "Part 2: slow one replica with injected bursts of background "
+                                   "load and send the same load to zoo:digits-mlp without "
+                                   "coding (3 plain replicas) and with ParM (2 replicas + 1 "
+                                   "parity replica, parity model trained and cached on the "
+                                   "first run); print their tail latencies side by side and "
+                                   "how many answers were reconstructed, and how accurately.")
+    p.add_argument("--queries", type=int, default=3000, help="queries in part 1")
+    p.add_argument("--rate", type=float, default=300.0,
+                   help="offered load in part 1, queries/s")
+    p.add_argument("--coding-queries", type=int, default=2000,
+                   help="queries sent to each deployment in part 2")
+    p.add_argument("--coding-rate", type=float, default=150.0,
+                   help="offered load in part 2, queries/s (it runs 6 workers: leave CPU "
+                        "headroom, or the parity work competes with the queries it protects)")
+    p.add_argument("--skip-coding", action="store_true",
+                   help="skip part 2 (needs PyTorch for the parity model)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache"),
+                   help="trained models, configs and worker logs (reused by the next run)")
+    p.add_argument("--serve", action="store_true",
+                   help="keep the servers up after the reports, until Ctrl-C")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the classifier's data split, the load schedules and the bursts")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -93,6 +115,34 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "feedback while the best model is degraded by fault injection and restored. "
                     "Figure 9: exp4 ensembles of 2-5 models with one straggler, with and "
                     "without a deadline-bounded combine. Real data, a real server."))
+    from parityserve.bench import tail
+
+    tail.add_arguments(bench.add_parser(
+        "tail", help="ParM §6: tail latency per redundancy mode under background bursts",
+        description="Open-loop Poisson load on real workers (ResNet-20 on CIFAR-10, the ParM "
+                    "MNIST MLP) with bursts of delay on random pairs of instances; p50, p99 "
+                    "and p99.9 for none, equal-resources, replication, ParM (k = 2, 3, 4), "
+                    "Berrut and systematic Berrut, resource-matched; plus encoder and decoder "
+                    "latency per group at ParM's sizes beside a numpy reference."))
+    from parityserve.bench import accuracy
+
+    accuracy.add_arguments(bench.add_parser(
+        "accuracy", help="ParM and ApproxIFER accuracy: A_a, A_d, A_o, stragglers, Byzantine",
+        description="Degraded-mode, overall and available accuracy of ParM parity models "
+                    "(trained here, cached) and of ApproxIFER's Berrut codes with stragglers, "
+                    "Byzantine workers and the systematic mode, on MNIST, Fashion-MNIST and "
+                    "(lossy) CIFAR-10, over random groupings of the test set, beside the "
+                    "papers' claims."))
+    from parityserve.bench import simulate
+
+    simulate.add_arguments(bench.add_parser(
+        "simulate", help="discrete-event simulator: validate vs real runs, project to 1,000",
+        description="A discrete-event simulator of the serving path that drives the runtime's "
+                    "own decision code (deadline queue, AIMD batching, ParM/Berrut groups and "
+                    "decoders, burst faults) on a simulated clock, with service times profiled "
+                    "from a real worker. Validates p50/p99 against real-process runs and "
+                    "projects p50/p99/p99.9 per mode to ParM's cluster sizes (12+6, 24+12) "
+                    "and to 100 and 1,000 instances."))
 
 
 def _add_train_parity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -190,8 +240,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from parityserve.demo import run_demo
 
+    for flag, value in (("--queries", args.queries), ("--coding-queries", args.coding_queries)):
+        if value < 1:
+            raise ParityServeError(f"{flag} must be at least 1, got {value}")
     return run_demo(queries=args.queries, rate=args.rate, cache_dir=args.cache_dir,
-                    keep_serving=args.serve, seed=args.seed)
+                    keep_serving=args.serve, seed=args.seed, coding=not args.skip_coding,
+                    coding_queries=args.coding_queries, coding_rate=args.coding_rate)
 
 
 def _cmd_train_parity(args: argparse.Namespace) -> int:
@@ -238,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in ("bench", "demo", "train-parity"):
+        # SIGTERM unwinds like Ctrl-C, so the servers these commands started are stopped too.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.func(args))
     except ParityServeError as exc:
@@ -245,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

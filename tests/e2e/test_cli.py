@@ -520,3 +520,34 @@ def test_a_model_failing_to_load_later_backs_off_and_the_rest_keeps_serving(
     frontend.send(signal.SIGTERM)
     _assert_clean_exit(frontend, frontend.wait(30), pids)
     assert _workers_of(frontend.pid) == []
+
+
+# ---- 5. benchmarks ----------------------------------------------------------------------------
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                found.append(int(entry.name))
+    return found
+
+
+def test_sigterm_to_a_benchmark_stops_the_servers_it_started(tmp_path) -> None:
+    results = tmp_path / "bench-results"
+    bench = subprocess.Popen(
+        [PARITYSERVE, "bench", "overhead", "--quick", "--models", "noop",
+         "--results-dir", str(results)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:  # wait until the benchmark's own server (and its workers) are up
+        wait_for(lambda: len(_processes_mentioning(str(results))) >= 2, timeout_s=90,
+                 what="the benchmark's server")
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(30) != 0
+        wait_for(lambda: not _processes_mentioning(str(results)), timeout_s=30,
+                 what="the benchmark's server to stop")
+    finally:
+        if bench.poll() is None:
+            bench.kill()

@@ -12,20 +12,51 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 PARITYSERVE = str(Path(sys.executable).with_name("parityserve"))
+ROW = r"{}\s*│\s*([\d.]+) ?{unit}\s*│\s*([\d.]+) ?{unit}"  # a row of the side-by-side table
 
 
+def _pair(out: str, metric: str, unit: str = "ms") -> tuple[float, float]:
+    match = re.search(ROW.format(re.escape(metric), unit=unit), out)
+    assert match, f"no {metric!r} row with two values in:\n{out}"
+    return float(match.group(1)), float(match.group(2))
+
+
+# Part 2 trains a parity model (about 15 s), starts 6 torch workers and sends 2 x 700 queries:
+# about a minute on a quiet 2-core machine, more when it is shared.
+@pytest.mark.timeout(300)
 def test_demo_trains_serves_loads_and_reports(tmp_path: Path) -> None:
     run = subprocess.run(
-        [PARITYSERVE, "demo", "--queries", "400", "--rate", "200",
+        [PARITYSERVE, "demo", "--queries", "400", "--rate", "200", "--coding-queries", "600",
          "--cache-dir", str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        capture_output=True, text=True, timeout=290, cwd=tmp_path)
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
+    # Part 1: one classifier, 2 replicas, open-loop load.
     for metric in ("throughput", "p50 latency", "p99 latency", "p99.9 latency"):
         assert metric in out
     accuracy = float(re.search(r"accuracy vs labels\s*│\s*([\d.]+)%", out).group(1))
     assert accuracy > 90.0
     assert re.search(r"errors\s*│\s*0\s", out)
     assert "/digits/predict" in out and "/metrics" in out
-    assert "no worker left behind" in out
+    assert "server stopped (exit code 0); no worker left behind" in out
     assert (tmp_path / "cache" / "digits-logreg-seed0.joblib").is_file()  # cached for next time
+
+    # Part 2: the same load on a slowed replica, without coding and with ParM, side by side.
+    part2 = out[out.index("one slow replica"):]
+    assert "no coding" in part2 and "ParM, k = 2" in part2
+    for metric in ("p50 latency", "p99 latency", "p99.9 latency"):
+        _pair(part2, metric)
+    uncoded, coded = _pair(part2, "accuracy vs labels", "%")
+    assert uncoded > 90.0 and coded > 90.0
+    assert _pair(part2, "errors", "") == (0, 0)
+    assert _pair(part2, "reconstructed answers", "")[0] == 0
+    line = re.search(r"(\d+) of 600 answers were reconstructed by ParM; their accuracy against "
+                     r"the labels: ([\d.]+)% \(vs ([\d.]+)% for the model's own answers",
+                     " ".join(part2.split()))  # rich wraps long lines
+    assert line, part2
+    rebuilt, rebuilt_accuracy = int(line.group(1)), float(line.group(2))
+    assert rebuilt == _pair(part2, "reconstructed answers", "")[1] > 0
+    if rebuilt >= 10:  # a rebuilt answer is right about 96% of the time; chance is 10%
+        assert rebuilt_accuracy > 50.0
+    assert "comparison server stopped (exit code 0); no worker left behind" in part2
+    assert (tmp_path / "cache" / "parity" / "demo-digits-mlp-k2-addition.npz").is_file()

@@ -298,3 +298,29 @@ def test_concat_rejects_unusable_layouts(k: int, shape: tuple[int, ...], message
 def test_concat_supports_only_k_2_and_4() -> None:
     with pytest.raises(CodingError, match="k = 2 or k = 4"):
         ConcatEncoder(3)
+
+
+# ---- the fast path (no stack, result checked instead of inputs) agrees with the checked one --
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_fast_encode_matches_a_float64_sum_for_float32_images(k: int) -> None:
+    rng = np.random.default_rng(k)
+    xs = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(k)]
+    want = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    for got in (LinearCode.addition(k).encode(xs)[0], AdditionEncoder(k).encode(xs)):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fast_decode_with_general_coefficients_and_int_inputs() -> None:
+    code = LinearCode([[2.0, -3.0, 0.5]])
+    ys = [np.arange(4, dtype=np.int64) + i for i in range(3)]
+    parity = code.encode(ys)[0]
+    assert parity.dtype == np.float64
+    rebuilt = code.decode({0: ys[0], 2: ys[2]}, {0: parity}, [1])[1]
+    np.testing.assert_allclose(rebuilt, ys[1], rtol=1e-12, atol=1e-12)
+
+
+def test_a_nan_with_a_zero_coefficient_is_still_refused() -> None:
+    code = LinearCode([[1.0, 0.0]])
+    with pytest.raises(CodingError, match="query 1 contains NaN"):
+        code.encode([np.ones(3), np.array([1.0, np.nan, 1.0])])

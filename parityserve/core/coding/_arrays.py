@@ -33,9 +33,11 @@ FloatArray = npt.NDArray[np.floating[Any]]
 def result_dtype(arrays: Iterable[Array]) -> np.dtype[Any]:
     """The floating dtype to hand results back in.
 
-    Arithmetic runs in float64 for accuracy; results go back in the inputs' own floating
-    precision, at least float32 (float32 stays float32, uint8 pixels become float32, int64
-    becomes float64), so a model fed coded queries sees the precision it was built for.
+    The validating paths compute in float64; the parity hot path (``parity._combine``)
+    accumulates directly in this dtype. Either way results go back in the inputs' own
+    floating precision, at least float32 (float32 stays float32, uint8 pixels become
+    float32, int64 becomes float64), so a model fed coded queries sees the precision it was
+    built for.
     """
     return np.result_type(*(np.asarray(a).dtype for a in arrays), np.float32)
 

@@ -60,8 +60,13 @@ class AdditionEncoder:
         with zero queries, which add nothing to the sum; the decoder must then be given the
         model's output on a zero query for each padded position.
         """
+        arrays = _as_arrays(queries)
+        fast = _combine([[1.0] * len(arrays)], arrays, self._k)
+        if fast is not None:
+            parity: Array = fast[0]
+            return parity
         summed: Array = _group(queries, self._k).sum(axis=0)
-        return summed.astype(result_dtype(_as_arrays(queries)))
+        return summed.astype(result_dtype(arrays))
 
 
 class ConcatEncoder:
@@ -160,9 +165,13 @@ class LinearCode:
 
     def encode(self, queries: Sequence[Array]) -> Array:
         """The r parity queries, shape ``(r, ...)``; a short group is zero-padded."""
+        arrays = _as_arrays(queries)
+        fast = _combine(self._c[:, : len(arrays)].tolist(), arrays, self.k)
+        if fast is not None:
+            return fast
         stacked = _group(queries, self.k)
         parities = np.tensordot(self._c[:, : len(stacked)], stacked, axes=(1, 0))
-        return parities.astype(result_dtype(_as_arrays(queries)))
+        return parities.astype(result_dtype(arrays))
 
     def decode(
         self,
@@ -180,6 +189,10 @@ class LinearCode:
         if not lost:
             return {}
         avail = self._check_parities(parity_outputs, len(lost))
+        if len(lost) == 1 and len(avail) == 1:  # the common case: one late output, one parity
+            fast = self._decode_one(outputs, parity_outputs[avail[0]], avail[0], lost[0])
+            if fast is not None:
+                return {lost[0]: fast}
         parities = stack_items(parity_outputs, "parity output")
         present = _stack_like(outputs, parities.shape[1:])
         rhs = _flat(parities) - self._c[np.ix_(avail, sorted(outputs))] @ _flat(present)
@@ -187,6 +200,27 @@ class LinearCode:
         dtype = result_dtype(_as_arrays(outputs.values(), parity_outputs.values()))
         shape = parities.shape[1:]
         return {idx: solved[row].reshape(shape).astype(dtype) for row, idx in enumerate(lost)}
+
+    def _decode_one(self, outputs: Mapping[int, Array], parity: Array, row: int,
+                    lost: int) -> Array | None:
+        """One equation, one unknown: ``(P - sum_i c_i y_i) / c_lost``, or None (slow path).
+
+        No stacking and no least-squares solve; the answer equals the general path's.
+        """
+        c = self._c[row]
+        if c[lost] == 0:
+            return None  # rank deficient: the general path says so
+        keys = sorted(outputs)
+        arrays = [np.asarray(parity), *(np.asarray(outputs[i]) for i in keys)]
+        combined = _combine([[1.0, *(-float(c[i]) for i in keys)]], arrays, len(arrays))
+        if combined is None:
+            return None
+        out: Array = combined[0]
+        if c[lost] != 1.0:
+            np.divide(out, c[lost], out=out, dtype=out.dtype)
+            if not _all_finite(out):
+                return None
+        return out
 
     def _check_positions(self, outputs: Mapping[int, Array], missing: Sequence[int]) -> list[int]:
         # Every position must be accounted for exactly once: a position that is neither
@@ -230,6 +264,12 @@ class SubtractionDecoder:
                 f"the sum code rebuilds exactly one missing output; {len(absent)} of {k} are "
                 "missing"
             )
+        keys = sorted(outputs)
+        arrays = [np.asarray(parity_output), *(np.asarray(outputs[i]) for i in keys)]
+        fast = _combine([[1.0] + [-1.0] * len(keys)], arrays, len(arrays))
+        if fast is not None:
+            missing: Array = fast[0]
+            return missing
         parity = stack_items({0: parity_output}, "parity output")
         present = _stack_like(outputs, parity.shape[1:])
         rebuilt: Array = parity[0] - present.sum(axis=0)
@@ -238,6 +278,69 @@ class SubtractionDecoder:
 
 def _as_arrays(*groups: Iterable[Array]) -> list[Array]:
     return [np.asarray(item) for group in groups for item in group]
+
+
+def _combine(coefficients: list[list[float]], arrays: Sequence[Array], k: int
+             ) -> Array | None:
+    """The hot path of encoding and decoding: ``coefficients @ arrays`` without a stack.
+
+    Accumulates straight from the inputs into the result's own dtype (``result_dtype``:
+    float32 for float32 queries, so no float64 copy of the group is made and memory traffic
+    is what a plain numpy sum costs), then checks the *result* for NaN and infinity instead
+    of every input: a non-finite input always makes a non-finite result. With float32 inputs
+    each step rounds to float32, which adds at most k - 1 float32 roundings; the inputs carry
+    that much rounding already. Returns None whenever the inputs are unusual (mixed shapes,
+    non-numeric dtypes, more than k of them, a non-finite result), so that the caller's
+    validating path runs and raises its precise error.
+    """
+    if not arrays or len(arrays) > k:
+        return None
+    shape, dtype = arrays[0].shape, arrays[0].dtype
+    same = True
+    for a in arrays:
+        if a.shape != shape or a.dtype.kind not in "fiu":
+            return None
+        same = same and a.dtype == dtype
+    if not (same and dtype in _FLOATS):
+        dtype = result_dtype(arrays)
+    out = np.empty((len(coefficients), *shape), dtype=dtype)
+    for row, acc in zip(coefficients, out, strict=True):
+        _accumulate(acc, row, arrays)
+    return out if _all_finite(out) else None
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _accumulate(acc: Array, coefs: list[float], arrays: Sequence[Array]) -> None:
+    # dtype= makes every ufunc compute in the accumulator's precision (uint8 pixels must not
+    # wrap around before they are cast). No shortcut for a zero coefficient: 0 * NaN is NaN,
+    # so a bad input is still caught.
+    dt = acc.dtype
+    start = 1
+    if len(arrays) > 1 and coefs[0] == 1.0 and coefs[1] in (1.0, -1.0):
+        op = np.add if coefs[1] == 1.0 else np.subtract
+        op(arrays[0], arrays[1], out=acc, dtype=dt)
+        start = 2
+    elif coefs[0] == 1.0:
+        np.copyto(acc, arrays[0], casting="unsafe")
+    else:
+        np.multiply(arrays[0], coefs[0], out=acc, dtype=dt)
+    for c, a in zip(coefs[start:], arrays[start:], strict=True):
+        if c == 1.0:
+            np.add(acc, a, out=acc, dtype=dt)
+        elif c == -1.0:
+            np.subtract(acc, a, out=acc, dtype=dt)
+        else:
+            np.add(acc, np.multiply(a, c, dtype=dt), out=acc, dtype=dt)
+
+
+def _all_finite(x: Array) -> bool:
+    """No NaN or infinity in ``x``. A dot product of x with itself is finite exactly when x
+    is, barring overflow of the squares; it is several times cheaper than ``np.isfinite``
+    (a BLAS reduction), so the full check runs only when it is not finite."""
+    flat = x.reshape(-1)
+    return math.isfinite(float(np.dot(flat, flat))) or bool(np.isfinite(flat).all())
 
 
 def _check_group_size(k: int) -> int:

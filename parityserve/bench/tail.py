@@ -1,0 +1,742 @@
+"""``parityserve bench tail``: ParM §6 on this machine: tail latency under background load.
+
+Real worker processes serve a real model (ResNet-20 on CIFAR-10 with the published weights,
+or the lighter ParM MNIST MLP) behind the real frontend, one deployment per redundancy mode,
+while the bench emulates ParM's background shuffles with the serving core's fault injection:
+
+  **burst model ("random pairs").** Bursts start as a Poisson process with mean gap
+  ``--burst-every-ms``. Each burst picks a uniformly random *pair* of instance slots out of a
+  fixed cluster of slots (as many as the largest deployment), and both instances in those
+  slots add ``--burst-delay-ms`` to every batch they serve for ``--burst-duration-ms`` (set
+  and cleared through the admin API, ``POST /admin/models/{m}/faults``). Overlapping bursts on
+  one instance merge into one longer window. A slot a smaller deployment does not use is simply
+  not hit, so every mode sees the same per-slot background timeline (seeded per repetition
+  and rate), whatever its number of instances.
+
+Load is open-loop Poisson (``loadgen``), one query per request, batch size 1 (as in ParM).
+Modes are resource-matched: with ``m`` deployed instances, ParM at k has ``m`` + ceil(m/k)
+parity instances; equal-resources has that many plain replicas; replication (d=2), Berrut
+(K=m, S=1) and systematic Berrut use the same count as ParM at k=2. With the default
+``m = 2`` every redundant mode runs 3 instances and ``none`` runs 2.
+
+Without trained parity weights the parity instances run the deployed model itself on the
+parity query: a parity model has the deployed architecture, so its latency is the same, and
+latency is all this experiment measures (accuracy of rebuilt answers is not reported here).
+
+A second part times the encoder and decoder per coding group at ParM's sizes (224x224x3 float
+images, 1000-class outputs) beside a plain-numpy reference implementation of ParM's own
+operation (sum of k images; parity minus the sum of the present outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import timeit
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parityserve.bench.loadgen import (
+    HttpSender,
+    LoadResult,
+    encode_bodies,
+    json_sender,
+    poisson_schedule,
+    run_event_loop,
+    run_open_loop,
+)
+from parityserve.bench.report import markdown_table, plot_cdf, plot_latency_vs_load, write_results
+from parityserve.bench.serverproc import ServerProcess, write_config
+
+__all__ = [
+    "Case",
+    "add_arguments",
+    "build_cases",
+    "estimate_runtime_s",
+    "fault_transitions",
+    "gap_rows",
+    "time_interleaved_us",
+    "instance_names",
+    "median_over_repeats",
+    "pair_burst_events",
+    "reference_decode",
+    "reference_encode",
+    "run",
+    "serving_config",
+]
+
+MODES = ("none", "equal-resources", "replication", "parm", "berrut", "systematic-berrut")
+PARM_REPORTED_US = {  # ParM paper (SOSP'19, §6): per-group encode / decode latency
+    2: (93.0, 8.0), 3: (153.0, 14.0), 4: (193.0, 19.0)}
+
+# Per model: source, default rates (q/s) and default burst delay (ms). The rates are meant to
+# span light load up to the knee of the no-redundancy curve on a small (2-core) machine.
+MODELS: dict[str, dict[str, Any]] = {
+    "resnet20": {"source": "zoo:resnet20", "rates": (10.0, 20.0, 40.0, 60.0),
+                 "delay_ms": 50.0, "dataset": "cifar10"},
+    "mlp": {"source": "zoo:parm-mlp", "rates": (25.0, 50.0, 100.0, 150.0),
+            "delay_ms": 10.0, "dataset": "mnist"},
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, help="datasets/weights ($PARITYSERVE_DATA)")
+    p.add_argument("--models", default="resnet20,mlp", help="comma list of resnet20, mlp")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--ks", default="2,3,4", help="ParM group sizes k")
+    p.add_argument("--deployed", type=int, default=2, help="deployed instances m")
+    p.add_argument("--rates", help="offered loads, q/s (default: per model)")
+    p.add_argument("--queries", type=int, default=20_000, help="queries per point")
+    p.add_argument("--repeats", type=int, default=3, help="repetitions per point (medians)")
+    p.add_argument("--burst-every-ms", type=float, default=250.0,
+                   help="mean gap between bursts (Poisson)")
+    p.add_argument("--burst-duration-ms", type=float, default=50.0)
+    p.add_argument("--burst-delay-ms", type=float, help="added per batch (default: per model)")
+    p.add_argument("--max-batch", type=int, default=1, help="batch size ceiling (ParM: 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--part", choices=["all", "load", "codec"], default="all",
+                   help="the load experiment, the encoder/decoder timing, or both")
+    p.add_argument("--codec-repeats", type=int, default=101,
+                   help="timeit repetitions per codec operation (medians)")
+    p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--quick", action="store_true",
+                   help="2,000 queries per point, 1 repetition, 3 rates: checks the harness")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.queries, args.repeats = min(args.queries, 2000), 1
+        args.codec_repeats = min(args.codec_repeats, 21)
+    if args.part in ("all", "codec"):
+        _write_codec(bench_codec(args.codec_repeats), args)
+    if args.part in ("all", "load"):
+        from parityserve.models.datasets import resolve_data_dir
+
+        data_dir = resolve_data_dir(args.data_dir)
+        for name in _split(args.models):
+            if name not in MODELS:
+                raise SystemExit(f"unknown model {name!r}; use {', '.join(MODELS)}")
+            _write_load(_bench_model(name, args, data_dir), args)
+    return 0
+
+
+# ---- pure helpers: cases, configs, bursts, statistics -----------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One deployment of the experiment: a redundancy mode and its instance count."""
+
+    name: str  # e.g. "parm-k2"
+    mode: str
+    replicas: int  # the deployment's ``replicas`` (data instances before equal-resources)
+    instances: int  # every instance it runs (data + parity, or plain replicas)
+    redundancy: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] | None = None
+    parity_instances: int = 0
+
+
+def build_cases(modes: Sequence[str], ks: Sequence[int], deployed: int = 2) -> list[Case]:
+    """The deployments to compare, resource-matched (see the module docstring)."""
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; use {', '.join(MODES)}")
+    if deployed < 1:
+        raise ValueError("deployed must be >= 1")
+    m = deployed
+    parity = {k: -(-m // k) for k in ks}
+    matched = m + -(-m // 2)  # ParM k=2's count: replication and Berrut get the same
+    cases: list[Case] = []
+    for mode in MODES:
+        if mode not in modes:
+            continue
+        if mode == "none":
+            cases.append(Case("none", mode, m, m))
+        elif mode == "equal-resources":
+            for extra in sorted(set(parity.values())) or [matched - m]:
+                name = "equal-resources" if len(set(parity.values())) <= 1 else \
+                    f"equal-resources-{m + extra}"
+                cases.append(Case(name, mode, m, m + extra,
+                                  {"mode": mode, "extra": extra}))
+        elif mode == "replication":
+            cases.append(Case("replication-2", mode, matched, matched,
+                              {"mode": mode, "d": 2}))
+        elif mode == "parm":
+            for k in ks:
+                cases.append(Case(f"parm-k{k}", mode, m, m + parity[k], {"mode": "parm"},
+                                  {"k": k, "replicas": parity[k]}, parity[k]))
+        else:  # berrut, systematic-berrut: K = m batches coded onto m + 1 instances
+            s = matched - m
+            cases.append(Case(mode, mode, m + s, m + s, {"mode": mode, "K": m, "S": s}))
+    return cases
+
+
+def matched_baseline(case: Case, cases: Sequence[Case]) -> Case | None:
+    """The equal-resources case with as many instances as ``case`` (None if not run)."""
+    for other in cases:
+        if other.mode == "equal-resources" and other.instances == case.instances:
+            return other
+    return None
+
+
+def serving_config(case: Case, source: str, *, max_batch: int = 1) -> dict[str, Any]:
+    """The deployment file for one case: model ``bench``, app ``bench``, cache off."""
+    model: dict[str, Any] = {"name": "bench", "source": source, "replicas": case.replicas,
+                             "batching": {"max_batch_size": max_batch}}
+    if case.redundancy:
+        model["redundancy"] = dict(case.redundancy)
+    if case.parity is not None:
+        model["parity"] = dict(case.parity)
+    return {"server": {"http_port": 0, "cache_bytes": 0},
+            "models": [model],
+            "applications": [{"name": "bench", "models": ["bench"], "slo_ms": 60_000,
+                              "default_output": -1}]}
+
+
+def instance_names(case: Case) -> list[str]:
+    """Admin-API replica names in slot order: data replicas, then parity replicas."""
+    return [str(i) for i in range(case.instances - case.parity_instances)] + [
+        f"parity0-{i}" for i in range(case.parity_instances)]
+
+
+def pair_burst_events(slots: int, every_ms: float, horizon_s: float,
+                      rng: np.random.Generator) -> list[tuple[float, tuple[int, int]]]:
+    """Burst start times (Poisson, mean gap ``every_ms``) up to ``horizon_s``, each with a
+    uniformly random pair of distinct slots (one slot if the cluster has only one)."""
+    if slots < 1:
+        raise ValueError("a cluster needs at least one slot")
+    events: list[tuple[float, tuple[int, int]]] = []
+    t = 0.0
+    while True:
+        t += float(rng.exponential(every_ms / 1000.0))
+        if t >= horizon_s:
+            return events
+        if slots == 1:
+            events.append((t, (0, 0)))
+            continue
+        a, b = rng.choice(slots, size=2, replace=False)
+        events.append((t, (int(min(a, b)), int(max(a, b)))))
+
+
+def fault_transitions(events: Sequence[tuple[float, tuple[int, int]]], duration_s: float,
+                      instances: int) -> list[tuple[float, int, bool]]:
+    """(time, slot, on) switches for the slots a deployment has, overlaps merged per slot."""
+    windows: dict[int, list[list[float]]] = {}
+    for start, pair in sorted(events):
+        for slot in sorted(set(pair)):
+            if slot >= instances:
+                continue
+            spans = windows.setdefault(slot, [])
+            if spans and start <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], start + duration_s)
+            else:
+                spans.append([start, start + duration_s])
+    out = [(t, slot, on) for slot, spans in windows.items()
+           for a, b in spans for t, on in ((a, True), (b, False))]
+    return sorted(out, key=lambda x: (x[0], not x[2], x[1]))
+
+
+def burst_fraction(transitions: Sequence[tuple[float, int, bool]], horizon_s: float) -> float:
+    """Mean fraction of the horizon that each hit slot spent in a burst (0 if none)."""
+    on: dict[int, float] = {}
+    total: dict[int, float] = {}
+    for t, slot, is_on in transitions:
+        if is_on:
+            on[slot] = t
+        else:
+            start = min(on.pop(slot), horizon_s)  # windows past the run count nothing
+            total[slot] = total.get(slot, 0.0) + min(t, horizon_s) - start
+    if not total or horizon_s <= 0:
+        return 0.0
+    return float(np.mean(list(total.values()))) / horizon_s
+
+
+_MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "throughput_qps", "rebuilt_fraction",
+            "send_lag_p99_ms")
+
+
+def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One row per (case, rate): medians over repetitions, each run's values kept beside."""
+    if not rows:
+        raise ValueError("no rows to combine")
+    out = dict(rows[0])
+    for key in _MEDIANS:
+        values = [float(r[key]) for r in rows if key in r]
+        if values:
+            out[key] = float(np.median(values))
+            out[f"{key}_runs"] = values
+    out["errors"] = sum(int(r.get("errors", 0)) for r in rows)
+    out["n"] = sum(int(r.get("n", 0)) for r in rows)
+    out["repeats"] = len(rows)
+    return out
+
+
+def gap_rows(points: Sequence[dict[str, Any]], cases: Sequence[Case]) -> list[dict[str, Any]]:
+    """Per point: the gap p99.9 - p50, and how it compares with the matched equal-resources.
+
+    ``gap_reduction`` is gap(equal-resources) / gap(this case): 3.5 means a 3.5x smaller gap,
+    ParM's headline. ``p50_ratio`` is p50(this) / p50(equal-resources), to read it "at the
+    same median".
+    """
+    by_name = {c.name: c for c in cases}
+    index = {(p["case"], p["rate"]): p for p in points}
+    out = []
+    for p in points:
+        row = {**p, "gap_ms": p["p999_ms"] - p["p50_ms"], "baseline": None,
+               "gap_reduction": None, "p50_ratio": None}
+        case = by_name.get(p["case"])
+        base = matched_baseline(case, cases) if case is not None else None
+        ref = index.get((base.name, p["rate"])) if base is not None else None
+        if ref is not None:
+            gap, ref_gap = row["gap_ms"], ref["p999_ms"] - ref["p50_ms"]
+            row["baseline"] = base.name if base is not None else None
+            row["gap_reduction"] = ref_gap / gap if gap > 0 else None
+            row["p50_ratio"] = p["p50_ms"] / ref["p50_ms"] if ref["p50_ms"] > 0 else None
+        out.append(row)
+    return out
+
+
+def headline(gaps: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per case: its best and worst gap reduction over the rates."""
+    lines = []
+    for name in dict.fromkeys(r["case"] for r in gaps):
+        rows = [r for r in gaps if r["case"] == name and r["gap_reduction"] is not None]
+        if not rows or rows[0]["baseline"] == name:
+            continue
+        best = max(rows, key=lambda r: r["gap_reduction"])
+        worst = min(rows, key=lambda r: r["gap_reduction"])
+        lines.append(
+            f"{name}: p99.9 - p50 gap {_times(best['gap_reduction'])} than {best['baseline']}"
+            f" at best ({best['rate']:g} q/s: {best['gap_ms']:.2f} vs "
+            f"{best['gap_ms'] * best['gap_reduction']:.2f} ms, p50 ratio "
+            f"{best['p50_ratio']:.2f}), {_times(worst['gap_reduction'])} at worst "
+            f"({worst['rate']:g} q/s)")
+    return lines
+
+
+def _times(reduction: float) -> str:
+    return f"{reduction:.2f}x smaller" if reduction >= 1 else f"{1 / reduction:.2f}x larger"
+
+
+def estimate_runtime_s(rates: Sequence[float], queries: int, repeats: int, cases: int, *,
+                       startup_s: float = 20.0, per_point_s: float = 3.0) -> float:
+    """Wall time of the load experiment: every point's schedule (queries / rate), plus a
+    server start per case and warm-up and drain per point."""
+    points = sum(queries / r + per_point_s for r in rates)
+    return cases * (startup_s + repeats * points)
+
+
+def count_rebuilt(results: Sequence[Any]) -> int:
+    """Answers the server flags as reconstructed (ParM or Berrut decoding)."""
+    return sum(1 for r in results if isinstance(r, dict) and r.get("reconstructed"))
+
+
+# ---- the encoder/decoder microbenchmark ---------------------------------------------------
+def reference_encode(queries: Sequence[np.ndarray]) -> np.ndarray:
+    """ParM's encoder as plain numpy: the sum of the k queries."""
+    out = queries[0] + queries[1] if len(queries) > 1 else queries[0].copy()
+    for q in queries[2:]:
+        out += q
+    return out
+
+
+def reference_decode(parity: np.ndarray, present: Sequence[np.ndarray]) -> np.ndarray:
+    """ParM's subtraction decoder as plain numpy: parity output minus the present outputs."""
+    out = parity - present[0] if present else parity.copy()
+    for y in present[1:]:
+        out -= y
+    return out
+
+
+def _codec_ops(k: int, xs: list[np.ndarray], ys: list[np.ndarray]
+               ) -> dict[str, Callable[[], object]]:
+    """The six timed operations for one group; output 0 is the late one."""
+    from parityserve.core.coding import AdditionEncoder, LinearCode, SubtractionDecoder
+
+    parity_y = reference_encode(ys)
+    present = {i: ys[i] for i in range(1, k)}
+    present_list = list(present.values())
+    code, enc, dec = LinearCode.addition(k), AdditionEncoder(k), SubtractionDecoder()
+    np.testing.assert_allclose(code.encode(xs)[0], reference_encode(xs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(code.decode(present, {0: parity_y}, [0])[0], ys[0],
+                               rtol=1e-4, atol=1e-4)
+    return {
+        "encode_reference": lambda: reference_encode(xs),
+        "encode_linear_code": lambda: code.encode(xs),
+        "encode_addition": lambda: enc.encode(xs),
+        "decode_reference": lambda: reference_decode(parity_y, present_list),
+        "decode_linear_code": lambda: code.decode(present, {0: parity_y}, [0]),
+        "decode_subtraction": lambda: dec.decode(present, parity_y, k),
+    }
+
+
+def time_interleaved_us(ops: dict[str, Callable[[], object]], repeats: int,
+                        target_s: float = 0.005) -> dict[str, tuple[float, float]]:
+    """timeit-style medians, microseconds per call, for several operations: calls per
+    repetition calibrated to about ``target_s``, and the operations' repetitions interleaved
+    (A, B, ..., then A again), so that on a shared machine load that comes and goes hits
+    every operation alike instead of whichever happened to run at the time. Returns
+    (median, minimum) per operation; the minimum is the least disturbed repetition."""
+    timers = {name: timeit.Timer(fn) for name, fn in ops.items()}
+    numbers = {}
+    for name, timer in timers.items():
+        number = 1
+        while timer.timeit(number) < target_s and number < 100_000:
+            number *= 2
+        numbers[name] = number
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(repeats):
+        for name, timer in timers.items():
+            samples[name].append(timer.timeit(numbers[name]) / numbers[name])
+    return {name: (float(np.median(v)) * 1e6, float(np.min(v)) * 1e6)
+            for name, v in samples.items()}
+
+
+def bench_codec(repeats: int, ks: Sequence[int] = (2, 3, 4), *,
+                image: tuple[int, ...] = (3, 224, 224), classes: int = 1000,
+                seed: int = 0) -> dict[str, Any]:
+    """Per group, batch size 1: ours (the serving path's LinearCode, and the single-purpose
+    AdditionEncoder / SubtractionDecoder) beside the plain-numpy reference of ParM's op."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in ks:
+        xs = [rng.standard_normal((1, *image), dtype=np.float32) for _ in range(k)]
+        ys = [rng.standard_normal((1, classes), dtype=np.float32) for _ in range(k)]
+        row: dict[str, Any] = {"k": k}
+        for name, (median, best) in time_interleaved_us(_codec_ops(k, xs, ys),
+                                                        repeats).items():
+            row[f"{name}_us"], row[f"{name}_min_us"] = median, best
+        row["encode_parm_paper_us"], row["decode_parm_paper_us"] = PARM_REPORTED_US.get(
+            k, (None, None))
+        rows.append(row)
+        print(f"  k={k}: encode ours {row['encode_linear_code_us']:.1f} us "
+              f"(reference {row['encode_reference_us']:.1f}), decode ours "
+              f"{row['decode_linear_code_us']:.1f} us "
+              f"(reference {row['decode_reference_us']:.1f})", flush=True)
+    return {"image_shape": list(image), "classes": classes, "dtype": "float32",
+            "batch_size": 1, "repeats": repeats, "rows": rows, "loadavg_1m": _loadavg()}
+
+
+# ---- the load experiment -------------------------------------------------------------------
+def _split(text: str) -> list[str]:
+    return [v.strip() for v in str(text).split(",") if v.strip()]
+
+
+def _inputs(name: str, data_dir: Path) -> np.ndarray:
+    from parityserve.models.datasets import load_cifar10, load_mnist
+
+    if MODELS[name]["dataset"] == "cifar10":
+        x, _ = load_cifar10("test", data_dir=data_dir)
+    else:
+        x, _ = load_mnist("test", data_dir=data_dir)
+    return x[::10][:1000]
+
+
+def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    spec = MODELS[name]
+    rates = [float(r) for r in _split(args.rates)] if args.rates else list(spec["rates"])
+    if args.quick and not args.rates:
+        rates = rates[:3]
+    cases = build_cases(_split(args.modes), [int(k) for k in _split(args.ks)], args.deployed)
+    delay = args.burst_delay_ms or spec["delay_ms"]
+    slots = max(c.instances for c in cases)
+    burst = {"model": "random pairs", "every_ms": args.burst_every_ms,
+             "duration_ms": args.burst_duration_ms, "delay_ms": delay, "cluster_slots": slots}
+    bodies = encode_bodies(list(_inputs(name, data_dir)))
+    estimate = estimate_runtime_s(rates, args.queries, args.repeats, len(cases))
+    print(f"\n== tail: {name} ({spec['source']}), rates {rates} q/s, {args.queries} queries x "
+          f"{args.repeats}, cases {[c.name for c in cases]}; about {estimate / 3600:.1f} h "
+          "==", flush=True)
+    started = time.monotonic()
+    points: list[dict[str, Any]] = []
+    cdfs: dict[str, np.ndarray] = {}
+    cdf_rate = max(rates)
+    work = args.results_dir / ".work"
+    for case in cases:
+        config = serving_config(case, spec["source"], max_batch=args.max_batch)
+        path = write_config(config, work / f"tail-{name}-{case.name}.yaml")
+        with ServerProcess(path, data_dir=data_dir) as server:
+            runs: dict[float, list[dict[str, Any]]] = {r: [] for r in rates}
+            for rep in range(args.repeats):
+                for rate in rates:
+                    row, lat = _point(server.url, case, bodies, rate, rep, args, burst)
+                    runs[rate].append(row)
+                    if rate == cdf_rate and rep == 0:
+                        cdfs[case.name] = lat
+            for rate in rates:
+                points.append(median_over_repeats(runs[rate]))
+                _print_row(points[-1])
+    return {"model": name, "source": spec["source"], "rates": rates,
+            "queries_per_point": args.queries, "repeats": args.repeats,
+            "max_batch": args.max_batch, "deployed": args.deployed, "burst": burst,
+            "cases": [c.__dict__ for c in cases], "points": points,
+            "gaps": gap_rows(points, cases), "cdf_rate": cdf_rate, "_cdfs": cdfs,
+            "estimated_s": estimate, "wall_s": time.monotonic() - started}
+
+
+def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,
+           args: argparse.Namespace, burst: dict[str, Any]
+           ) -> tuple[dict[str, Any], np.ndarray]:
+    seed = [args.seed, rep, int(rate * 1000)]
+    horizon = args.queries / rate * 1.5 + 5.0
+    events = pair_burst_events(burst["cluster_slots"], burst["every_ms"], horizon,
+                               np.random.default_rng(seed))
+    transitions = fault_transitions(events, burst["duration_ms"] / 1000.0, case.instances)
+    injector = _Injector(url, instance_names(case), transitions, burst["delay_ms"])
+
+    async def go() -> LoadResult:
+        async with HttpSender(url, limit=256) as http:
+            send = json_sender(http, "/bench/predict", bodies)
+            for i in range(100):  # warm-up, unfaulted
+                await send(i)
+            schedule = poisson_schedule(rate, args.queries, np.random.default_rng(seed))
+            injector.start()
+            try:
+                return await run_open_loop(
+                    send, schedule, progress=f"{case.name} {rate:g} q/s #{rep + 1}",
+                    rate_qps=rate, max_in_flight=10_000, timeout_s=60)
+            finally:
+                injector.stop()
+
+    result = run_event_loop(go())
+    s = result.summary()
+    row = {"case": case.name, "mode": case.mode, "instances": case.instances, "rate": rate,
+           **{k: v for k, v in s.items() if k != "errors"},
+           "errors": sum(s["errors"].values()), "error_kinds": s["errors"],
+           "rebuilt_fraction": count_rebuilt(result.results) / max(1, result.n),
+           "fault_switches": injector.done, "fault_errors": injector.errors,
+           "burst_fraction": burst_fraction(transitions, result.duration_s),
+           "loadavg_1m": _loadavg()}
+    return row, result.latencies_s[result.ok]
+
+
+def _loadavg() -> float | None:
+    """The machine's 1-minute load average after a point: other work shows in the tail."""
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:
+        return None
+
+
+class _Injector:
+    """Plays the burst transitions through the admin API from a thread, then clears all."""
+
+    def __init__(self, url: str, names: list[str], transitions: list[tuple[float, int, bool]],
+                 delay_ms: float) -> None:
+        self.url, self.names, self.transitions, self.delay_ms = url, names, transitions, delay_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="burst-injector", daemon=True)
+        self.done = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        from parityserve.client import Client
+
+        with Client(self.url, timeout=10.0) as client:
+            for t, slot, on in self.transitions:
+                if self._stop.wait(max(0.0, self._t0 + t - time.perf_counter())):
+                    break
+                self._set(client, self.names[slot], on)
+            for name in self.names:  # leave the deployment clean for the next point
+                self._set(client, name, False)
+
+    def _set(self, client: Any, name: str, on: bool) -> None:
+        try:
+            if on:
+                client.set_faults("bench", name, delay_ms=self.delay_ms)
+            else:
+                client.set_faults("bench", name)
+            self.done += 1
+        except Exception:  # a failed switch is counted, never fatal to the run
+            self.errors += 1
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    print(f"  {row['case']:<22} {row['rate']:6.0f} q/s  p50 {row['p50_ms']:8.3f}  "
+          f"p99 {row['p99_ms']:8.3f}  p99.9 {row['p999_ms']:8.3f} ms  "
+          f"rebuilt {row['rebuilt_fraction']:.1%}  errors {row['errors']}", flush=True)
+
+
+# ---- output ---------------------------------------------------------------------------------
+_LOAD_COLUMNS = [("case", "case", "s"), ("instances", "instances", "d"),
+                 ("rate", "offered q/s", ".0f"), ("throughput_qps", "q/s", ".0f"),
+                 ("p50_ms", "p50 ms", ".2f"), ("p99_ms", "p99 ms", ".2f"),
+                 ("p999_ms", "p99.9 ms", ".2f"), ("gap_ms", "p99.9-p50 ms", ".2f"),
+                 ("gap_reduction", "gap: equal-res / this", ".2f"),
+                 ("p50_ratio", "p50 / equal-res", ".2f"),
+                 ("rebuilt_fraction", "rebuilt", ".1%"),
+                 ("burst_fraction", "time in burst", ".1%"),
+                 ("send_lag_p99_ms", "client lag p99 ms", ".1f"), ("errors", "errors", "d")]
+
+
+def _result_name(kind: str, args: argparse.Namespace) -> str:
+    return f"tail-quick-{kind}" if args.quick else f"tail-{kind}"
+
+
+def _write_load(report: dict[str, Any], args: argparse.Namespace) -> None:
+    name = _result_name(report["model"], args)
+    cdfs = report.pop("_cdfs")
+    series = {}
+    for case in dict.fromkeys(p["case"] for p in report["points"]):
+        series[case] = [(p["rate"], p["p50_ms"], p["p99_ms"], p["p999_ms"])
+                        for p in report["points"] if p["case"] == case]
+    latency_png = plot_latency_vs_load(
+        series, args.results_dir / f"{name}-latency.png",
+        f"{report['source']}: latency vs load, random-pair bursts")
+    cdf_png = plot_cdf(cdfs, args.results_dir / f"{name}-cdf.png",
+                       f"{report['source']}: latency CDF at {report['cdf_rate']:g} q/s")
+    report["headline"] = headline(report["gaps"])
+    report["plots"] = [latency_png.name, cdf_png.name]
+    paths = write_results(name, report, results_dir=args.results_dir,
+                          markdown=_load_markdown(report, args))
+    print(f"\nwrote {paths['json']}, {paths['md']}, {latency_png}, {cdf_png}")
+    print("\n".join(report["headline"]))
+
+
+def _load_markdown(r: dict[str, Any], args: argparse.Namespace) -> str:
+    b = r["burst"]
+    cases = "\n".join(
+        f"- `{c['name']}`: {c['instances']} instances ({_describe_case(c)})" for c in r["cases"])
+    quick = ("\n\n**Quick run**: a harness check with few queries and one repetition; "
+             "p99.9 rests on a handful of queries per point. Not a result to quote."
+             if args.quick else "")
+    loads = [p["loadavg_1m"] for p in r["points"] if p.get("loadavg_1m") is not None]
+    if loads:
+        quick += (f" The machine's 1-minute load average after each point ranged "
+                  f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs: anything "
+                  "above the CPU count means other processes competed for them.")
+    thin = [f"{p['case']} at {p['rate']:g} q/s" for p in r["points"]
+            if not p.get("p999_reliable", True)]
+    if thin:
+        quick += f" p99.9 is only the maximum (under 1,000 answers) for: {', '.join(thin)}."
+    return f"""## Setup
+
+{r['source']}, real worker processes behind the real frontend (cache off), batch size {r['max_batch']}, {r['deployed']} deployed instances. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians shown; each run's values are in the JSON). Wall time {r['wall_s'] / 60:.1f} min.{quick}
+
+**Burst model (random pairs, emulating ParM's background shuffles):** bursts start as a Poisson process with mean gap {b['every_ms']:g} ms; each picks a uniformly random pair of the {b['cluster_slots']} instance slots, and both instances add {b['delay_ms']:g} ms to every batch they serve for {b['duration_ms']:g} ms (set and cleared through the admin API, `POST /admin/models/bench/faults`; overlapping bursts on one instance merge). Slots a smaller deployment lacks are not hit, so every mode sees the same per-slot timeline, seeded by (seed, repetition, rate). `time in burst` is the mean share of the run each hit instance spent in a burst.
+
+Parity instances run the deployed model itself on the parity query (no trained parity weights are deployed): a parity model has the deployed architecture, so its latency is the same, and latency is all this experiment measures; the rebuilt answers' accuracy is not meaningful here and is not reported.
+
+Cases (resource-matched: equal instance counts compare like for like):
+
+{cases}
+
+## Latency
+
+{markdown_table(r['gaps'], _LOAD_COLUMNS)}
+
+`gap: equal-res / this` is gap(equal-resources with the same instance count) / gap(this case), where gap = p99.9 - p50: above 1 means a smaller gap than equal-resources. ParM's headline is up to 3.5x at the same median (`p50 / equal-res` near 1). `rebuilt`: answers decoded from parity (ParM) or from a Berrut code (Berrut decodes every answer). `client lag p99`: how late the load generator itself sent its queries (p99); it counts in the latency, and a large value means the client was starved of CPU, so that point measures the machine, not the mode.
+
+## Headline
+
+{chr(10).join('- ' + line for line in r['headline']) or '- (no equal-resources baseline run)'}
+
+Plots: `{r['plots'][0]}` (p50 solid, p99 dashed, p99.9 dotted, against offered load) and `{r['plots'][1]}` (CDF at {r['cdf_rate']:g} q/s, first repetition)."""  # noqa: E501
+
+
+def _describe_case(c: dict[str, Any]) -> str:
+    red = c["redundancy"]
+    if c["mode"] == "none":
+        return "no redundancy"
+    if c["mode"] == "equal-resources":
+        return f"{c['replicas']} + {red['extra']} plain replicas"
+    if c["mode"] == "replication":
+        return f"every batch to d = {red['d']} replicas, first answer wins"
+    if c["mode"] == "parm":
+        return (f"k = {c['parity']['k']}: {c['replicas']} deployed + "
+                f"{c['parity_instances']} parity")
+    return f"K = {red['K']}, S = {red['S']}"
+
+
+_CODEC_COLUMNS = [("k", "k", "d"),
+                  ("encode_reference_us", "encode: ParM op, numpy (us)", ".1f"),
+                  ("encode_linear_code_us", "encode: ours, LinearCode (us)", ".1f"),
+                  ("encode_addition_us", "encode: ours, AdditionEncoder (us)", ".1f"),
+                  ("encode_parm_paper_us", "encode: ParM paper (us)", ".0f"),
+                  ("decode_reference_us", "decode: ParM op, numpy (us)", ".1f"),
+                  ("decode_linear_code_us", "decode: ours, LinearCode (us)", ".1f"),
+                  ("decode_subtraction_us", "decode: ours, SubtractionDecoder (us)", ".1f"),
+                  ("decode_parm_paper_us", "decode: ParM paper (us)", ".0f")]
+
+
+def codec_verdicts(rows: Sequence[dict[str, Any]], stat: str = "") -> list[str]:
+    """Ours (the serving path's LinearCode) against the reference and ParM's reported numbers.
+
+    ``stat`` "" compares medians, "min" the least disturbed repetitions."""
+    out = []
+    suffix = f"_{stat}_us" if stat else "_us"
+    for r in rows:
+        for op in ("encode", "decode"):
+            ours, ref = r[f"{op}_linear_code{suffix}"], r[f"{op}_reference{suffix}"]
+            paper = r.get(f"{op}_parm_paper_us")
+            vs_paper = "" if paper is None else (
+                f" ParM reported {paper:g} us on its hardware: ours is "
+                f"{'faster' if ours < paper else 'slower'} than that here.")
+            speed = (f"{ref / ours:.2f}x faster" if ours < ref else
+                     f"{ours / ref:.2f}x slower. Why: {_WHY_SLOWER[op]}")
+            out.append(f"k={r['k']} {op}{' (best of)' if stat else ''}: ours {ours:.1f} us, "
+                       f"ParM's op in plain numpy "
+                       f"{ref:.1f} us: {speed}.{vs_paper}")
+    return out
+
+
+_WHY_SLOWER = {
+    "encode": "ours does the same float32 additions, plus a check that the parity is finite "
+              "(one more read of it) and the shape and dtype checks",
+    "decode": "at 1,000 floats the subtraction itself takes a few microseconds; ours adds a "
+              "fixed cost per call in Python (position, shape and dtype checks, the finite "
+              "check), which dominates at this size",
+}
+
+
+def _write_codec(report: dict[str, Any], args: argparse.Namespace) -> None:
+    name = "tail-codec-quick" if args.quick else "tail-codec"
+    report["verdicts"] = codec_verdicts(report["rows"])
+    report["verdicts_best_of"] = codec_verdicts(report["rows"], "min")
+    best_cols = [(key.replace("_us", "_min_us") if key.endswith("_us") and "paper" not in key
+                  else key, head, fmt) for key, head, fmt in _CODEC_COLUMNS]
+    load = report.get("loadavg_1m")
+    load_note = "" if load is None else (
+        f" The machine's 1-minute load average at the end was {load:.1f} on {os.cpu_count()} "
+        "CPUs shared with other work, so single repetitions vary by several times; the "
+        "minimum (second table) is the least disturbed repetition.")
+    shape = "x".join(map(str, report["image_shape"]))
+    md = f"""## Encoder and decoder latency per coding group
+
+One group at ParM's sizes: k float32 images of {shape} (batch size 1) encoded into one parity query; one missing {report['classes']}-class float32 output rebuilt from the parity output and the k - 1 present outputs. Median of {report['repeats']} timeit repetitions (each calibrated to about 5 ms of calls; the operations' repetitions interleaved, so that load from other processes on this shared machine hits them alike), in microseconds per group, all measured in this run on this machine.{load_note}
+
+- **ParM op, numpy**: a plain reference of ParM's operation (sum of the k arrays; parity output minus the present outputs), float32 throughout, no checks.
+- **ours, LinearCode**: what the serving path runs (`LinearCode.addition(k)`, as `ParmGroup` uses it); **AdditionEncoder / SubtractionDecoder**: the single-purpose classes. Ours check shapes, dtypes, positions and that the result is finite (a NaN or infinity anywhere falls back to the validating path, which names the offending input), and return a fresh array.
+- **ParM paper**: the numbers ParM reports (SOSP'19) on its own hardware, for scale only.
+
+Medians:
+
+{markdown_table(report['rows'], _CODEC_COLUMNS)}
+
+Minimum over the repetitions:
+
+{markdown_table(report['rows'], best_cols)}
+
+## Verdicts
+
+{chr(10).join('- ' + v for v in report['verdicts'])}
+
+Best of the repetitions:
+
+{chr(10).join('- ' + v for v in report['verdicts_best_of'])}"""  # noqa: E501
+    paths = write_results(name, report, results_dir=args.results_dir, markdown=md)
+    print(f"wrote {paths['json']}, {paths['md']}")

@@ -1,0 +1,188 @@
+"""``bench tail``'s pure helpers: cases, configs, the burst schedule, gaps and the codec ops."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from parityserve.bench import tail
+from parityserve.bench.tail import (
+    Case,
+    build_cases,
+    burst_fraction,
+    codec_verdicts,
+    count_rebuilt,
+    estimate_runtime_s,
+    fault_transitions,
+    gap_rows,
+    headline,
+    instance_names,
+    matched_baseline,
+    median_over_repeats,
+    pair_burst_events,
+    reference_decode,
+    reference_encode,
+    serving_config,
+)
+from parityserve.config import parse_config
+
+ALL = list(tail.MODES)
+
+
+def test_default_cases_are_resource_matched_at_three_instances() -> None:
+    cases = build_cases(ALL, [2, 3, 4], deployed=2)
+    assert [c.name for c in cases] == [
+        "none", "equal-resources", "replication-2", "parm-k2", "parm-k3", "parm-k4",
+        "berrut", "systematic-berrut"]
+    counts = {c.name: c.instances for c in cases}
+    assert counts.pop("none") == 2
+    assert set(counts.values()) == {3}  # 2 deployed + 1 parity, or 3 plain replicas
+    parm2 = next(c for c in cases if c.name == "parm-k2")
+    assert (parm2.replicas, parm2.parity_instances) == (2, 1)
+    assert matched_baseline(parm2, cases).name == "equal-resources"
+
+
+def test_more_deployed_instances_give_one_baseline_per_parity_count() -> None:
+    cases = build_cases(["equal-resources", "parm"], [2, 3, 4], deployed=4)
+    by = {c.name: c for c in cases}
+    assert by["parm-k2"].instances == 6 and by["parm-k4"].instances == 5
+    assert {"equal-resources-5", "equal-resources-6"} <= set(by)
+    assert matched_baseline(by["parm-k4"], cases).name == "equal-resources-5"
+    assert matched_baseline(by["parm-k3"], cases).name == "equal-resources-6"
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown modes"):
+        build_cases(["nonsense"], [2])
+
+
+@pytest.mark.parametrize("case", build_cases(ALL, [2, 3, 4]), ids=lambda c: c.name)
+def test_every_case_is_a_valid_deployment_with_its_instance_count(case: Case) -> None:
+    config = parse_config(serving_config(case, "zoo:parm-mlp"))
+    (model,) = config.models
+    assert model.redundancy.mode == case.mode
+    assert model.data_replicas() + model.parity_replicas() == case.instances
+    assert config.server.cache_bytes == 0 and model.batching.max_batch_size == 1
+    assert len(instance_names(case)) == case.instances
+
+
+def test_instance_names_put_parity_replicas_last() -> None:
+    parm = build_cases(["parm"], [2])[0]
+    assert instance_names(parm) == ["0", "1", "parity0-0"]
+
+
+def test_pair_bursts_are_seeded_poisson_pairs_of_distinct_slots() -> None:
+    events = pair_burst_events(3, 100.0, 200.0, np.random.default_rng(1))
+    again = pair_burst_events(3, 100.0, 200.0, np.random.default_rng(1))
+    assert events == again
+    assert 1700 < len(events) < 2300  # mean gap 100 ms over 200 s
+    assert all(a < b < 3 for _, (a, b) in events)
+    times = [t for t, _ in events]
+    assert times == sorted(times) and times[-1] < 200.0
+    pairs = {p for _, p in events}
+    assert pairs == {(0, 1), (0, 2), (1, 2)}
+
+
+def test_transitions_merge_overlaps_and_skip_missing_slots() -> None:
+    events = [(0.0, (0, 1)), (0.05, (1, 2)), (1.0, (0, 2))]
+    got = fault_transitions(events, 0.1, instances=2)  # slot 2 does not exist here
+    assert [(slot, on) for _, slot, on in got] == [
+        (0, True), (1, True), (0, False), (1, False), (0, True), (0, False)]
+    assert [t for t, _, _ in got] == pytest.approx([0.0, 0.0, 0.1, 0.15, 1.0, 1.1])
+    assert burst_fraction(got, 2.0) == pytest.approx(((0.1 + 0.1) + 0.15) / 2 / 2.0)
+    assert burst_fraction(got, 0.5) == pytest.approx((0.1 + 0.15) / 2 / 0.5)  # cut at 0.5 s
+
+
+def test_a_switch_off_and_on_at_the_same_time_ends_on() -> None:
+    got = fault_transitions([(0.0, (0, 1)), (0.1, (0, 1))], 0.1, instances=2)
+    assert got == [(0.0, 0, True), (0.0, 1, True), (0.2, 0, False), (0.2, 1, False)]
+
+
+def _row(case: str, rate: float, p50: float, p999: float, **extra: float) -> dict:
+    return {"case": case, "rate": rate, "p50_ms": p50, "p99_ms": p999, "p999_ms": p999,
+            **extra}
+
+
+def test_gap_and_its_reduction_against_the_matched_baseline() -> None:
+    cases = build_cases(["none", "equal-resources", "parm"], [2])
+    points = [_row("none", 10, 1.0, 50.0), _row("equal-resources", 10, 2.0, 37.0),
+              _row("parm-k2", 10, 2.0, 12.0), _row("parm-k2", 20, 2.0, 12.0)]
+    rows = {(r["case"], r["rate"]): r for r in gap_rows(points, cases)}
+    parm = rows[("parm-k2", 10)]
+    assert parm["gap_ms"] == 10.0 and parm["gap_reduction"] == pytest.approx(3.5)
+    assert parm["p50_ratio"] == 1.0 and parm["baseline"] == "equal-resources"
+    assert rows[("none", 10)]["gap_reduction"] is None  # 2 instances: no matched baseline
+    assert rows[("parm-k2", 20)]["gap_reduction"] is None  # baseline not run at 20 q/s
+    assert rows[("equal-resources", 10)]["gap_reduction"] == 1.0
+    (line,) = headline(list(rows.values()))
+    assert line.startswith("parm-k2: p99.9 - p50 gap 3.50x smaller than equal-resources")
+    worse = gap_rows([points[1], _row("parm-k2", 10, 2.0, 72.0)], cases)
+    assert headline(worse)[0].startswith("parm-k2: p99.9 - p50 gap 2.00x larger than")
+
+
+def test_median_over_repeats_keeps_each_run() -> None:
+    rows = [_row("x", 5, p50, 10 * p50, mean_ms=p50, throughput_qps=5.0, rebuilt_fraction=0.1,
+                 errors=e, n=100) for p50, e in ((1.0, 0), (3.0, 2), (2.0, 1))]
+    out = median_over_repeats(rows)
+    assert out["p50_ms"] == 2.0 and out["p50_ms_runs"] == [1.0, 3.0, 2.0]
+    assert out["p999_ms"] == 20.0 and out["errors"] == 3 and out["n"] == 300
+    assert out["repeats"] == 3
+    with pytest.raises(ValueError):
+        median_over_repeats([])
+
+
+def test_count_rebuilt_reads_the_flag() -> None:
+    replies = [{"output": 1}, {"output": 2, "reconstructed": "parm-subtraction"}, None,
+               {"reconstructed": "berrut"}]
+    assert count_rebuilt(replies) == 2
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_reference_ops_are_parms_sum_and_subtraction(k: int) -> None:
+    rng = np.random.default_rng(k)
+    xs = [rng.standard_normal((2, 5)).astype(np.float32) for _ in range(k)]
+    before = [x.copy() for x in xs]
+    parity = reference_encode(xs)
+    np.testing.assert_allclose(parity, np.sum(xs, axis=0), rtol=1e-5, atol=1e-6)
+    for x, b in zip(xs, before, strict=True):
+        np.testing.assert_array_equal(x, b)  # the inputs are not touched
+    np.testing.assert_allclose(reference_decode(parity, xs[1:]), xs[0], rtol=1e-4, atol=1e-5)
+
+
+def test_codec_bench_runs_small_and_checks_itself() -> None:
+    report = tail.bench_codec(3, ks=(2,), image=(1, 4, 4), classes=10)
+    (row,) = report["rows"]
+    assert row["k"] == 2 and row["encode_parm_paper_us"] == 93.0
+    assert all(row[f"{op}_us"] > 0 for op in ("encode_reference", "encode_linear_code",
+                                                "decode_reference", "decode_subtraction"))
+    lines = codec_verdicts(report["rows"])
+    assert len(lines) == 2 and lines[0].startswith("k=2 encode: ours")
+    assert row["encode_reference_min_us"] <= row["encode_reference_us"]
+    assert codec_verdicts(report["rows"], "min")[1].startswith("k=2 decode (best of): ours")
+
+
+def test_quick_and_defaults_match_the_issue() -> None:
+    p = argparse.ArgumentParser()
+    tail.add_arguments(p)
+    args = p.parse_args([])
+    assert (args.queries, args.repeats) == (20_000, 3)
+    assert args.models == "resnet20,mlp" and args.ks == "2,3,4"
+    assert set(args.modes.split(",")) == set(tail.MODES)
+    quick = p.parse_args(["--quick"])
+    assert quick.quick
+
+
+def test_runtime_estimate_adds_schedules_starts_and_overheads() -> None:
+    assert estimate_runtime_s([10.0, 20.0], 100, 2, 3, startup_s=5.0, per_point_s=1.0) == (
+        3 * (5.0 + 2 * ((10.0 + 1.0) + (5.0 + 1.0))))
+    full = estimate_runtime_s(tail.MODELS["mlp"]["rates"], 20_000, 3, 8)
+    assert 9 * 3600 < full < 12 * 3600  # the MLP's full run: about 10 hours
+
+
+def test_interleaved_timing_reports_every_operation() -> None:
+    got = tail.time_interleaved_us({"a": lambda: None, "b": lambda: sum(range(50))}, 3,
+                                   target_s=0.0005)
+    assert set(got) == {"a", "b"} and 0 < got["a"][0] < got["b"][0]
+    assert all(best <= median for median, best in got.values())
