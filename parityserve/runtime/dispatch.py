@@ -270,7 +270,7 @@ class ModelPath:
             task.group.assigned.add(replica.rid)
         replica.batch = batch
         self.inflight[batch.bid] = batch
-        rows = len(task.payload) if hasattr(task.payload, "__len__") else 1
+        rows = _rows(task.payload)
         self.metrics.batch(self.name, rows)
         self.metrics.set_inflight(self.name, replica.rid, rows)
         for entry in task.entries:
@@ -324,7 +324,8 @@ class ModelPath:
             return  # a late answer for a batch already re-dispatched elsewhere
         batch.task.running -= 1
         replica.served += 1
-        replica.aimd.observe(len(batch.entries) or 1, self.clock() - batch.sent_at)
+        # AIMD learns from the rows the replica computed (a coded task answers no query itself).
+        replica.aimd.observe(_rows(batch.task.payload), self.clock() - batch.sent_at)
         self._deliver(batch, header, buffers)
         self.pump()
 
@@ -334,7 +335,7 @@ class ModelPath:
             batch.task.via.on_error(batch, error)
             return
         outputs = wire.unpack_payload(header["out"], buffers)
-        rows = len(batch.task.payload) if hasattr(batch.task.payload, "__len__") else 1
+        rows = _rows(batch.task.payload)
         if len(outputs) != rows:
             error = PredictError(f"model {self.name!r} returned {len(outputs)} outputs "
                                  f"for {rows} inputs")
@@ -418,6 +419,10 @@ class ModelPath:
         self._expire(self.queue.drop_expired(float("inf")))
         if self._wake is not None:
             self._wake.cancel()
+
+
+def _rows(payload: Any) -> int:
+    return len(payload) if hasattr(payload, "__len__") else 1
 
 
 def _pools(deployment: Deployment) -> set[str]:

@@ -594,6 +594,24 @@ def test_berrut_codes_two_batches_into_three_tasks_on_three_replicas() -> None:
     run(body)
 
 
+def test_aimd_learns_from_the_rows_a_coded_task_computed() -> None:
+    # Coded tasks answer no query directly; AIMD must still count their rows, or a Berrut
+    # replica's batch-size limit would never grow past its additive step.
+    async def body() -> None:
+        rig = Rig(deployment("berrut", replicas=3, K=2, S=1))
+        futures = [rig.submit([float(i), 1.0]) for i in range(4)]
+        for rid in ("r0", "r1", "r2"):
+            rig.add(rid, initial=2)
+        rig.path.pump()
+        before = rig.path.replicas["r0"].aimd.max_batch_size
+        rig.echo(0)
+        rig.echo(1)
+        assert all(f.done() for f in futures)
+        assert rig.path.replicas["r0"].aimd.max_batch_size == before + 1  # on time: +1 row
+
+    run(body)
+
+
 @pytest.mark.parametrize("pair", [(0, 1), (0, 2), (1, 2)])
 def test_berrut_any_two_of_three_results_decode(pair: tuple[int, int]) -> None:
     async def body() -> None:

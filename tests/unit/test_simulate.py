@@ -1,0 +1,189 @@
+"""The discrete-event simulator (core/simulate.py): small, seeded, deterministic scenarios."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parityserve.core.faults import BurstSpec, FaultSpec
+from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
+from parityserve.errors import ConfigError
+
+FIVE_MS = ServiceProfile.constant(5.0)
+
+
+def _poisson(rate: float, n: int, seed: int = 0) -> np.ndarray:
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+
+
+def _run(config: SimConfig, arrivals: np.ndarray, profile: ServiceProfile = FIVE_MS,
+         seed: int = 1):
+    return simulate(config, profile, arrivals, np.random.default_rng(seed))
+
+
+def test_constant_service_without_faults_latency_is_the_service_time() -> None:
+    arrivals = np.arange(50) * 0.010  # one query every 10 ms, 5 ms service: never a queue
+    result = _run(SimConfig(replicas=1, slo_s=1.0), arrivals)
+    np.testing.assert_allclose(result.latency_s, 0.005)
+    assert result.how == ["direct"] * 50
+
+
+def test_overheads_add_to_latency() -> None:
+    arrivals = np.arange(20) * 0.010
+    cfg = SimConfig(replicas=1, rpc_overhead_s=0.001, frontend_overhead_s=0.0005)
+    np.testing.assert_allclose(_run(cfg, arrivals).latency_s, 0.0065)
+
+
+def test_frontend_cpu_is_a_single_fifo_server() -> None:
+    # 1 ms of frontend CPU per query: ten simultaneous queries reach the queue 1 ms apart;
+    # with a replica each, they wait only for the frontend.
+    cfg = SimConfig(replicas=10, frontend_query_cpu_s=0.001, slo_s=1.0)
+    result = _run(cfg, np.zeros(10))
+    np.testing.assert_allclose(np.sort(result.latency_s), 0.001 * np.arange(1, 11) + 0.005)
+    assert result.utilisation["frontend"] > 0
+
+
+def test_a_burst_of_queries_is_batched_by_aimd_and_decide_batch() -> None:
+    arrivals = np.zeros(40)  # all at once: batches grow 1, 2, 3, ... as AIMD allows
+    result = _run(SimConfig(replicas=1, max_batch_size=8, slo_s=10.0),
+                  arrivals, ServiceProfile.constant(1.0, 0.1, 8))
+    assert result.counters["batches"] < 40
+    assert sorted(result.how) == ["direct"] * 40
+
+
+def test_delayed_batching_holds_a_partial_batch() -> None:
+    # Query 0 goes alone (AIMD starts at 1, so a batch of one is full) and its on-time full
+    # batch grows the limit to 2; query 1 then waits the 2 ms delay for a second query.
+    arrivals = np.array([0.0, 0.010])
+    cfg = SimConfig(replicas=1, max_batch_size=4, max_delay_s=0.002, slo_s=1.0)
+    result = _run(cfg, arrivals)
+    np.testing.assert_allclose(result.latency_s, [0.005, 0.002 + 0.005])
+
+
+def _slowed(mode: str, **kw: object) -> SimConfig:
+    faults = {"0": FaultSpec(delay_ms=50.0)}
+    return SimConfig(mode=mode, replicas=3 if mode != "none" else 2, faults=faults,
+                     slo_s=2.0, max_batch_size=4, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode, kw", [("parm", {"k": 2}), ("replication", {"d": 2})])
+def test_one_slow_replica_redundancy_cuts_the_tail(mode: str, kw: dict) -> None:
+    arrivals = _poisson(60, 1500)
+    base = _run(_slowed("none"), arrivals).summary()
+    coded = _run(_slowed(mode, **kw), arrivals).summary()
+    assert coded["p99_ms"] < 0.6 * base["p99_ms"], (coded["p99_ms"], base["p99_ms"])
+    if mode == "parm":
+        assert coded["answered"].get("parm-subtraction", 0) > 0
+        assert coded["counters"]["tasks_parity"] > 0
+
+
+def test_reactive_reissues_after_the_timeout() -> None:
+    # Replica 0 takes 100 ms; the re-issue after 20 ms goes to idle replica 1 (5 ms).
+    cfg = SimConfig(mode="reactive", replicas=2, reactive_timeout_s=0.020,
+                    faults={"0": FaultSpec(delay_ms=95.0)}, slo_s=1.0)
+    result = _run(cfg, np.array([0.0]))
+    assert result.counters["reissues"] == 1
+    np.testing.assert_allclose(result.latency_s[0], 0.025)
+    # Fast enough: no re-issue at all.
+    fast = _run(SimConfig(mode="reactive", replicas=2, reactive_timeout_s=0.020),
+                np.array([0.0]))
+    assert fast.counters["reissues"] == 0
+
+
+def test_parm_decodes_when_a_data_batch_is_slow() -> None:
+    # Two queries, two data replicas (0 slow) and one parity replica: the group of two
+    # batches closes when full; query 0's answer is rebuilt from batch 1 and the parity.
+    cfg = SimConfig(mode="parm", replicas=2, k=2, faults={"0": FaultSpec(delay_ms=100.0)},
+                    slo_s=1.0)
+    result = _run(cfg, np.array([0.0, 0.0]))
+    assert result.how[0] == "parm-subtraction"
+    np.testing.assert_allclose(result.latency_s, 0.005)
+
+
+def test_parm_grace_delays_the_decode() -> None:
+    cfg = SimConfig(mode="parm", replicas=2, k=2, parity_timeout_s=0.030,
+                    faults={"0": FaultSpec(delay_ms=100.0)}, slo_s=1.0)
+    result = _run(cfg, np.array([0.0, 0.0]))
+    np.testing.assert_allclose(result.latency_s[0], 0.030)
+
+
+@pytest.mark.parametrize("mode", ["none", "equal-resources", "replication", "reactive", "parm",
+                                  "berrut", "systematic-berrut"])
+def test_every_query_gets_exactly_one_answer_and_reruns_are_identical(mode: str) -> None:
+    kw: dict = {"reactive_timeout_s": 0.01} if mode == "reactive" else {}
+    burst = FaultSpec(burst=BurstSpec(every_ms=100, duration_ms=20, delay_ms=30))
+    cfg = SimConfig(mode=mode, replicas=4, faults={"all": burst}, slo_s=0.5,
+                    max_batch_size=8, **kw)
+    arrivals = _poisson(400, 800, seed=3)
+    profile = ServiceProfile("p", {1: [4.0, 5.0, 6.0], 8: [8.0, 10.0, 14.0]})
+    a = _run(cfg, arrivals, profile)
+    b = _run(cfg, arrivals, profile)
+    assert len(a.how) == len(arrivals) and a.latency_s.shape == arrivals.shape
+    assert all(h for h in a.how)  # answered (or a default at the deadline), exactly once
+    assert np.isfinite(a.latency_s).all() and (a.latency_s > 0).all()
+    assert (a.latency_s <= cfg.slo_s + 1e-12).all()
+    np.testing.assert_array_equal(a.latency_s, b.latency_s)
+    assert a.how == b.how and a.counters == b.counters
+
+
+def test_queries_past_their_deadline_are_answered_by_default() -> None:
+    arrivals = np.zeros(30)
+    cfg = SimConfig(replicas=1, max_batch_size=1, slo_s=0.050)
+    result = _run(cfg, arrivals)
+    assert result.how.count("direct") == 10  # 5 ms each, 50 ms deadline
+    assert set(result.how[10:]) <= {"expired", "late"}
+    np.testing.assert_allclose(result.latency_s[10:], 0.050)
+
+
+def test_profile_interpolates_and_extrapolates() -> None:
+    p = ServiceProfile("p", {1: [1.0], 4: [4.0], 8: [6.0]})
+    assert p.quantile_ms(2, 0.5) == pytest.approx(2.0)
+    assert p.quantile_ms(6, 0.5) == pytest.approx(5.0)
+    assert p.quantile_ms(16, 0.5) == pytest.approx(10.0)  # 0.5 ms per row past 8
+    again = ServiceProfile.from_mapping(p.to_mapping())
+    assert again.samples_ms == p.samples_ms
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ConfigError):
+        SimConfig(mode="reactive")
+    with pytest.raises(ConfigError):
+        SimConfig(mode="berrut", replicas=2, K=2, S=1)
+    with pytest.raises(ConfigError):
+        SimConfig(mode="nope")
+    assert SimConfig(mode="parm", replicas=12, k=2).instances() == 18
+    assert SimConfig(mode="equal-resources", replicas=12).instances() == 18
+
+
+def test_delay_windows_slow_batches_that_start_inside_them() -> None:
+    cfg = SimConfig(replicas=1, slo_s=1.0, delay_windows={0: [(0.010, 0.020, 0.030)]})
+    result = _run(cfg, np.array([0.0, 0.015, 0.100]))
+    np.testing.assert_allclose(result.latency_s, [0.005, 0.035, 0.005])
+
+
+def test_cli_and_bench_helpers() -> None:
+    from parityserve.bench.simulate import real_rows, sim_config
+    from parityserve.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "simulate", "--quick", "--no-project"])
+    assert args.quick and args.no_project and callable(args.func)
+    doc = {"x": [{"mode": "parm", "p50_ms": 1.0, "p99_ms": 2.0, "rate": 10},
+                 {"system": "raw", "p50_ms": 1.0, "p99_ms": 2.0}]}
+    assert [r["mode"] for r in real_rows(doc)] == ["parm"]
+    burst = BurstSpec(every_ms=100, duration_ms=10, delay_ms=5)
+    assert sim_config("none", 12, burst=burst).instances() == 12
+    for mode in ("equal-resources", "replication", "parm", "berrut", "systematic-berrut"):
+        assert sim_config(mode, 12, burst=burst).instances() == 18, mode
+    assert sim_config("reactive", 12, burst=None, reactive_ms=5).reactive_timeout_s == 0.005
+
+
+def test_host_cores_share_cpu_between_co_located_workers() -> None:
+    arrivals = np.zeros(2)
+    one_core = _run(SimConfig(replicas=2, host_cores=1.0, slo_s=1.0), arrivals)
+    np.testing.assert_allclose(one_core.latency_s, [0.010, 0.010])  # half a core each
+    two_cores = _run(SimConfig(replicas=2, host_cores=2.0, slo_s=1.0), arrivals)
+    np.testing.assert_allclose(two_cores.latency_s, [0.005, 0.005])
+    # Fault delays are sleeps: they take no CPU from the other worker.
+    slept = _run(SimConfig(replicas=2, host_cores=1.0, slo_s=1.0,
+                           faults={"0": FaultSpec(delay_ms=20.0)}), arrivals)
+    np.testing.assert_allclose(sorted(slept.latency_s), [0.010, 0.030])
