@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -144,6 +145,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--threads", type=int, default=1, help="model intra-op threads")
     parser.add_argument("--input-dtype", default="float32")
+    parser.add_argument("--die-with-parent", action="store_true",
+                        help="exit when the process that started this app exits")
     parser.add_argument("--offload", action="store_true",
                         help="run predict in a thread pool instead of on the event loop")
     return parser.parse_args(argv)
@@ -184,6 +187,10 @@ def _run(coro: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.die_with_parent:
+        from parityserve.runtime.worker import _die_with_parent
+
+        _die_with_parent(os.getppid())  # a killed benchmark must not leave this app behind
     try:
         predict = load_predict(args.source, args.weights, args.threads)
     except (ParityServeError, ImportError) as exc:

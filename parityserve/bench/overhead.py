@@ -314,7 +314,7 @@ class _BareApp:
     def __init__(self, source: str, weights: str | None) -> None:
         self.port = _free_port()
         cmd = [sys.executable, "-m", "parityserve.bench.baseline_app", "--source", source,
-               "--port", str(self.port)]
+               "--port", str(self.port), "--die-with-parent"]
         if weights:
             cmd += ["--weights", weights]
         self.cmd = cmd

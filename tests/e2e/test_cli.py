@@ -524,30 +524,55 @@ def test_a_model_failing_to_load_later_backs_off_and_the_rest_keeps_serving(
 
 # ---- 5. benchmarks ----------------------------------------------------------------------------
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc, no psutil needed)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode():
-                found.append(int(entry.name))
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
     return found
 
 
-def test_sigterm_to_a_benchmark_stops_the_servers_it_started(tmp_path) -> None:
-    results = tmp_path / "bench-results"
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] \
+                    != "Z":
+                alive.add(pid)
+    return alive
+
+
+def test_sigterm_to_a_benchmark_stops_every_process_it_started(tmp_path) -> None:
     bench = subprocess.Popen(
         [PARITYSERVE, "bench", "overhead", "--quick", "--models", "noop",
-         "--results-dir", str(results)],
+         "--results-dir", str(tmp_path / "bench-results")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    try:  # wait until the benchmark's own server (and its workers) are up
-        wait_for(lambda: len(_processes_mentioning(str(results))) >= 2, timeout_s=90,
-                 what="the benchmark's server")
+    seen: set[int] = set()
+    try:  # wait until the bare baseline app and the benchmark's server have both been up
+        def both_seen() -> bool:
+            seen.update(_descendants(bench.pid))
+            cmdlines = []
+            for pid in seen:
+                with contextlib.suppress(OSError):
+                    cmdlines.append((Path("/proc") / str(pid) / "cmdline").read_bytes())
+            return any(b"baseline_app" in c for c in cmdlines) and any(
+                b"runtime.worker" in c for c in cmdlines)
+
+        wait_for(both_seen, timeout_s=120, what="the benchmark's processes")
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(30) != 0
-        wait_for(lambda: not _processes_mentioning(str(results)), timeout_s=30,
-                 what="the benchmark's server to stop")
+        wait_for(lambda: not _alive(seen), timeout_s=30,
+                 what="every process the benchmark started to stop")
     finally:
         if bench.poll() is None:
             bench.kill()
+        for pid in _alive(seen):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
