@@ -171,7 +171,12 @@ def test_crash_after_batches_restarts_the_worker_and_loses_no_query(client) -> N
 
 
 def test_bursts_slow_down_some_queries_but_not_all(client) -> None:
-    latencies = [_timed(client, "bursty", [float(i)])[1] for i in range(40)]
+    # Bursts start at exponential gaps (mean 200 ms): 40 fast queries fit in one gap about a
+    # quarter of the time, so query for at least 2 s (ten mean cycles) to see both kinds.
+    latencies: list[float] = []
+    started = time.monotonic()
+    while len(latencies) < 40 or time.monotonic() - started < 2.0:
+        latencies.append(_timed(client, "bursty", [float(len(latencies))])[1])
     slow = [t for t in latencies if t >= 0.1]
     fast = [t for t in latencies if t < 0.08]
     assert slow and fast, latencies
