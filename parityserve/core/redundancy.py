@@ -21,9 +21,10 @@ model is trained on full groups, so a short group decodes a little less accurate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +40,7 @@ __all__ = [
     "SystematicGroup",
     "pad_rows",
     "softmax_subtraction",
+    "take_task",
 ]
 
 ParmEncoder = Literal["addition", "concat"]
@@ -51,6 +53,33 @@ class Decoded:
     outputs: dict[int, Array]
     method: str
     suspected: tuple[int, ...] = ()  # coded slots the error locator excluded
+
+
+class _Queued(Protocol):
+    """A queued task: the runtime's ``Task`` and the simulator's both fit."""
+
+    @property
+    def group(self) -> Any: ...  # None, or a group run with an ``assigned`` set of workers
+
+    def needed(self) -> bool: ...
+
+
+_T = TypeVar("_T", bound=_Queued)
+
+
+def take_task(queue: deque[_T], worker: Hashable) -> _T | None:
+    """Remove and return the first queued task still needed that ``worker`` may take.
+
+    Tasks no longer needed are dropped on the way. A worker takes at most one task of a
+    coding group, or a single slow (or Byzantine) worker would count as two.
+    """
+    for task in list(queue):
+        if not task.needed():
+            queue.remove(task)
+        elif task.group is None or worker not in task.group.assigned:
+            queue.remove(task)
+            return task
+    return None
 
 
 def pad_rows(batches: Sequence[Array]) -> np.ndarray:
@@ -107,6 +136,17 @@ class _Slots:
 
     def missing(self) -> list[int]:
         return [s for s in range(len(self.sizes)) if s not in self.settled]
+
+
+def _k_batches(batches: Sequence[Array], k: int, what: str) -> np.ndarray:
+    """1 to k batches row-padded and stacked, then zero batches up to k: ``(k, rows, ...)``."""
+    if not 1 <= len(batches) <= k:
+        raise CodingError(f"{what} takes 1 to {k} batches, got {len(batches)}")
+    stacked = pad_rows(batches)
+    if len(stacked) < k:
+        fill = np.zeros((k - len(stacked), *stacked.shape[1:]), stacked.dtype)
+        stacked = np.concatenate([stacked, fill])
+    return stacked
 
 
 def _cut(rows: Array, size: int) -> np.ndarray:
@@ -242,14 +282,8 @@ class BerrutGroup:
 
     def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
         """The ``n_workers`` coded batches; fewer than K batches are padded with zero batches."""
-        if not 1 <= len(batches) <= self.code.K:
-            raise CodingError(
-                f"a Berrut group takes 1 to {self.code.K} batches, got {len(batches)}")
+        stacked = _k_batches(batches, self.code.K, "a Berrut group")
         self._sizes = [len(np.asarray(b)) for b in batches]
-        stacked = pad_rows(batches)
-        if len(stacked) < self.code.K:
-            fill = np.zeros((self.code.K - len(stacked), *stacked.shape[1:]), stacked.dtype)
-            stacked = np.concatenate([stacked, fill])
         coded = self.code.encode(stacked)
         return [coded[i] for i in range(len(coded))]
 
@@ -283,16 +317,10 @@ class SystematicGroup:
 
     def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
         """The S coded batches (the originals are sent as they are)."""
-        if not 1 <= len(batches) <= self.code.K:
-            raise CodingError(
-                f"a systematic group takes 1 to {self.code.K} batches, got {len(batches)}")
+        stacked = _k_batches(batches, self.code.K, "a systematic group")
         for b in batches:
             self._slots.add(len(np.asarray(b)))
-        stacked = pad_rows(batches)
         self._rows = stacked.shape[1]
-        if len(stacked) < self.code.K:
-            fill = np.zeros((self.code.K - len(stacked), *stacked.shape[1:]), stacked.dtype)
-            stacked = np.concatenate([stacked, fill])
         both = self.code.encode(stacked)
         return [both[self.code.K + i] for i in range(self.code.S)]
 

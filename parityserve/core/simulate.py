@@ -41,7 +41,13 @@ from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut
 from parityserve.core.coding.parity import LinearCode
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.faults import FaultPlan, FaultSpec
-from parityserve.core.redundancy import BerrutGroup, Decoded, ParmGroup, SystematicGroup
+from parityserve.core.redundancy import (
+    BerrutGroup,
+    Decoded,
+    ParmGroup,
+    SystematicGroup,
+    take_task,
+)
 from parityserve.errors import CodingError, ConfigError, QueueFull
 
 __all__ = [
@@ -559,15 +565,7 @@ class Simulator:
     def _next_task(self, pool: str, rid: int) -> _Task | None:
         """``Redundancy.next_task``: the first queued task still needed that ``rid`` may take."""
         queue = self.pending.get(pool)
-        if not queue:
-            return None
-        for task in list(queue):
-            if not task.needed():
-                queue.remove(task)
-            elif task.group is None or rid not in task.group.assigned:
-                queue.remove(task)
-                return task
-        return None
+        return take_task(queue, rid) if queue else None
 
     def _push(self, task: _Task) -> None:
         self.pending.setdefault(task.pool, deque()).append(task)

@@ -29,7 +29,13 @@ import numpy as np
 from parityserve.config import Deployment
 from parityserve.core.coding import BerrutCode, LinearCode, SystematicBerrut
 from parityserve.core.deadline_queue import Entry
-from parityserve.core.redundancy import BerrutGroup, Decoded, ParmGroup, SystematicGroup
+from parityserve.core.redundancy import (
+    BerrutGroup,
+    Decoded,
+    ParmGroup,
+    SystematicGroup,
+    take_task,
+)
 from parityserve.errors import CodingError, PredictError
 
 if TYPE_CHECKING:
@@ -88,15 +94,7 @@ class Redundancy:
     def next_task(self, pool: str, rid: str) -> Task | None:
         """The first queued task of ``pool`` still needed that replica ``rid`` may take."""
         queue = self.pending.get(pool)
-        if not queue:
-            return None
-        for task in list(queue):
-            if not task.needed():
-                queue.remove(task)
-            elif task.group is None or rid not in task.group.assigned:
-                queue.remove(task)
-                return task
-        return None
+        return take_task(queue, rid) if queue else None
 
     def push(self, task: Task, *, front: bool = False) -> None:
         # Into the queues idle replicas pull from now: after ``set_redundancy`` this mode's

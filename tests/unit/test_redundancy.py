@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ from parityserve.core.redundancy import (
     SystematicGroup,
     pad_rows,
     softmax_subtraction,
+    take_task,
 )
 from parityserve.errors import CodingError
 
@@ -62,7 +64,33 @@ def _curve(alpha: np.ndarray, rows: list[int], seed: int) -> list[np.ndarray]:
 def test_public_names() -> None:
     assert sorted(redundancy.__all__) == [
         "BerrutGroup", "Decoded", "ParmGroup", "SystematicGroup", "pad_rows",
-        "softmax_subtraction"]
+        "softmax_subtraction", "take_task"]
+
+
+# ---- take_task ------------------------------------------------------------------------------
+class _Run:
+    def __init__(self, *assigned: str) -> None:
+        self.assigned = set(assigned)
+
+
+class _Task:
+    def __init__(self, name: str, group: _Run | None = None, needed: bool = True) -> None:
+        self.name, self.group, self._needed = name, group, needed
+
+    def needed(self) -> bool:
+        return self._needed
+
+
+def test_take_task_skips_groups_the_worker_served_and_drops_unneeded_tasks() -> None:
+    run = _Run("w0")
+    queue = deque([_Task("stale", needed=False), _Task("same group", run), _Task("plain"),
+                   _Task("later")])
+    taken = take_task(queue, "w0")
+    assert taken is not None and taken.name == "plain"
+    assert [t.name for t in queue] == ["same group", "later"]  # the stale one is gone
+    again = take_task(queue, "w1")
+    assert again is not None and again.name == "same group"
+    assert take_task(deque([_Task("x", run)]), "w0") is None
 
 
 def test_decoded_is_frozen_and_suspects_nobody_by_default() -> None:
