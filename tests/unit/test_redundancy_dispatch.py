@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dispatch_fakes import T0, FakeClock, FakeLink
 
 from parityserve.config import BatchingConfig, Deployment, ParityConfig, RedundancyConfig
 from parityserve.core.batching import AIMDController
@@ -25,40 +26,6 @@ from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.metrics import Metrics
 
 SLO = 0.1
-T0 = 1000.0
-
-
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeLink:
-    """Records every message sent to a worker (frames copied, as a socket would)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any], list[Any]]] = []
-
-    def send(self, replica_id: str, header: dict[str, Any],
-             buffers: list[Any] | None = None) -> None:
-        self.sent.append((replica_id, header, [bytes(b) for b in buffers or []]))
-
-    def rids(self) -> list[str]:
-        return [rid for rid, _, _ in self.sent]
-
-    def batch(self, index: int) -> Any:
-        _, header, frames = self.sent[index]
-        return wire.unpack_payload(header["in"], frames)
-
-    def index_of(self, rid: str, nth: int = 0) -> int:
-        """Position in the log of the ``nth`` message sent to ``rid``."""
-        return [i for i, (r, _, _) in enumerate(self.sent) if r == rid][nth]
 
 
 def deployment(mode: str = "none", *, replicas: int = 1, max_batch: int = 8,
