@@ -66,15 +66,63 @@ _HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower().encode()  # ASGI header names are 
 
 Outcome = str
 Handler = Callable[[Request], Awaitable[tuple[Response, Outcome]]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 _M = TypeVar("_M", bound=BaseModel)
 
 
 def create_app(system: ServingSystem, *, metrics: Metrics,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The Starlette application serving ``system``."""
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> HotPaths:
+    """The ASGI application serving ``system``: hot paths first, Starlette for the rest."""
     front = _Frontend(system, metrics, max_body_bytes)
-    return Starlette(routes=front.routes(),
-                     exception_handlers={HTTPException: front.http_error})
+    app = Starlette(routes=front.routes(), exception_handlers={HTTPException: front.http_error})
+    return HotPaths(front, app)
+
+
+Scope = dict[str, Any]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class HotPaths:
+    """Sends ``POST /{app}/predict`` and the V2 infer routes straight to their handlers.
+
+    Why hand-written: at saturation Starlette's two exception middlewares, its router (a
+    regex per route) and its per-route wrapper cost about as much CPU as our own handler does
+    for a no-op model. The guarded handlers already turn every error into a JSON answer, so
+    nothing those layers do is lost. The match is exactly Starlette's for these paths (a
+    non-empty segment without "/"); every other request, including a wrong method on these
+    paths, goes to the Starlette app unchanged.
+    """
+
+    def __init__(self, front: _Frontend, app: Starlette) -> None:
+        self.app = app
+        self.endpoints = front.hot
+
+    async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            found = self.match(scope["path"])
+            if found is not None:
+                endpoint, params = found
+                scope["path_params"] = params
+                scope["app"] = self.app  # what Starlette sets; url_for and friends need it
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def match(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+        """The hot endpoint for ``path`` and its path parameters, or None."""
+        parts = path.split("/")
+        if len(parts) == 3 and parts[0] == "" and parts[1] and parts[2] == "predict":
+            return self.endpoints["predict"], {"app": parts[1]}
+        if len(parts) < 5 or parts[:3] != ["", "v2", "models"] or not parts[3] \
+                or parts[-1] != "infer":
+            return None
+        if len(parts) == 5:
+            return self.endpoints["infer"], {"model": parts[3]}
+        if len(parts) == 7 and parts[4] == "versions" and parts[5]:
+            return self.endpoints["infer"], {"model": parts[3], "version": parts[5]}
+        return None
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -322,14 +370,19 @@ class _Frontend:
         self.limit = max_body_bytes
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
+        # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
+        self.hot = {"predict": self._guard(self.predict, "predict", "app"),
+                    "infer": self._guard(self.infer, "infer", "model")}
 
     def routes(self) -> list[Route]:
         # Starlette tries routes in order, so the hot paths come first; none of the later
-        # routes can match a path these match.
+        # routes can match a path these match. (HotPaths answers most of these first.)
         r, v = self._route, "/v2/models/{model}/versions/{version}"
-        hot = [r("/{app}/predict", self.predict, "predict", "app", ["POST"]),
-               r("/v2/models/{model}/infer", self.infer, "infer", "model", ["POST"]),
-               r(v + "/infer", self.infer, "infer", "model", ["POST"]),
+        hot = [Route("/{app}/predict", self.hot["predict"], methods=["POST"],
+                     name="predict"),
+               Route("/v2/models/{model}/infer", self.hot["infer"], methods=["POST"],
+                     name="infer"),
+               Route(v + "/infer", self.hot["infer"], methods=["POST"], name="infer"),
                r("/{app}/update", self.update, "update", "app", ["POST"])]
         return [*hot, *self._v2_routes(), *self._admin_routes(),
                 r("/metrics", self.metrics_text, "metrics")]
@@ -365,7 +418,7 @@ class _Frontend:
         return Route(path, self._guard(handler, name, target), methods=list(methods), name=name)
 
     def _guard(self, handler: Handler, route: str, target_key: str | None
-               ) -> Callable[[Request], Awaitable[Response]]:
+               ) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             start = perf_counter()
             target = request.path_params.get(target_key, "") if target_key else ""

@@ -33,6 +33,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._labelled: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._define_requests()
         self._define_models()
         self._define_replicas()
@@ -89,6 +90,15 @@ class Metrics:
     def byzantine(self, model: str, replica: str) -> None:
         self._byzantine.labels(model, replica).inc()
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: labels() takes a lock and builds a tuple, and
+        these are called per query. Label sets are bounded (apps, models, replicas)."""
+        key = (metric, labels)
+        child = self._labelled.get(key)
+        if child is None:
+            child = self._labelled[key] = metric.labels(*labels)
+        return child
+
     def request(self, route: str, target: str, outcome: str, latency_s: float) -> None:
         key = (route, target, outcome)
         children = self._children.get(key)
@@ -103,16 +113,16 @@ class Metrics:
         self._bad.labels(code).inc()
 
     def queue_time(self, model: str, seconds: float) -> None:
-        self._queue.labels(model).observe(seconds)
+        self._child(self._queue, model).observe(seconds)
 
     def batch(self, model: str, size: int) -> None:
-        self._batch.labels(model).observe(size)
+        self._child(self._batch, model).observe(size)
 
     def cache(self, model: str, hit: bool) -> None:
         (self._hits if hit else self._misses).labels(model).inc()
 
     def set_inflight(self, model: str, replica: str, n: int) -> None:
-        self._inflight.labels(model, replica).set(n)
+        self._child(self._inflight, model, replica).set(n)
 
     def restart(self, model: str, replica: str) -> None:
         self._restarts.labels(model, replica).inc()
@@ -129,7 +139,7 @@ class Metrics:
                              "in the context last updated", labels, registry=reg)
 
     def selection(self, app: str, model: str) -> None:
-        self._selections.labels(app, model).inc()
+        self._child(self._selections, app, model).inc()
 
     def loss(self, app: str, model: str, value: float) -> None:
         self._feedback.labels(app, model).inc()

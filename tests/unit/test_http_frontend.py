@@ -382,6 +382,12 @@ def test_oversized_chunked_body(client):
 
 def asgi_post(app, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]]):
     """Drive the ASGI app by hand, so the body can contradict its Content-Length."""
+    status, body = asgi_post_raw(app, path, chunks, headers)
+    return status, orjson.loads(body)
+
+
+def asgi_post_raw(app, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]]
+                  ) -> tuple[int, bytes]:
     messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
                 for i, c in enumerate(chunks)]
     sent: list[dict] = []
@@ -397,7 +403,7 @@ def asgi_post(app, path: str, chunks: list[bytes], headers: list[tuple[bytes, by
              "query_string": b"", "root_path": "", "headers": headers,
              "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
     anyio.run(app, scope, receive, send)
-    return sent[0]["status"], orjson.loads(sent[1]["body"])
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def test_body_that_lies_about_its_length(system, metrics):
@@ -542,3 +548,51 @@ def test_predict_passes_the_uid_and_rejects_a_bad_one(client, system) -> None:
     assert system.uids[-1] == "alice"
     r = client.post("/calc/predict", json={"input": [1, 2, 3], "uid": 7})
     assert r.status_code == 400 and r.json()["code"] == "malformed_request"
+
+
+# ---------------------------------------------------------------- the hot-path front door
+
+_V2_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
+                                     "data": [1, 2, 3]}]})
+_PREDICT_BODY = orjson.dumps({"input": [1, 2, 3]})
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("/calc/predict", ("predict", {"app": "calc"})),
+    ("/v2/models/double/infer", ("infer", {"model": "double"})),
+    ("/v2/models/double/versions/2/infer", ("infer", {"model": "double", "version": "2"})),
+    ("/v2/models/double/versions/x/infer", ("infer", {"model": "double", "version": "x"})),
+    ("/v2/predict", ("predict", {"app": "v2"})),  # as Starlette: the first route wins
+    ("//predict", None), ("/calc/predict/", None), ("/a/b/predict", None),
+    ("/v2/models//infer", None), ("/v2/models/double/versions//infer", None),
+    ("/v2/models/double/ready", None), ("/v2/models/double/x/2/infer", None),
+    ("/calc/update", None), ("/metrics", None),
+])
+def test_hot_paths_match_what_starlette_would(system, metrics, path, expected):
+    app = create_app(system, metrics=metrics)
+    found = app.match(path)
+    if expected is None:
+        assert found is None
+    else:
+        endpoint, params = found
+        assert (endpoint, params) == (app.endpoints[expected[0]], expected[1])
+
+
+@pytest.mark.parametrize("path", [
+    "/calc/predict", "/nope/predict", "//predict", "/calc/predict/",
+    "/v2/models/double/infer", "/v2/models/double/versions/1/infer",
+    "/v2/models/double/versions/x/infer", "/v2/models/ghost/infer", "/v2/models//infer",
+])
+def test_hot_paths_answer_exactly_as_the_starlette_routes(system, metrics, path):
+    """The same request through the front door and through Starlette alone: same answer."""
+    body = _PREDICT_BODY if path.endswith("predict") else _V2_BODY
+    headers = [(b"content-type", b"application/json")]
+    app = create_app(system, metrics=metrics)
+    through_front_door = asgi_post_raw(app, path, [body], headers)
+    starlette_only = asgi_post_raw(app.app, path, [body], headers)
+    assert through_front_door == starlette_only
+
+
+def test_hot_paths_leave_other_methods_to_starlette(client):
+    response = client.put("/v2/models/double/infer", content=_V2_BODY)
+    assert_error(response, 405, "method_not_allowed")
