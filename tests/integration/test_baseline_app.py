@@ -148,3 +148,32 @@ def test_an_unknown_source_exits_with_an_error() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "cannot load" in proc.stderr
+
+
+# --- the low-load probe against a real server ---------------------------------------------
+
+
+def test_low_load_probe_measures_answers_and_counts_refusals() -> None:
+    from parityserve.bench.probe import probe
+
+    bodies = encode_bodies([np.random.default_rng(i).random(8, dtype=np.float32)
+                            for i in range(10)])
+    with _baseline_server("--source", "builtin:noop") as port:
+        url = f"http://127.0.0.1:{port}"
+        good = probe(url, "/bench/predict", bodies, rate_qps=200.0, n=200, warm_up=10)
+        bad = probe(url, "/bench/nowhere", bodies, rate_qps=200.0, n=20, warm_up=0)
+    assert (good["n"], good["ok"], good["errors"]) == (200, 200, {})
+    assert 0 < good["p50_ms"] <= good["p99_ms"] < 50.0, good
+    assert (bad["ok"], bad["errors"]) == (0, {"HTTP 404": 20})
+
+
+def test_probe_refuses_bad_arguments() -> None:
+    from parityserve.bench.probe import probe
+    from parityserve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least one request body"):
+        probe("http://127.0.0.1:1", "/x", [], rate_qps=10, n=1)
+    with pytest.raises(ConfigError, match="http://host:port"):
+        probe("ftp://somewhere", "/x", [b"{}"], rate_qps=10, n=1)
+    with pytest.raises(ConfigError, match="rate_qps"):
+        probe("http://127.0.0.1:1", "/x", [b"{}"], rate_qps=0, n=1, warm_up=0)
