@@ -18,12 +18,14 @@ __all__ = [
     "best_model",
     "cumulative_error",
     "downsample",
+    "exploration_cost",
     "fig8_rows",
     "fig8_verdict",
     "fig9_row",
     "fig9_summary",
     "fig9_verdicts",
     "group_bounds",
+    "phase_oracle",
     "plot_fig8",
     "plot_fig9",
     "stream_plan",
@@ -111,6 +113,49 @@ def fig8_verdict(rows: Sequence[Mapping[str, Any]], policies: Sequence[str],
                               "below_every_static": bool(final[p] < final[best_static]),
                               "margin": final[best_static] - final[p]}
     return out
+
+
+_PHASES = ("error_before", "error_degraded", "error_after")
+
+
+def _phase_sizes(window: tuple[int, int], queries: int) -> dict[str, int]:
+    lo, hi = window
+    return dict(zip(_PHASES, (lo, hi - lo, queries - hi), strict=True))
+
+
+def phase_oracle(rows: Sequence[Mapping[str, Any]], static: Sequence[str],
+                 window: tuple[int, int], queries: int) -> dict[str, Any]:
+    """The error of a one-model-per-query policy that knew, in hindsight, which static model is
+    best in each phase (before, in and after the window) and asked only that one.
+
+    No bandit can expect to beat it, so ``headroom`` (best static model minus this) is all a
+    bandit such as Exp3 has to pay for exploring and learning if it is to end below every
+    static model.
+    """
+    by = {r["curve"]: r for r in rows if r["curve"] in static}
+    best: dict[str, str] = {}
+    total = 0.0
+    for phase, n in _phase_sizes(window, queries).items():
+        if n > 0:
+            best[phase] = min(by, key=lambda c: by[c][phase])
+            total += n * by[best[phase]][phase]
+    error = total / queries
+    static_best = min(r["final_cumulative_error"] for r in by.values())
+    return {"error": error, "best_by_phase": best, "headroom": static_best - error,
+            "headroom_queries": round((static_best - error) * queries)}
+
+
+def exploration_cost(rows: Sequence[Mapping[str, Any]], static: Sequence[str],
+                     window: tuple[int, int], queries: int, gamma: float) -> float:
+    """Expected extra error from Exp3's uniform exploration alone: in each phase a share
+    ``gamma`` of queries goes to a uniformly drawn model instead of the phase's best one."""
+    by = [r for r in rows if r["curve"] in static]
+    total = 0.0
+    for phase, n in _phase_sizes(window, queries).items():
+        if n > 0:
+            errors = [r[phase] for r in by]
+            total += n * gamma * (float(np.mean(errors)) - min(errors))
+    return total / queries
 
 
 def downsample(curve: np.ndarray, max_points: int = 400) -> tuple[list[int], list[float]]:

@@ -16,6 +16,8 @@ from parityserve.bench.selection_report import (
     downsample,
     fig8_rows,
     fig8_verdict,
+    exploration_cost,
+    phase_oracle,
     fig9_row,
     fig9_summary,
     fig9_verdicts,
@@ -30,9 +32,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_public_names() -> None:
     assert sorted(selection_report.__all__) == [
-        "best_model", "cumulative_error", "downsample", "fig8_rows", "fig8_verdict",
-        "fig9_row", "fig9_summary", "fig9_verdicts", "group_bounds", "plot_fig8", "plot_fig9",
-        "stream_plan",
+        "best_model", "cumulative_error", "downsample", "exploration_cost", "fig8_rows",
+        "fig8_verdict", "fig9_row", "fig9_summary", "fig9_verdicts", "group_bounds",
+        "phase_oracle", "plot_fig8", "plot_fig9", "stream_plan",
     ]
 
 
@@ -214,3 +216,54 @@ def test_plots_write_png_files(tmp_path: Path) -> None:
     p9 = plot_fig9(rows, tmp_path / "sub" / "f9.png", "fig 9")
     for path in (p8, p9):
         assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def _phase_rows() -> list[dict]:
+    # "a" is best before and after the window but broken in it; "b" is steady.
+    return [
+        {"curve": "a", "final_cumulative_error": 0.35, "error_before": 0.1,
+         "error_degraded": 1.0, "error_after": 0.1},
+        {"curve": "b", "final_cumulative_error": 0.2, "error_before": 0.2,
+         "error_degraded": 0.2, "error_after": 0.2},
+        {"curve": "Exp3", "final_cumulative_error": 0.05, "error_before": 0.0,
+         "error_degraded": 0.0, "error_after": 0.0},
+    ]
+
+
+def test_phase_oracle_takes_the_best_static_model_of_each_phase() -> None:
+    oracle = phase_oracle(_phase_rows(), ["a", "b"], (25, 50), 100)
+    assert oracle["best_by_phase"] == {"error_before": "a", "error_degraded": "b",
+                                       "error_after": "a"}
+    # 25 queries at 0.1, 25 at 0.2, 50 at 0.1; the policy rows never count as static.
+    assert oracle["error"] == pytest.approx(0.125)
+    assert oracle["headroom"] == pytest.approx(0.2 - 0.125)
+    assert oracle["headroom_queries"] == 8
+
+
+def test_phase_oracle_skips_empty_phases() -> None:
+    oracle = phase_oracle(_phase_rows(), ["a", "b"], (100, 100), 100)
+    assert oracle["best_by_phase"] == {"error_before": "a"}
+    assert oracle["error"] == pytest.approx(0.1)
+
+
+def test_exploration_cost_is_gamma_times_the_mean_gap_per_phase() -> None:
+    # Mean minus best: 0.05 before, 0.4 in the window, 0.05 after.
+    cost = exploration_cost(_phase_rows(), ["a", "b"], (25, 50), 100, gamma=0.1)
+    assert cost == pytest.approx(0.1 * (25 * 0.05 + 25 * 0.4 + 50 * 0.05) / 100)
+    assert exploration_cost(_phase_rows(), ["a", "b"], (25, 50), 100, gamma=0.0) == 0.0
+
+
+def test_fig8_headroom_says_when_a_bandit_cannot_win() -> None:
+    from parityserve.bench.selection import _fig8_headroom
+
+    def report(gap: float) -> dict:
+        rows = [{"curve": "a", "final_cumulative_error": 0.5, "error_before": 0.1,
+                 "error_degraded": 1.0, "error_after": 0.1},
+                {"curve": "b", "final_cumulative_error": 0.1 + gap, "error_before": 0.1 + gap,
+                 "error_degraded": 0.1 + gap, "error_after": 0.1 + gap}]
+        return {"rows": rows, "degraded_window": [5000, 10000], "queries": 20000,
+                "policies": {"exp3": {"gamma": 0.02}}}
+
+    close, far = _fig8_headroom(report(0.001)), _fig8_headroom(report(0.1))
+    assert "out of reach for any bandit" in close
+    assert "out of reach" not in far and "(1500 queries) below the best static" in far
