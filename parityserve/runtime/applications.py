@@ -14,6 +14,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from parityserve.config import Application
 from parityserve.core.selection import Combined, LossFn, Policy, QueryInfo, get_loss, make_policy
 from parityserve.errors import UnknownQuery
@@ -21,7 +23,12 @@ from parityserve.runtime.state_store import StateStore
 
 __all__ = ["AppRuntime", "QueryRecord", "describe_combined", "read_state"]
 
-_REMEMBERED_QUERIES = 100_000  # enough to join feedback that arrives minutes later
+# Answered queries are remembered so that feedback can name a query id instead of sending
+# its input again. Bounded by count and by the (estimated) size of the inputs kept: a query's
+# input can be a JSON list of thousands of numbers, and without a byte bound 100,000 of them
+# would hold gigabytes and make every full garbage collection walk them all (tens of ms).
+_REMEMBERED_QUERIES = 100_000
+_REMEMBERED_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ class AppRuntime:
     policy: Policy
     loss: LossFn
     feedback: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100_000))
-    queries: OrderedDict[str, QueryRecord] = field(default_factory=OrderedDict)
+    queries: OrderedDict[str, tuple[QueryRecord, int]] = field(default_factory=OrderedDict)
+    remembered_bytes: int = 0
 
     @classmethod
     def build(cls, config: Application) -> AppRuntime:
@@ -66,17 +74,23 @@ class AppRuntime:
         return self.policy.reconcile(stored, models)
 
     def remember(self, query_id: str, record: QueryRecord) -> None:
-        self.queries[query_id] = record
-        while len(self.queries) > _REMEMBERED_QUERIES:
-            self.queries.popitem(last=False)
+        size = approx_bytes(record.item)
+        self.queries[query_id] = (record, size)
+        self.remembered_bytes += size
+        while self.queries and (len(self.queries) > _REMEMBERED_QUERIES
+                                or self.remembered_bytes > _REMEMBERED_BYTES):
+            _, (_, dropped) = self.queries.popitem(last=False)
+            self.remembered_bytes -= dropped
 
     def recall(self, query_id: str) -> QueryRecord:
         try:
-            return self.queries[query_id]
+            return self.queries[query_id][0]
         except KeyError:
             raise UnknownQuery(
                 f"application {self.config.name!r} has no record of query {query_id!r}; it "
-                f"remembers the last {_REMEMBERED_QUERIES} queries") from None
+                f"remembers the last {_REMEMBERED_QUERIES} queries, or fewer when their "
+                f"inputs take more than {_REMEMBERED_BYTES // 2**20} MiB; send the input "
+                "with the feedback instead") from None
 
     def observe(self, store: StateStore, context: str, query: QueryInfo, label: Any,
                 predictions: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +103,23 @@ class AppRuntime:
 
     def losses(self, label: Any, predictions: dict[str, Any]) -> dict[str, float]:
         return {m: float(self.loss(p, label)) for m, p in predictions.items()}
+
+
+def approx_bytes(value: Any) -> int:
+    """A cheap estimate of the memory ``value`` holds (CPython object sizes, roughly).
+
+    Constant time per nesting level: a list is costed from its length and its first element,
+    which is right for the tensors JSON inputs are and a fair guess otherwise.
+    """
+    if isinstance(value, np.ndarray):
+        return 112 + int(value.nbytes)
+    if isinstance(value, list | tuple):
+        return 56 + len(value) * (8 + (approx_bytes(value[0]) if value else 0))
+    if isinstance(value, dict):
+        return 232 + sum(approx_bytes(k) + approx_bytes(v) for k, v in value.items())
+    if isinstance(value, str | bytes):
+        return 49 + len(value)
+    return 32
 
 
 async def read_state(store: StateStore, app: AppRuntime, context: str) -> dict[str, Any]:
