@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from parityserve.core.coding.berrut import minimum_workers
 from parityserve.errors import ConfigError
 
 __all__ = [
@@ -176,6 +177,9 @@ class RedundancyConfig(_Frozen):
     K: int = Field(2, ge=1, le=64, description="berrut: batches per group")
     S: int = Field(1, ge=0, le=64, description="berrut: stragglers tolerated")
     E: int = Field(0, ge=0, le=16, description="berrut: Byzantine replicas tolerated")
+    workers: int | None = Field(
+        None, ge=2, le=256, description="berrut: replicas per group; default the fewest that "
+        "tolerate S and E (K + S, or 2(K + E) + S); more decode more accurately")
 
     @model_validator(mode="after")
     def _check(self) -> RedundancyConfig:
@@ -185,15 +189,20 @@ class RedundancyConfig(_Frozen):
             raise ValueError("redundancy: systematic-berrut does not locate errors; use E: 0")
         if self.mode in ("berrut", "systematic-berrut") and self.K + self.S < 2:
             raise ValueError("redundancy: a Berrut group needs K + S >= 2 tasks")
+        if self.workers is not None:
+            if self.mode != "berrut":
+                raise ValueError(f"redundancy: workers is only used by berrut, not {self.mode}")
+            least = minimum_workers(self.K, self.S, self.E)
+            if self.workers < least:
+                raise ValueError(f"redundancy: berrut with K={self.K}, S={self.S}, E={self.E} "
+                                 f"needs at least {least} workers, got {self.workers}")
         return self
 
     def coded_tasks(self) -> int:
         """Replicas one group occupies in the berrut modes."""
         if self.mode == "systematic-berrut":
             return self.K + self.S
-        if self.E == 0:
-            return self.K + self.S
-        return 2 * (self.K + self.E) + self.S
+        return self.workers or minimum_workers(self.K, self.S, self.E)
 
 
 class Deployment(_Frozen):

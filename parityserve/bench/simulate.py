@@ -549,7 +549,8 @@ def _tail_config(case: Mapping[str, Any], max_batch: int, overhead: Mapping[str,
         kw.update(k=int(parity.get("k", 2)), r=int(parity.get("r", 1)),
                   parity_replicas_per_model=parity.get("replicas"))
     elif case["mode"] in ("berrut", "systematic-berrut"):
-        kw.update(K=int(red.get("K", 2)), S=int(red.get("S", 1)), E=int(red.get("E", 0)))
+        kw.update(K=int(red.get("K", 2)), S=int(red.get("S", 1)), E=int(red.get("E", 0)),
+                  workers=red.get("workers"))
     return SimConfig(mode=case["mode"], replicas=int(case["replicas"]),
                      max_batch_size=max_batch, slo_s=60.0,
                      rpc_overhead_s=overhead["rpc"] / 1000,

@@ -292,10 +292,11 @@ class BerrutGroup:
             self.results[worker] = np.asarray(outputs)
 
     def ready(self) -> bool:
-        return not self.decoded and len(self.results) >= self.code.needed
+        return not self.decoded and len(self.results) >= self.code.decode_at
 
     def decode(self) -> Decoded:
-        """Every batch's outputs, from the fastest ``needed`` results (after locating errors)."""
+        """Every batch's outputs, from the fastest ``decode_at`` results (after locating
+        errors); with the minimum number of workers that is the fewest that can decode."""
         detail = self.code.decode_detailed(self.results)
         self.decoded = True  # only once it succeeded: a failed decode waits for more results
         outputs = {s: _cut(detail.outputs[s], size) for s, size in enumerate(self._sizes)}

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from parityserve.core.batching import AIMDController, decide_batch
-from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut
+from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut, minimum_workers
 from parityserve.core.coding.parity import LinearCode
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.faults import FaultPlan, FaultSpec
@@ -179,6 +179,7 @@ class SimConfig:
     K: int = 2  # berrut modes
     S: int = 1
     E: int = 0
+    workers: int | None = None  # berrut: replicas per group (None: the minimum)
     faults: Mapping[str, FaultSpec] = field(default_factory=dict)
     rpc_overhead_s: float = 0.0  # per task: frontend -> worker -> frontend
     frontend_overhead_s: float = 0.0  # per query: latency added outside any queue
@@ -217,9 +218,10 @@ class SimConfig:
                 raise ConfigError(f"fault key {key!r} must be a replica index or 'all'")
 
     def coded_tasks(self) -> int:
-        if self.mode == "systematic-berrut" or self.E == 0:
+        """``config.RedundancyConfig.coded_tasks``."""
+        if self.mode == "systematic-berrut":
             return self.K + self.S
-        return 2 * (self.K + self.E) + self.S
+        return self.workers or minimum_workers(self.K, self.S, self.E)
 
     def data_replicas(self) -> int:
         if self.mode != "equal-resources":
@@ -393,7 +395,7 @@ class Simulator:
         # per group (the runtime's way) would compute the same nodes again.
         self._berrut: Any = None
         if config.mode == "berrut":
-            self._berrut = BerrutCode(config.K, config.S, config.E)
+            self._berrut = BerrutCode(config.K, config.S, config.E, config.workers)
         elif config.mode == "systematic-berrut":
             self._berrut = SystematicBerrut(config.K, config.S)
         if config.mode == "parm":

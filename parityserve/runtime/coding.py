@@ -328,7 +328,7 @@ class Berrut(Redundancy):
         self.batches_per_dispatch = cfg.K
         self._make: Callable[[], Any] = (
             (lambda: SystematicGroup(SystematicBerrut(cfg.K, cfg.S))) if self.systematic
-            else (lambda: BerrutGroup(BerrutCode(cfg.K, cfg.S, cfg.E))))
+            else (lambda: BerrutGroup(BerrutCode(cfg.K, cfg.S, cfg.E, cfg.workers))))
 
     def dispatch(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
         chunks = [list(c) for c in _split(entries, self.K)]

@@ -224,3 +224,22 @@ def test_redundancy_is_switched_through_the_admin_api(served, client) -> None:
     client.set_redundancy("equal", "none")
     wait_until(lambda: [r["pool"] for r in model_state(client, "equal")["replicas"]]
                == ["data", "data"])
+
+
+def test_berrut_with_more_workers_than_the_minimum(served, client) -> None:
+    # "replication" runs 2 replicas, replica 0 slow: too few for 4 workers, so first refused.
+    with pytest.raises(InvalidInput, match="needs at least 4 replicas"):
+        client.set_redundancy("replication", "berrut", K=2, S=1, workers=4)
+    with pytest.raises(InvalidInput, match="needs at least 3 workers"):
+        client.set_redundancy("replication", "berrut", K=2, S=1, workers=2)
+    client.set_replicas("replication", 4)
+    client.set_redundancy("replication", "berrut", K=2, S=1, workers=4)
+    wait_until(lambda: [r["state"] for r in model_state(client, "replication")["replicas"]]
+               == ["ready"] * 4)
+    client.set_faults("replication", "0", delay_ms=1500)
+    _idle(client, "replication")
+    xs = _inputs(4, 9)
+    for x, (answer, took) in zip(xs, _ask(served.url, "replication", xs), strict=True):
+        assert answer.get("reconstructed") == "berrut", answer
+        assert took < 1.4, took  # decoded from 3 of 4 without waiting for the slow one
+        assert np.max(np.abs(np.asarray(answer["output"]) - x)) < 1.0, (answer, x)

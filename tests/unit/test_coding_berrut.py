@@ -29,6 +29,7 @@ from parityserve.core.coding.berrut import (
     berrut_weights,
     chebyshev_first_kind,
     chebyshev_second_kind,
+    minimum_workers,
 )
 from parityserve.errors import CodingError
 
@@ -48,7 +49,8 @@ MODELS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = {
 def test_public_names() -> None:
     assert sorted(berrut.__all__) == [
         "BerrutCode", "BerrutDecoding", "SystematicBerrut", "berrut_interpolate",
-        "berrut_weights", "chebyshev_first_kind", "chebyshev_second_kind"]
+        "berrut_weights", "chebyshev_first_kind", "chebyshev_second_kind",
+        "minimum_workers"]
 
 
 def _curve(nodes: np.ndarray, seed: int) -> np.ndarray:
@@ -316,3 +318,47 @@ def test_systematic_degenerate_input() -> None:
     replica = SystematicBerrut(1, 2)
     np.testing.assert_allclose(replica.encode(np.array([[2.0, 3.0]])), [[2.0, 3.0]] * 3)
     np.testing.assert_allclose(replica.decode({2: np.array([5.0])}), [[5.0]])
+
+
+# ---- more workers than the minimum ---------------------------------------------------------
+
+
+def test_minimum_workers_tolerate_s_and_e():
+    assert minimum_workers(8, 2) == 10
+    assert minimum_workers(12, 0, 2) == 28
+    assert minimum_workers(4, 1, 1) == 11
+
+
+def test_workers_default_to_the_minimum_and_the_group_waits_for_all_but_s():
+    code = BerrutCode(8, 2)
+    assert (code.n_workers, code.needed, code.decode_at) == (10, 8, 8)
+    wide = BerrutCode(8, 2, workers=16)
+    assert (wide.n_workers, wide.needed, wide.decode_at) == (16, 8, 14)
+    assert BerrutCode(4, 0, 1, workers=12).decode_at == 12
+
+
+@pytest.mark.parametrize("workers", [9, 0, 2.5, True])
+def test_fewer_workers_than_the_minimum_is_refused(workers):
+    with pytest.raises(CodingError, match="needs at least 10 workers"):
+        BerrutCode(8, 2, workers=workers)
+
+
+def test_extra_workers_decode_a_nonlinear_model_more_accurately():
+    rng = np.random.default_rng(7)
+    weights, queries = rng.normal(size=(10, 20)), rng.normal(size=(8, 20))
+
+    def model(x):
+        return np.tanh(x @ weights.T)
+
+    def mean_error(workers: int) -> float:
+        code = BerrutCode(8, 2, workers=workers)
+        outputs = model(code.encode(queries))
+        errors = []
+        for _ in range(20):
+            late = set(rng.choice(code.n_workers, 2, replace=False).tolist())
+            decoded = code.decode({w: outputs[w] for w in range(code.n_workers)
+                                   if w not in late})
+            errors.append(np.abs(decoded - model(queries)).mean())
+        return float(np.mean(errors))
+
+    assert mean_error(22) < 0.8 * mean_error(10)

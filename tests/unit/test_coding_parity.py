@@ -26,7 +26,8 @@ def test_public_names() -> None:
     assert sorted(coding.__all__) == [
         "AdditionEncoder", "BerrutCode", "BerrutDecoding", "ConcatEncoder", "LinearCode",
         "SubtractionDecoder", "SystematicBerrut", "berrut_interpolate", "berrut_weights",
-        "chebyshev_first_kind", "chebyshev_second_kind", "locate_rational_errors"]
+        "chebyshev_first_kind", "chebyshev_second_kind", "locate_rational_errors",
+        "minimum_workers"]
     for name in coding.__all__:
         assert getattr(coding, name) is not None
 

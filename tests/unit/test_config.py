@@ -117,7 +117,19 @@ def test_equal_resources_adds_replicas() -> None:
     ({"parity": {"k": 2, "decoder": "softmax-subtraction"}}, "softmax-subtraction"),
     ({"parity": {"k": 2, "coefficients": [[1, 2, 3]]}}, "coefficients must be"),
     ({"redundancy": {"mode": "mirror"}}, "mode"),
+    ({"replicas": 8, "redundancy": {"mode": "berrut", "K": 4, "S": 1, "workers": 4}},
+     "needs at least 5 workers"),
+    ({"replicas": 8, "redundancy": {"mode": "systematic-berrut", "K": 4, "workers": 6}},
+     "only used by berrut"),
+    ({"replicas": 6, "redundancy": {"mode": "berrut", "K": 2, "S": 1, "workers": 7}},
+     "needs at least 7 replicas"),
 ])
 def test_bad_redundancy_settings_name_the_problem(extra: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         _dep(**extra)
+
+
+def test_berrut_workers_widen_the_group() -> None:
+    plain = _dep(replicas=8, redundancy={"mode": "berrut", "K": 4, "S": 1})
+    wide = _dep(replicas=8, redundancy={"mode": "berrut", "K": 4, "S": 1, "workers": 8})
+    assert (plain.redundancy.coded_tasks(), wide.redundancy.coded_tasks()) == (5, 8)

@@ -576,6 +576,16 @@ def test_berrut_ready_only_at_needed_results() -> None:
     assert 1 not in group.results and not group.ready()
 
 
+def test_berrut_with_extra_workers_waits_for_all_but_s() -> None:
+    code = BerrutCode(3, 1, workers=6)
+    group = BerrutGroup(code)
+    outputs = _run_berrut(group, _curve(code.alpha, [2, 2, 2], seed=2), linear, [])
+    for count, worker in enumerate((5, 0, 2, 3, 1), start=1):
+        group.arrive(worker, outputs[worker])
+        assert group.ready() == (count >= 5), count  # 6 workers - S, not the 3 it could use
+    assert group.decode().method == "berrut"
+
+
 @pytest.mark.parametrize("arrived", list(itertools.combinations(range(3), 2)))
 def test_berrut_k2_is_exact_for_a_linear_model(arrived: tuple[int, int]) -> None:
     # Two data nodes: the coded queries lie on a line, and so do a linear model's outputs.

@@ -20,6 +20,7 @@ from parityserve.core.coding.berrut import (
     berrut_weights,
     chebyshev_first_kind,
     chebyshev_second_kind,
+    minimum_workers,
 )
 from parityserve.core.coding.locator import locate_rational_errors
 from parityserve.core.coding.parity import (
@@ -41,5 +42,6 @@ __all__ = [
     "berrut_weights",
     "chebyshev_first_kind",
     "chebyshev_second_kind",
+    "minimum_workers",
     "locate_rational_errors",
 ]

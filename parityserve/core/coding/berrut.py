@@ -53,6 +53,7 @@ __all__ = [
     "berrut_weights",
     "chebyshev_first_kind",
     "chebyshev_second_kind",
+    "minimum_workers",
 ]
 
 # A point within this distance of a node (relative to the nodes' magnitude) takes that
@@ -123,17 +124,26 @@ class BerrutDecoding:
 class BerrutCode:
     """ApproxIFER's code: K queries, tolerating S stragglers and E Byzantine workers.
 
-    There are ``n_workers = N + 1`` workers with N = K + S - 1 when E = 0 and
-    N = 2(K + E) + S - 1 otherwise. Decoding needs ``needed`` results: K when E = 0, and
-    2(K + E) otherwise, the number of unknowns of the error locator.
+    There are ``n_workers = N + 1`` workers. The fewest that tolerate S stragglers and E
+    errors (``minimum_workers``) are K + S when E = 0 and 2(K + E) + S otherwise; ``workers``
+    may ask for more. Decoding needs ``needed`` results: K when E = 0, and 2(K + E)
+    otherwise, the number of unknowns of the error locator. A group waits for
+    ``decode_at = n_workers - S`` of them: with the minimum that is ``needed``, and extra
+    workers put more, denser nodes under the interpolation, which decodes more accurately.
     """
 
-    def __init__(self, K: int, S: int = 0, E: int = 0) -> None:
+    def __init__(self, K: int, S: int = 0, E: int = 0, workers: int | None = None) -> None:
         _check_counts(K, S, E)
         self._k, self._s, self._e = K, S, E
-        n = K + S - 1 if E == 0 else 2 * (K + E) + S - 1
+        least = minimum_workers(K, S, E)
+        if workers is None:
+            workers = least
+        if isinstance(workers, bool) or not isinstance(workers, int | np.integer) \
+                or workers < least:
+            raise CodingError(f"K={K}, S={S}, E={E} needs at least {least} workers, got "
+                              f"{workers!r}")
         self._alpha = _frozen(chebyshev_first_kind(K))
-        self._beta = _frozen(chebyshev_second_kind(n))
+        self._beta = _frozen(chebyshev_second_kind(int(workers) - 1))
 
     @property
     def K(self) -> int:  # the paper's names: K queries, S stragglers, E errors
@@ -154,6 +164,11 @@ class BerrutCode:
     @property
     def needed(self) -> int:
         return self._k if self._e == 0 else 2 * (self._k + self._e)
+
+    @property
+    def decode_at(self) -> int:
+        """How many results a group waits for: all but the S stragglers it tolerates."""
+        return self.n_workers - self._s
 
     @property
     def alpha(self) -> FloatArray:
@@ -299,6 +314,11 @@ class SystematicBerrut:
             if worker < self._k:
                 outputs[worker] = values[m]  # originals are exact, not interpolated
         return outputs.astype(result_dtype(results[w] for w in workers))
+
+
+def minimum_workers(K: int, S: int = 0, E: int = 0) -> int:
+    """The fewest Berrut workers that tolerate S stragglers and E Byzantine workers."""
+    return K + S if E == 0 else 2 * (K + E) + S
 
 
 def _check_counts(K: int, S: int, E: int) -> None:
