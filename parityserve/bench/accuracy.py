@@ -42,7 +42,7 @@ from parityserve.bench.accuracy_report import (
     plot_overall,
 )
 from parityserve.bench.report import command_line, write_results
-from parityserve.core.coding import BerrutCode, SystematicBerrut
+from parityserve.core.coding import BerrutCode, SystematicBerrut, minimum_workers
 
 __all__ = ["add_arguments", "run"]
 
@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--byz-K", dest="byz_ks", default="12", help="K for the Byzantine cells")
     p.add_argument("--E", dest="es", default="1,2,3", help="Byzantine worker counts")
     p.add_argument("--sigma", dest="sigmas", default="1,10,100", help="noise scales")
+    p.add_argument("--extra-workers", type=int, default=0, metavar="N",
+                   help="ApproxIFER and Byzantine cells: N Berrut workers over the code's "
+                        "minimum (K + S, or 2(K + E)); denser nodes decode more accurately. "
+                        "Cells with different N are kept side by side")
     p.add_argument("--parm-codes", default=_DEFAULT_PARM,
                    help="k:encoder list of ParM parity models")
     p.add_argument("--epochs", type=int, default=3, help="parity-model training epochs")
@@ -120,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         args.epochs, args.lenet_epochs = 1, 1
         args.samples_per_epoch = args.samples_per_epoch or 10_000
         args.cifar_parm_samples = min(args.cifar_parm_samples, 1000)
+    if args.extra_workers < 0:
+        raise SystemExit(f"--extra-workers must be >= 0, got {args.extra_workers}")
     if args.groupings < 3:
         raise SystemExit("--groupings must be at least 3 (every cell reports a spread)")
     parts = set(_words(args.parts))
@@ -200,7 +206,8 @@ def plot_overall_and_approxifer(payload: dict[str, Any],
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     keep = ("groupings", "test_limit", "cifar_test_limit", "epochs", "samples_per_epoch",
-            "lenet_epochs", "cifar_parm", "cifar_parm_samples", "seed", "quick", "threads")
+            "lenet_epochs", "cifar_parm", "cifar_parm_samples", "seed", "quick", "threads",
+            "extra_workers")
     return {k: getattr(args, k) for k in keep}
 
 
@@ -213,6 +220,7 @@ class _Setup:
     def __init__(self, args: argparse.Namespace, dataset: str, model: str,
                  data_dir: Path) -> None:
         self.args, self.dataset, self.model, self.data_dir = args, dataset, model, data_dir
+        self.extra = int(args.extra_workers)
         self.zoo = _MODELS[model]
         self.cache = Path(args.cache_dir) / "bench-accuracy"
         limit = args.cifar_test_limit if dataset == "cifar10" else args.test_limit
@@ -283,7 +291,7 @@ class _Setup:
         cells = []
         combos = [(k, s) for k in _ints(self.args.ks) for s in _ints(self.args.ss)]
         for k, s in tqdm(combos, desc=f"{self.dataset} {self.model} approxifer", leave=False):
-            code = BerrutCode(k, s)
+            code = BerrutCode(k, s, workers=minimum_workers(k, s) + self.extra)
             trials: dict[str, list[float]] = {"logits": [], "probs": []}
             for rng in self._rngs("approxifer", k, s):
                 groups = ev.groupings(len(self.y), k, 1, rng)[0]
@@ -292,7 +300,7 @@ class _Setup:
                     values.append(ev.straggler_trial(code, outs, self.y[groups], s, rng,
                                                      space=space))
             cells.append(self._cell("approxifer", trials["logits"], K=k, S=s, E=0,
-                                    workers=code.n_workers,
+                                    workers=code.n_workers, extra_workers=self.extra,
                                     probs=ev.mean_spread(trials["probs"]),
                                     probs_trials=trials["probs"]))
         return cells
@@ -304,7 +312,7 @@ class _Setup:
         cells = []
         combos = [(k, e) for k in _ints(self.args.byz_ks) for e in _ints(self.args.es)]
         for k, e in tqdm(combos, desc=f"{self.dataset} {self.model} byzantine", leave=False):
-            code = BerrutCode(k, 0, e)
+            code = BerrutCode(k, 0, e, workers=minimum_workers(k, 0, e) + self.extra)
             trials: dict[float, list[ev.ByzantineTrial]] = {s: [] for s in sigmas}
             for rng in self._rngs("byzantine", k, e):
                 groups = ev.groupings(len(self.y), k, 1, rng)[0]
@@ -316,6 +324,7 @@ class _Setup:
                 located = [t.located for t in got]
                 cells.append(self._cell("byzantine", [t.accuracy for t in got], K=k, S=0, E=e,
                                         sigma=sigma, workers=code.n_workers,
+                                        extra_workers=self.extra,
                                         located=ev.mean_spread(located)))
         return cells
 
