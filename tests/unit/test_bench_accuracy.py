@@ -309,3 +309,36 @@ def test_not_run_lists_missing_cells_of_the_grid() -> None:
                                    for c in grid]}
     assert rep.not_run(full) == []
     assert "Every cell of the grid has a result" in rep.markdown(full)
+
+
+def test_cells_with_extra_workers_sit_beside_the_minimum_ones() -> None:
+    base = _cell("approxifer", 0.80, K=8, S=3, E=0, workers=11)
+    wide = _cell("approxifer", 0.95, K=8, S=3, E=0, workers=19, extra_workers=8)
+    old = {**base}
+    old.pop("extra_workers", None)  # cells written before the option existed
+    assert rep.cell_id(base) == rep.cell_id(old) == "approxifer|mnist|mlp|K8|S3|E0"
+    assert rep.cell_id(wide) == "approxifer|mnist|mlp|K8|S3|E0|+8w"
+    payload = _payload(base, wide, _cell("parm", 0.5, K=8, encoder="addition"),
+                       _cell("approxifer", 0.7, K=8, S=1, E=0, workers=9))
+    assert len(payload["cells"]) == 4  # merged side by side, not replaced
+    claims = {(c["claim"], c["scope"]): c for c in rep.claims(payload)}
+    assert claims[("approxifer-stragglers-k8", "MNIST mlp")]["verdict"] == "missed"  # 28 pts
+    wide_claim = claims[("approxifer-stragglers-k8", "MNIST mlp, 8 workers over the minimum")]
+    assert wide_claim["verdict"] == "beat"  # 3 points
+    # The ParM comparison stays at the minimum: K + 1 instances against ParM's k + 1.
+    (row,) = [r for r in rep.comparison_rows(payload, ks=(8,))]
+    assert row["apx"] == pytest.approx(70.0)
+    rows = rep.approxifer_rows(payload)
+    assert sorted(r["workers"] for r in rows) == [9, 11, 19]
+
+
+def test_negative_extra_workers_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from parityserve.bench import accuracy
+
+    parser = argparse.ArgumentParser()
+    accuracy.add_arguments(parser)
+    args = parser.parse_args(["--extra-workers", "-1", "--results-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--extra-workers must be >= 0"):
+        accuracy.run(args)
