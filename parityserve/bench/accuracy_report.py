@@ -415,8 +415,9 @@ def markdown(payload: Mapping[str, Any]) -> str:
     apx = approxifer_rows(payload)
     if apx:
         out += ["## ApproxIFER with stragglers", "",
-                "K queries Berrut-encoded for K+S workers, S random workers dropped, all K "
-                "outputs decoded from the other K and scored. Decoded on logits (the "
+                "K queries Berrut-encoded for the 'workers' column's workers (K+S unless "
+                "run with `--extra-workers`), S random workers dropped, all K outputs "
+                "decoded from the rest and scored. Decoded on logits (the "
                 "'softmax' column decodes probabilities instead, from the same outputs).", "",
                 markdown_table(_rowfmt(apx, "acc", "std"), [
                     ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
@@ -427,7 +428,8 @@ def markdown(payload: Mapping[str, Any]) -> str:
     byz = byzantine_rows(payload)
     if byz:
         out += ["## ApproxIFER with Byzantine workers", "",
-                "S = 0; 2(K+E) workers; E random workers' outputs get N(0, sigma^2) noise per "
+                "S = 0; 2(K+E) workers unless the 'workers' column shows more; E random "
+                "workers' outputs get N(0, sigma^2) noise per "
                 "coordinate; the error locator excludes E workers and the rest are decoded. "
                 "'located' is the share of corrupted workers it named.", "",
                 markdown_table(_rowfmt(byz, "acc", "std"), [
