@@ -724,7 +724,7 @@ class Simulator:
             self._at(max(decision, self.now), lambda: self._try_decode(run))
             return
         if not decision:
-            if not run.core.missing():
+            if not run.core.missing() and run.core.closed:  # runtime.coding.Parm._try_decode
                 run.finished = True
             return
         try:

@@ -291,7 +291,10 @@ class Parm(Redundancy):
             asyncio.get_running_loop().call_later(delay, self._try_decode, run)
             return
         if not decision:
-            if not run.core.missing():
+            # Finished only once closed: a batch that answers before the next one joins must
+            # not end the group, or the later batch joins a finished group, its parity is
+            # never sent and a crash of its replica loses its queries.
+            if not run.core.missing() and run.core.closed:
                 run.finished = True
             elif run.error is not None and run.core.closed:
                 # A task failed earlier and the last one has now answered without making the

@@ -419,6 +419,28 @@ def test_parm_group_answered_by_its_originals_decodes_nothing() -> None:
     run(body)
 
 
+def test_parm_batch_answered_before_the_next_joins_keeps_the_group_open() -> None:
+    """Found by a flaky integration test: the first batch answered before the second joined,
+    the group counted as finished, the second batch's parity was never sent, and when its
+    replica crashed its query was lost."""
+    async def body() -> None:
+        rig = Rig(parm())
+        rig.add("d0", initial=1)
+        rig.add("p0", pool="parity0")
+        first = rig.submit([1.0, 2.0])
+        rig.echo(0)  # answered while the group is still open, waiting for a second batch
+        assert values([first]) == [[1.0, 2.0]]
+        second = rig.submit([3.0, 4.0])  # joins the same group, which is now full
+        assert rig.link.rids() == ["d0", "d0", "p0"]  # so the parity goes out
+        assert rig.path.take_back(rig.path.replicas["d0"]) == 1  # d0 crashed: requeued
+        rig.echo(2)  # the parity output rebuilds it anyway, first
+        assert values([second]) == [[3.0, 4.0]]
+        assert rig.path.reconstruction(second) == "parm-subtraction"
+        rig.path.fail_all("test over")
+
+    run(body)
+
+
 def test_parm_parity_before_the_others_waits_for_them() -> None:
     async def body() -> None:
         rig, futures = parm_rig()
