@@ -40,6 +40,7 @@ __all__ = [
     "SystematicGroup",
     "pad_rows",
     "softmax_subtraction",
+    "split_even",
     "take_task",
 ]
 
@@ -65,6 +66,21 @@ class _Queued(Protocol):
 
 
 _T = TypeVar("_T", bound=_Queued)
+
+_Item = TypeVar("_Item")
+
+
+def split_even(items: Sequence[_Item], k: int) -> list[list[_Item]]:
+    """Up to k near-equal consecutive chunks (fewer when there are fewer items): how the
+    Berrut modes cut the queries of one dispatch into the K batches of a group."""
+    parts = min(k, len(items))
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(list(items[start:end]))
+        start = end
+    return chunks
 
 
 def take_task(queue: deque[_T], worker: Hashable) -> _T | None:

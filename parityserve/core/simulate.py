@@ -46,6 +46,7 @@ from parityserve.core.redundancy import (
     Decoded,
     ParmGroup,
     SystematicGroup,
+    split_even,
     take_task,
 )
 from parityserve.errors import CodingError, ConfigError, QueueFull
@@ -739,7 +740,7 @@ class Simulator:
     def _dispatch_berrut(self, entries: list[Entry[_Query]]) -> None:
         cfg = self.config
         systematic = cfg.mode == "systematic-berrut"
-        chunks = _split(entries, cfg.K)
+        chunks = split_even(entries, cfg.K)
         payloads = [np.ones((len(c), 1), dtype=np.float32) for c in chunks]
         core: Any = (SystematicGroup(self._berrut) if systematic
                      else BerrutGroup(self._berrut))
@@ -804,18 +805,6 @@ class _SharedCPU:
         on_done = self.jobs.pop(jid)[1]
         self._reschedule()
         on_done()
-
-
-def _split(entries: list[Entry[_Query]], k: int) -> list[list[Entry[_Query]]]:
-    """``runtime.coding._split``: up to k near-equal consecutive chunks."""
-    parts = min(k, len(entries))
-    size, extra = divmod(len(entries), parts)
-    chunks, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(entries[start:end])
-        start = end
-    return chunks
 
 
 def simulate(config: SimConfig, profile: ServiceProfile, arrivals: Iterable[float],

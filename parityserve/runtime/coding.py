@@ -34,6 +34,7 @@ from parityserve.core.redundancy import (
     Decoded,
     ParmGroup,
     SystematicGroup,
+    split_even,
     take_task,
 )
 from parityserve.errors import CodingError, PredictError
@@ -334,7 +335,7 @@ class Berrut(Redundancy):
             else (lambda: BerrutGroup(BerrutCode(cfg.K, cfg.S, cfg.E, cfg.workers))))
 
     def dispatch(self, replica: Replica, entries: list[Entry[Query]], now: float) -> None:
-        chunks = [list(c) for c in _split(entries, self.K)]
+        chunks = split_even(entries, self.K)
         payloads = [self.path.assemble(c) for c in chunks]
         if not all(isinstance(p, np.ndarray) for p in payloads):
             for chunk in chunks:  # lists of Python objects cannot be coded: send them plainly
@@ -443,18 +444,6 @@ def _pool_deployed(path: ModelPath, pool: str) -> bool:
     deployment = path.deployment
     parity = deployment.parity if deployment.redundancy.mode == "parm" else None
     return parity is not None and pool in {parity_pool(j) for j in range(parity.r)}
-
-
-def _split(entries: list[Entry[Query]], k: int) -> list[list[Entry[Query]]]:
-    """Up to k near-equal consecutive chunks (fewer when there are fewer queries)."""
-    parts = min(k, len(entries))
-    size, extra = divmod(len(entries), parts)
-    chunks, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(entries[start:end])
-        start = end
-    return chunks
 
 
 def _stack(outputs: list[Any]) -> np.ndarray | None:

@@ -64,7 +64,16 @@ def _curve(alpha: np.ndarray, rows: list[int], seed: int) -> list[np.ndarray]:
 def test_public_names() -> None:
     assert sorted(redundancy.__all__) == [
         "BerrutGroup", "Decoded", "ParmGroup", "SystematicGroup", "pad_rows",
-        "softmax_subtraction", "take_task"]
+        "softmax_subtraction", "split_even", "take_task"]
+
+
+@pytest.mark.parametrize(("n", "k", "sizes"), [
+    (10, 3, [4, 3, 3]), (6, 3, [2, 2, 2]), (2, 4, [1, 1]), (1, 1, [1]), (7, 1, [7]),
+])
+def test_split_even_cuts_consecutive_near_equal_chunks(n: int, k: int, sizes: list[int]) -> None:
+    chunks = redundancy.split_even(list(range(n)), k)
+    assert [len(c) for c in chunks] == sizes
+    assert [x for c in chunks for x in c] == list(range(n))  # order kept, nothing lost
 
 
 # ---- take_task ------------------------------------------------------------------------------
