@@ -32,7 +32,6 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._labelled: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._define_requests()
         self._define_models()
@@ -100,14 +99,8 @@ class Metrics:
         return child
 
     def request(self, route: str, target: str, outcome: str, latency_s: float) -> None:
-        key = (route, target, outcome)
-        children = self._children.get(key)
-        if children is None:  # labels() takes a lock and builds a tuple; cache per label set
-            children = (self._requests.labels(route, target, outcome),
-                        self._latency.labels(route, target))
-            self._children[key] = children
-        children[0].inc()
-        children[1].observe(latency_s)
+        self._child(self._requests, route, target, outcome).inc()
+        self._child(self._latency, route, target).observe(latency_s)
 
     def bad_request(self, code: str) -> None:
         self._bad.labels(code).inc()
