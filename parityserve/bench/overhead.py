@@ -140,16 +140,12 @@ def _probe_low_load(targets: dict[str, str], bodies: list[bytes], rate: float,
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     for rep in range(args.repeats):
         for system, url in targets.items():
-            runs[system].append(probe(url, "/bench/predict", bodies, rate_qps=rate,
-                                      n=args.queries, seed=rep))
+            result = probe(url, "/bench/predict", bodies, rate_qps=rate, n=args.queries,
+                           seed=rep)
+            runs[system].append({"system": system, "rate": rate, **result})
     out = {}
     for system, rows in runs.items():
-        row = {"system": system, "rate": rate, "errors": sum(sum(r["errors"].values())
-                                                             for r in rows)}
-        for key in ("p50_ms", "p99_ms", "p999_ms"):
-            row[key] = float(np.median([r[key] for r in rows]))
-            row[key.removesuffix("_ms") + "_runs"] = [r[key] for r in rows]
-        out[system] = row
+        row = out[system] = _median_row(rows, ("p50_ms", "p99_ms", "p999_ms"))
         print(f"  probe {rate:4.0f} q/s  {system:<12} p50 {row['p50_ms']:7.3f}  "
               f"p99 {row['p99_ms']:7.3f} ms  errors {row['errors']}", flush=True)
     return out
@@ -205,10 +201,11 @@ def _saturate(targets: dict[str, str], bodies: list[bytes],
 _MEDIANS = ("throughput_qps", "goodput_qps", "p50_ms", "p99_ms", "p999_ms", "mean_ms")
 
 
-def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _median_row(rows: list[dict[str, Any]],
+                keys: Sequence[str] = _MEDIANS) -> dict[str, Any]:
     """One row per point: medians over repetitions, each run's figures kept beside them."""
     out = dict(rows[0])
-    for key in _MEDIANS:
+    for key in keys:
         values = [r[key] for r in rows]
         out[key] = float(np.median(values))
         out[f"{key.removesuffix('_qps').removesuffix('_ms')}_runs"] = values
