@@ -20,7 +20,7 @@ import argparse
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -440,19 +440,31 @@ def real_rows(doc: Any) -> Iterator[dict[str, Any]]:
     ``replicas``, ``burst`` ({every_ms, duration_ms, delay_ms}) or ``faults``; missing ones
     are taken from the flags.
     """
+    return _dicts_where(doc, _is_real_row)
+
+
+def _is_real_row(doc: Mapping[str, Any]) -> bool:
+    if "p50_ms" not in doc or "p99_ms" not in doc:
+        return False
+    mode = doc.get("mode") or doc.get("redundancy") or doc.get("system")
+    if isinstance(mode, Mapping):
+        mode = mode.get("mode")
+    return isinstance(mode, str) and mode.split("(")[0] in MODES
+
+
+def _dicts_where(doc: Any, match: Callable[[Mapping[str, Any]], bool]
+                 ) -> Iterator[dict[str, Any]]:
+    """Every dict in a JSON document that ``match`` accepts, outermost first; the inside of
+    a matching dict is not searched."""
     if isinstance(doc, Mapping):
-        if "p50_ms" in doc and "p99_ms" in doc:
-            mode = doc.get("mode") or doc.get("redundancy") or doc.get("system")
-            if isinstance(mode, Mapping):
-                mode = mode.get("mode")
-            if isinstance(mode, str) and mode.split("(")[0] in MODES:
-                yield dict(doc)
-                return
+        if match(doc):
+            yield dict(doc)
+            return
         for value in doc.values():
-            yield from real_rows(value)
+            yield from _dicts_where(value, match)
     elif isinstance(doc, list):
         for value in doc:
-            yield from real_rows(value)
+            yield from _dicts_where(value, match)
 
 
 def _validate_file(path: Path, args: argparse.Namespace, profile: ServiceProfile,
@@ -485,15 +497,7 @@ def _validate_file(path: Path, args: argparse.Namespace, profile: ServiceProfile
 
 def _tail_models(doc: Any) -> Iterator[dict[str, Any]]:
     """``bench tail``'s per-model sections: dicts with points, cases and a burst model."""
-    if isinstance(doc, Mapping):
-        if {"points", "cases", "burst"} <= set(doc):
-            yield dict(doc)
-            return
-        for value in doc.values():
-            yield from _tail_models(value)
-    elif isinstance(doc, list):
-        for value in doc:
-            yield from _tail_models(value)
+    return _dicts_where(doc, lambda d: {"points", "cases", "burst"} <= set(d))
 
 
 def _validate_tail(path: Path, model: Mapping[str, Any], args: argparse.Namespace,
