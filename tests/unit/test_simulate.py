@@ -162,7 +162,7 @@ def test_delay_windows_slow_batches_that_start_inside_them() -> None:
 
 
 def test_cli_and_bench_helpers() -> None:
-    from parityserve.bench.simulate import real_rows, sim_config
+    from parityserve.bench.simulate import _tail_models, real_rows, sim_config
     from parityserve.cli import build_parser
 
     args = build_parser().parse_args(["bench", "simulate", "--quick", "--no-project"])
@@ -170,6 +170,10 @@ def test_cli_and_bench_helpers() -> None:
     doc = {"x": [{"mode": "parm", "p50_ms": 1.0, "p99_ms": 2.0, "rate": 10},
                  {"system": "raw", "p50_ms": 1.0, "p99_ms": 2.0}]}
     assert [r["mode"] for r in real_rows(doc)] == ["parm"]
+    tail = {"models": {"mlp": {"points": [], "cases": [], "burst": {},
+                               "inner": {"points": [], "cases": [], "burst": {}}}}}
+    assert [sorted(t) for t in _tail_models(tail)] == [["burst", "cases", "inner", "points"]]
+    assert list(_tail_models(doc)) == []
     burst = BurstSpec(every_ms=100, duration_ms=10, delay_ms=5)
     assert sim_config("none", 12, burst=burst).instances() == 12
     for mode in ("equal-resources", "replication", "parm", "berrut", "systematic-berrut"):
