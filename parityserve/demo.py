@@ -149,10 +149,8 @@ def _serve_and_load(*, queries: int, rate: float, cache_dir: Path, seed: int,
     config_path = write_config(demo_config(model_path), cache_dir / "demo-serving.yaml")
     _, _, x_test, y_test = load_digits_split(seed=seed)
     with contextlib.ExitStack() as stack:
-        with console.status("starting the server and 2 worker replicas"):
-            server = ServerProcess(config_path, log_dir=cache_dir / "logs").start()
-        stack.callback(_stop, server, "server")
-        console.print(f"serving on {server.url}  (config: {config_path})")
+        server = _serve(stack, config_path, cache_dir, "server",
+                        "starting the server and 2 worker replicas")
         result = run_event_loop(_load(server.url, x_test, queries, rate, seed))
         _report(result, y_test, rate)
         _print_urls(server.url, [
@@ -227,10 +225,8 @@ def _coding_comparison(*, queries: int, rate: float, cache_dir: Path, seed: int,
     # The split the deployed DigitsMLP was trained on (seed 0): its test digits are unseen.
     _, _, x_test, y_test = load_digits_split(seed=0)
     with contextlib.ExitStack() as stack:
-        with console.status("starting the server: 3 + 3 worker replicas"):
-            server = ServerProcess(config_path, log_dir=cache_dir / "logs").start()
-        stack.callback(_stop, server, "comparison server")
-        console.print(f"serving on {server.url}  (config: {config_path})")
+        server = _serve(stack, config_path, cache_dir, "comparison server",
+                        "starting the server: 3 + 3 worker replicas")
         results = run_event_loop(_compare(server.url, x_test, queries, rate, seed))
         _report_comparison(results, y_test, rate, parity)
         if keep is not None:
@@ -398,6 +394,16 @@ def _report_comparison(results: list[LoadResult], y_test: np.ndarray, rate: floa
 
 
 # --- shared --------------------------------------------------------------------------------------
+
+
+def _serve(stack: contextlib.ExitStack, config_path: Path, cache_dir: Path, what: str,
+           status: str) -> ServerProcess:
+    """Start a server for ``config_path``; ``stack`` stops it (and its workers) on exit."""
+    with console.status(status):
+        server = ServerProcess(config_path, log_dir=cache_dir / "logs").start()
+    stack.callback(_stop, server, what)
+    console.print(f"serving on {server.url}  (config: {config_path})")
+    return server
 
 
 def _stop(server: ServerProcess, what: str) -> None:
