@@ -367,6 +367,11 @@ def _rowfmt(rows: list[dict[str, Any]], key: str, spread: str) -> list[dict[str,
     return [{**r, f"{key}_pm": fmt(r)} for r in rows]
 
 
+def _section(title: str, intro: str, table: str) -> list[str]:
+    """A titled table with its explanation, as lines of the results document."""
+    return [f"## {title}", "", intro, "", table, ""]
+
+
 def markdown(payload: Mapping[str, Any]) -> str:
     """The results document body: setup, claims, then one table per part."""
     out: list[str] = []
@@ -376,79 +381,85 @@ def markdown(payload: Mapping[str, Any]) -> str:
                 "test, not the benchmark.", ""]
     out += _setup_section(payload)
     claim_rows = claims(payload)
-    out += ["## Claims", "",
-            "Verdicts: a loss bound is *met* when our worst loss is at most the paper's, "
-            f"*beat* when at least {_BEAT_MARGIN:g} point under it; ParM's 1.7-9.8 point "
-            "range is met by any gap up to 9.8 and beaten by one under 1.7; the \"up to 58%\" "
-            f"gain is beaten when our best gain reaches 58%, met within {_GAIN_TOLERANCE:g} "
-            "points of it. CIFAR-10 numbers are on the lossy copy (see below), not the "
-            "papers' data.", "",
-            markdown_table(claim_rows, [("source", "source", "s"), ("statement", "claim", "s"),
-                                        ("scope", "cell(s)", "s"), ("paper", "paper", "s"),
-                                        ("measured", "measured", "s"),
-                                        ("verdict", "verdict", "s")]), ""]
+    out += _section(
+        "Claims",
+        "Verdicts: a loss bound is *met* when our worst loss is at most the paper's, "
+        f"*beat* when at least {_BEAT_MARGIN:g} point under it; ParM's 1.7-9.8 point "
+        "range is met by any gap up to 9.8 and beaten by one under 1.7; the \"up to 58%\" "
+        f"gain is beaten when our best gain reaches 58%, met within {_GAIN_TOLERANCE:g} "
+        "points of it. CIFAR-10 numbers are on the lossy copy (see below), not the "
+        "papers' data.",
+        markdown_table(claim_rows, [("source", "source", "s"), ("statement", "claim", "s"),
+                                    ("scope", "cell(s)", "s"), ("paper", "paper", "s"),
+                                    ("measured", "measured", "s"),
+                                    ("verdict", "verdict", "s")]))
     parm = parm_rows(payload)
     if parm:
-        out += ["## ParM: degraded-mode and overall accuracy", "",
-                "A_d: per group of k test samples one random query is unavailable and rebuilt "
-                "by the parity model (subtraction decoder; softmax-subtraction for concat). "
-                "A_o = (1-f) A_a + f A_d; 'default' is the lower bound where unavailable "
-                "queries get the most common class. Percent; ± is the standard deviation "
-                "over groupings.", "",
-                markdown_table(_rowfmt(parm, "acc", "std"), [
-                    ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "k", "d"),
-                    ("encoder", "encoder", "s"), ("epochs", "epochs", "d"),
-                    ("a_a", "A_a", ".2f"), ("acc_pm", "A_d", "s"), ("loss", "A_a-A_d pts", ".2f"),
-                    ("a_o_0.05", "A_o f=.05", ".2f"), ("a_o_0.1", "A_o f=.1", ".2f"),
-                    ("def_0.1", "default f=.1", ".2f"), ("n", "groupings", "d")]), ""]
+        out += _section(
+            "ParM: degraded-mode and overall accuracy",
+            "A_d: per group of k test samples one random query is unavailable and rebuilt "
+            "by the parity model (subtraction decoder; softmax-subtraction for concat). "
+            "A_o = (1-f) A_a + f A_d; 'default' is the lower bound where unavailable "
+            "queries get the most common class. Percent; ± is the standard deviation "
+            "over groupings.",
+            markdown_table(_rowfmt(parm, "acc", "std"), [
+                ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "k", "d"),
+                ("encoder", "encoder", "s"), ("epochs", "epochs", "d"),
+                ("a_a", "A_a", ".2f"), ("acc_pm", "A_d", "s"), ("loss", "A_a-A_d pts", ".2f"),
+                ("a_o_0.05", "A_o f=.05", ".2f"), ("a_o_0.1", "A_o f=.1", ".2f"),
+                ("def_0.1", "default f=.1", ".2f"), ("n", "groupings", "d")]))
     comp = comparison_rows(payload)
     if comp:
         comp = _rowfmt(_rowfmt(comp, "parm", "parm_std"), "apx", "apx_std")
-        out += ["## ParM vs ApproxIFER at K = 8 and 12", "",
-                "ParM: a k = K addition parity model trained here; ApproxIFER: S = 1. Gain is "
-                "ApproxIFER's accuracy over ParM's, relative.", "",
-                markdown_table(comp, [("dataset", "dataset", "s"), ("model", "model", "s"),
-                                      ("K", "K", "d"), ("a_a", "A_a", ".2f"),
-                                      ("parm_pm", "ParM A_d", "s"),
-                                      ("apx_pm", "ApproxIFER", "s"),
-                                      ("gain", "gain %", "+.1f")]), ""]
+        out += _section(
+            "ParM vs ApproxIFER at K = 8 and 12",
+            "ParM: a k = K addition parity model trained here; ApproxIFER: S = 1. Gain is "
+            "ApproxIFER's accuracy over ParM's, relative.",
+            markdown_table(comp, [("dataset", "dataset", "s"), ("model", "model", "s"),
+                                  ("K", "K", "d"), ("a_a", "A_a", ".2f"),
+                                  ("parm_pm", "ParM A_d", "s"),
+                                  ("apx_pm", "ApproxIFER", "s"),
+                                  ("gain", "gain %", "+.1f")]))
     apx = approxifer_rows(payload)
     if apx:
-        out += ["## ApproxIFER with stragglers", "",
-                "K queries Berrut-encoded for the 'workers' column's workers (K+S unless "
-                "run with `--extra-workers`), S random workers dropped, all K outputs "
-                "decoded from the rest and scored. Decoded on logits (the "
-                "'softmax' column decodes probabilities instead, from the same outputs).", "",
-                markdown_table(_rowfmt(apx, "acc", "std"), [
-                    ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
-                    ("S", "S", "d"), ("workers", "workers", "d"), ("a_a", "A_a", ".2f"),
-                    ("acc_pm", "accuracy", "s"), ("loss", "loss pts", ".2f"),
-                    ("probs", "softmax", ".2f"), ("samples", "test samples", "d"),
-                    ("n", "groupings", "d")]), ""]
+        out += _section(
+            "ApproxIFER with stragglers",
+            "K queries Berrut-encoded for the 'workers' column's workers (K+S unless "
+            "run with `--extra-workers`), S random workers dropped, all K outputs "
+            "decoded from the rest and scored. Decoded on logits (the "
+            "'softmax' column decodes probabilities instead, from the same outputs).",
+            markdown_table(_rowfmt(apx, "acc", "std"), [
+                ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
+                ("S", "S", "d"), ("workers", "workers", "d"), ("a_a", "A_a", ".2f"),
+                ("acc_pm", "accuracy", "s"), ("loss", "loss pts", ".2f"),
+                ("probs", "softmax", ".2f"), ("samples", "test samples", "d"),
+                ("n", "groupings", "d")]))
     byz = byzantine_rows(payload)
     if byz:
-        out += ["## ApproxIFER with Byzantine workers", "",
-                "S = 0; 2(K+E) workers unless the 'workers' column shows more; E random "
-                "workers' outputs get N(0, sigma^2) noise per "
-                "coordinate; the error locator excludes E workers and the rest are decoded. "
-                "'located' is the share of corrupted workers it named.", "",
-                markdown_table(_rowfmt(byz, "acc", "std"), [
-                    ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
-                    ("E", "E", "d"), ("sigma", "sigma", "g"), ("workers", "workers", "d"),
-                    ("a_a", "A_a", ".2f"), ("acc_pm", "accuracy", "s"),
-                    ("loss", "loss pts", ".2f"), ("located", "located %", ".1f"),
-                    ("n", "groupings", "d")]), ""]
+        out += _section(
+            "ApproxIFER with Byzantine workers",
+            "S = 0; 2(K+E) workers unless the 'workers' column shows more; E random "
+            "workers' outputs get N(0, sigma^2) noise per "
+            "coordinate; the error locator excludes E workers and the rest are decoded. "
+            "'located' is the share of corrupted workers it named.",
+            markdown_table(_rowfmt(byz, "acc", "std"), [
+                ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
+                ("E", "E", "d"), ("sigma", "sigma", "g"), ("workers", "workers", "d"),
+                ("a_a", "A_a", ".2f"), ("acc_pm", "accuracy", "s"),
+                ("loss", "loss pts", ".2f"), ("located", "located %", ".1f"),
+                ("n", "groupings", "d")]))
     sysrows = systematic_rows(payload)
     if sysrows:
-        out += ["## Systematic Berrut", "",
-                "K workers get the queries unchanged and S get coded ones; S random workers "
-                "of K+S straggle. 'rebuilt' is the accuracy on queries whose uncoded worker "
-                "straggled (interpolated), 'all K' over every answer.", "",
-                markdown_table(_rowfmt(sysrows, "acc", "std"), [
-                    ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
-                    ("S", "S", "d"), ("a_a", "A_a", ".2f"), ("acc_pm", "rebuilt", "s"),
-                    ("loss", "A_a-rebuilt pts", ".2f"), ("group", "all K", ".2f"),
-                    ("rebuilt", "rebuilt queries", "d"), ("n", "groupings", "d")]), ""]
+        out += _section(
+            "Systematic Berrut",
+            "K workers get the queries unchanged and S get coded ones; S random workers "
+            "of K+S straggle. 'rebuilt' is the accuracy on queries whose uncoded worker "
+            "straggled (interpolated), 'all K' over every answer.",
+            markdown_table(_rowfmt(sysrows, "acc", "std"), [
+                ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
+                ("S", "S", "d"), ("a_a", "A_a", ".2f"), ("acc_pm", "rebuilt", "s"),
+                ("loss", "A_a-rebuilt pts", ".2f"), ("group", "all K", ".2f"),
+                ("rebuilt", "rebuilt queries", "d"), ("n", "groupings", "d")]))
     missing = not_run(payload)
     out += ["## Not run", ""]
     if missing:
