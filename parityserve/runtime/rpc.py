@@ -54,6 +54,7 @@ class WorkerLink:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self.address = self._bind(host, port)
+        self._fd = int(self._sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handler: MessageHandler | None = None
         self._pass_pending = False
@@ -68,7 +69,7 @@ class WorkerLink:
     def start(self, handler: MessageHandler) -> None:
         self._loop = asyncio.get_running_loop()
         self._handler = handler
-        self._loop.add_reader(self._sock.getsockopt(zmq.FD), self._receive_pass)
+        self._loop.add_reader(self._fd, self._receive_pass)
         self._schedule_pass()  # anything that arrived before the reader was registered
 
     def send(
@@ -91,31 +92,34 @@ class WorkerLink:
 
     def _receive_pass(self) -> None:
         self._pass_pending = False
-        if self._handler is None:  # closed while a pass was scheduled
+        handler = self._handler
+        if handler is None:  # closed while a pass was scheduled
             return
         for _ in range(self._BURST):
             try:
                 frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle(frames)
+            _handle(handler, frames)
         self._schedule_pass()  # more may be waiting: come back after other callbacks run
 
-    def _handle(self, frames: list[Any]) -> None:
-        try:
-            replica_id = frames[0].bytes.decode()
-            header, buffers = wire.decode(frames[1:])
-        except (ProtocolError, UnicodeDecodeError) as exc:
-            log.warning("dropping malformed worker message: %s", exc)
-            return
-        try:
-            self._handler(replica_id, header, buffers)  # type: ignore[misc]
-        except Exception:  # one bad message must not stop the receive loop
-            log.exception("error handling %s from %s", header.get("t"), replica_id)
-
     async def close(self) -> None:
-        if self._loop is not None and not self._sock.closed:
-            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
         self._handler = None
         self._sock.close(linger=0)
         self._ctx.term()
+
+
+def _handle(handler: MessageHandler, frames: list[Any]) -> None:
+    """Decode one worker message and hand it on; a bad one is logged, never raised."""
+    try:
+        replica_id = frames[0].bytes.decode()
+        header, buffers = wire.decode(frames[1:])
+    except (ProtocolError, UnicodeDecodeError) as exc:
+        log.warning("dropping malformed worker message: %s", exc)
+        return
+    try:
+        handler(replica_id, header, buffers)
+    except Exception:  # one bad message must not stop the receive loop
+        log.exception("error handling %s from %s", header.get("t"), replica_id)
