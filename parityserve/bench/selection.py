@@ -431,7 +431,7 @@ def _fig8_claims(report: dict[str, Any]) -> list[str]:
 
 def _fig8_headroom(r: dict[str, Any]) -> str:
     """How much room the models leave a bandit at all: the hindsight per-phase oracle."""
-    static = [row["curve"] for row in r["rows"] if row["curve"] not in ("Exp3", "Exp4")]
+    static = [m["name"] for m in r["models"]]
     window, n = tuple(r["degraded_window"]), r["queries"]
     oracle = phase_oracle(r["rows"], static, window, n)
     gamma = r["policies"]["exp3"]["gamma"]

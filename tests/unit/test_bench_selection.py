@@ -262,7 +262,7 @@ def test_fig8_headroom_says_when_a_bandit_cannot_win() -> None:
                 {"curve": "b", "final_cumulative_error": 0.1 + gap, "error_before": 0.1 + gap,
                  "error_degraded": 0.1 + gap, "error_after": 0.1 + gap}]
         return {"rows": rows, "degraded_window": [5000, 10000], "queries": 20000,
-                "policies": {"exp3": {"gamma": 0.02}}}
+                "policies": {"exp3": {"gamma": 0.02}}, "models": [{"name": "a"}, {"name": "b"}]}
 
     close, far = _fig8_headroom(report(0.001)), _fig8_headroom(report(0.1))
     assert "out of reach for any bandit" in close
