@@ -419,6 +419,114 @@ def test_parm_mismatched_output_width_raises() -> None:
         group.decode([1])
 
 
+# --- ParmGroup: parities summed as batches join, and the lean decode --------------------------
+
+
+def _encode_at_close(code: LinearCode, batches: list[np.ndarray]) -> list[np.ndarray]:
+    """What ParM does: wait for the group, stack it (zero-padding short batches), encode."""
+    parities = code.encode(list(pad_rows(batches)))
+    return [parities[j] for j in range(code.r)]
+
+
+@FAST
+@given(st.integers(2, 5), st.integers(1, 3), st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       st.sampled_from(["float32", "float64", "uint8"]), st.integers(0, 2**32 - 1))
+def test_running_parities_equal_encoding_the_padded_group_at_close(
+    k: int, r: int, rows: list[int], dtype: str, seed: int,
+) -> None:
+    rows = rows[:k]  # a short list is a group closed early
+    rng = np.random.default_rng(seed)
+    batches = [(rng.uniform(0, 200, (n, DIM))).astype(dtype) for n in rows]
+    code = LinearCode.default(k, r)
+    group = ParmGroup(code)
+    for j, batch in enumerate(batches):
+        group.add(batch, float(j))
+    got = group.close()
+    want = _encode_at_close(code, batches)
+    assert [p.shape for p in got] == [p.shape for p in want]
+    assert [p.dtype for p in got] == [p.dtype for p in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5 if dtype != "float64" else 1e-12)
+
+
+def test_running_parities_promote_to_the_widest_dtype_that_joins() -> None:
+    group = ParmGroup(LinearCode.addition(3))
+    group.add(np.full((1, 2), 0.1, dtype=np.float32), 0.0)
+    group.add(np.full((2, 2), 0.2, dtype=np.float64), 0.0)
+    group.add(np.ones((1, 2), dtype=np.int64), 0.0)
+    (parity,) = group.close()
+    assert parity.dtype == np.float64 and parity.shape == (2, 2)
+    np.testing.assert_allclose(parity, [[np.float32(0.1) + 0.2 + 1.0] * 2, [0.2, 0.2]])
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(np.ones((1, DIM + 1)), "rows of shape"), (np.array([["a"] * DIM]), "real numbers"),
+     (np.ones((1, DIM), dtype=complex), "real numbers"), (np.float64(3.0), "real numbers")],
+    ids=["width", "str", "complex", "scalar"],
+)
+def test_a_bad_batch_joins_but_the_group_cannot_encode(bad: np.ndarray, message: str) -> None:
+    group = ParmGroup(LinearCode.addition(3))
+    group.add(np.ones((1, DIM)), 0.0)
+    assert group.add(bad, 0.0) == 1  # dispatch never fails on the group's account
+    group.add(np.ones((1, DIM)), 0.0)
+    with pytest.raises(CodingError, match=message):
+        group.close()
+    assert group.closed and group.missing() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_lean_decode_equals_the_validating_path(k: int, dtype: type) -> None:
+    rng = np.random.default_rng(k)
+    outputs = [rng.normal(size=(1, 1000)).astype(dtype) for _ in range(k)]
+    for coefficients in (np.ones((1, k)), np.arange(1.0, k + 1)[np.newaxis, :]):
+        code = LinearCode(coefficients)
+        group = ParmGroup(code)
+        for _ in range(k):
+            group.add(np.zeros((1, 3)), 0.0)
+        group.close()
+        for slot in range(1, k):
+            group.arrive(slot, outputs[slot])
+        parity = sum(c * y for c, y in zip(coefficients[0], outputs, strict=True))
+        group.arrive_parity(0, np.asarray(parity, dtype=dtype))
+        lean = group._rebuild_lean([0])
+        assert lean is not None
+        slow = group._rebuild([0])
+        assert lean[0].dtype == slow[0].dtype == dtype
+        np.testing.assert_allclose(lean[0], slow[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(group.decode([0]).outputs[0], outputs[0], rtol=1e-3, atol=1e-3)
+
+
+def test_lean_decode_steps_aside_for_what_it_does_not_handle() -> None:
+    def group_of(k: int, r: int = 1) -> ParmGroup:
+        g = ParmGroup(LinearCode.default(k, r))
+        for _ in range(k):
+            g.add(np.zeros((2, 3)), 0.0)
+        g.close()
+        return g
+
+    mixed = group_of(2)
+    mixed.arrive(1, np.ones((2, 4), dtype=np.float32))
+    mixed.arrive_parity(0, np.ones((2, 4)))
+    assert mixed._rebuild_lean([0]) is None  # mixed dtypes
+    np.testing.assert_allclose(mixed.decode([0]).outputs[0], 0.0)
+    nan = group_of(2)
+    nan.arrive(1, np.ones((2, 4)))
+    nan.arrive_parity(0, np.full((2, 4), np.nan))
+    assert nan._rebuild_lean([0]) is None
+    with pytest.raises(CodingError, match="NaN"):
+        nan.decode([0])
+    # Two slots missing and one parity: a decode of one of them alone must not treat the
+    # other as zero; the validating path refuses it.
+    partial = group_of(3)
+    partial.arrive(2, np.ones((2, 4)))
+    partial.arrive_parity(0, np.ones((2, 4)))
+    assert partial._rebuild_lean([0]) is None
+    with pytest.raises(CodingError, match="neither given nor listed"):
+        partial.decode([0])
+
+
 # --- ParmGroup: concat encoder (MNIST-like images) -------------------------------------------
 
 

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from parityserve.core.coding._arrays import (
     Array,
     FloatArray,
+    all_finite,
     check_indices,
     result_dtype,
     stack_items,
@@ -218,7 +219,7 @@ class LinearCode:
         out: Array = combined[0]
         if c[lost] != 1.0:
             np.divide(out, c[lost], out=out, dtype=out.dtype)
-            if not _all_finite(out):
+            if not all_finite(out):
                 return None
         return out
 
@@ -306,7 +307,7 @@ def _combine(coefficients: list[list[float]], arrays: Sequence[Array], k: int
     out = np.empty((len(coefficients), *shape), dtype=dtype)
     for row, acc in zip(coefficients, out, strict=True):
         _accumulate(acc, row, arrays)
-    return out if _all_finite(out) else None
+    return out if all_finite(out) else None
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -333,14 +334,6 @@ def _accumulate(acc: Array, coefs: list[float], arrays: Sequence[Array]) -> None
             np.subtract(acc, a, out=acc, dtype=dt)
         else:
             np.add(acc, np.multiply(a, c, dtype=dt), out=acc, dtype=dt)
-
-
-def _all_finite(x: Array) -> bool:
-    """No NaN or infinity in ``x``. A dot product of x with itself is finite exactly when x
-    is, barring overflow of the squares; it is several times cheaper than ``np.isfinite``
-    (a BLAS reduction), so the full check runs only when it is not finite."""
-    flat = x.reshape(-1)
-    return math.isfinite(float(np.dot(flat, flat))) or bool(np.isfinite(flat).all())
 
 
 def _check_group_size(k: int) -> int:
