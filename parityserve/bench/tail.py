@@ -31,6 +31,7 @@ operation (sum of k images; parity minus the sum of the present outputs).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import threading
 import time
@@ -108,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true",
                    help="2,000 queries per point, 1 repetition, 3 rates: checks the harness")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the points an interrupted run with the same settings already "
+                        "measured (each point is saved under RESULTS_DIR/.work as it ends)")
     p.set_defaults(func=run)
 
 
@@ -354,46 +358,101 @@ def reference_decode(parity: np.ndarray, present: Sequence[np.ndarray]) -> np.nd
     return out
 
 
-def _codec_ops(k: int, xs: list[np.ndarray], ys: list[np.ndarray]
-               ) -> dict[str, Callable[[], object]]:
-    """The six timed operations for one group; output 0 is the late one."""
-    from parityserve.core.coding import AdditionEncoder, LinearCode, SubtractionDecoder
+@dataclass(frozen=True)
+class Prepared:
+    """An operation that needs fresh state each call: ``prepare()`` builds it, untimed, and
+    only ``run(state)`` is timed (a coding group's last step, after its first k - 1 joins)."""
 
+    prepare: Callable[[], Any]
+    run: Callable[[Any], object]
+
+
+Op = Callable[[], object] | Prepared
+
+
+def _codec_ops(k: int, xs: list[np.ndarray], ys: list[np.ndarray]) -> dict[str, Op]:
+    """The timed operations for one group; output 0 is the late one.
+
+    Ours is what the serving path runs, ``ParmGroup``: its parity is summed as queries join
+    (``encode_ours`` times the k-th join plus ``close``, the step between the group filling
+    and its parity leaving; ``encode_ours_total`` the whole group's CPU, all k joins), and
+    its decode takes the lean path of one late output and one parity output.
+    """
+    from parityserve.core.coding import LinearCode
+    from parityserve.core.redundancy import ParmGroup
+
+    code = LinearCode.addition(k)
     parity_y = reference_encode(ys)
-    present = {i: ys[i] for i in range(1, k)}
-    present_list = list(present.values())
-    code, enc, dec = LinearCode.addition(k), AdditionEncoder(k), SubtractionDecoder()
-    np.testing.assert_allclose(code.encode(xs)[0], reference_encode(xs), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(code.decode(present, {0: parity_y}, [0])[0], ys[0],
-                               rtol=1e-4, atol=1e-4)
+    present = ys[1:]
+    tiny = np.zeros((1, 1), dtype=np.float32)  # the decode touches outputs only
+
+    def open_group() -> ParmGroup:
+        group = ParmGroup(code)
+        for x in xs[:-1]:
+            group.add(x, 0.0)
+        return group
+
+    def last_joins(group: ParmGroup) -> list[np.ndarray]:
+        group.add(xs[-1], 0.0)
+        return group.close()
+
+    def whole_group() -> list[np.ndarray]:
+        return last_joins(open_group())
+
+    def decodable() -> ParmGroup:
+        group = ParmGroup(code)
+        for _ in range(k):
+            group.add(tiny, 0.0)
+        group.close()
+        for slot in range(1, k):
+            group.arrive(slot, ys[slot])
+        group.arrive_parity(0, parity_y)
+        return group
+
+    def rebuild(group: ParmGroup) -> object:
+        return group.decode([0])
+
+    np.testing.assert_allclose(whole_group()[0], reference_encode(xs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(decodable().decode([0]).outputs[0], ys[0], rtol=1e-4, atol=1e-4)
     return {
         "encode_reference": lambda: reference_encode(xs),
-        "encode_linear_code": lambda: code.encode(xs),
-        "encode_addition": lambda: enc.encode(xs),
-        "decode_reference": lambda: reference_decode(parity_y, present_list),
-        "decode_linear_code": lambda: code.decode(present, {0: parity_y}, [0]),
-        "decode_subtraction": lambda: dec.decode(present, parity_y, k),
+        "encode_ours": Prepared(open_group, last_joins),
+        "encode_ours_total": whole_group,
+        "decode_reference": lambda: reference_decode(parity_y, present),
+        "decode_ours": Prepared(decodable, rebuild),
     }
 
 
-def time_interleaved_us(ops: dict[str, Callable[[], object]], repeats: int,
+def _seconds(op: Op, number: int) -> float:
+    """Total seconds ``number`` calls of ``op`` take (for a Prepared op, its runs only)."""
+    if not isinstance(op, Prepared):
+        return timeit.Timer(op).timeit(number)
+    total = 0.0
+    for _ in range(number):
+        state = op.prepare()
+        t0 = time.perf_counter()
+        op.run(state)
+        total += time.perf_counter() - t0
+    return total
+
+
+def time_interleaved_us(ops: dict[str, Op], repeats: int,
                         target_s: float = 0.005) -> dict[str, tuple[float, float]]:
     """timeit-style medians, microseconds per call, for several operations: calls per
     repetition calibrated to about ``target_s``, and the operations' repetitions interleaved
     (A, B, ..., then A again), so that on a shared machine load that comes and goes hits
     every operation alike instead of whichever happened to run at the time. Returns
     (median, minimum) per operation; the minimum is the least disturbed repetition."""
-    timers = {name: timeit.Timer(fn) for name, fn in ops.items()}
     numbers = {}
-    for name, timer in timers.items():
+    for name, op in ops.items():
         number = 1
-        while timer.timeit(number) < target_s and number < 100_000:
+        while _seconds(op, number) < target_s and number < 100_000:
             number *= 2
         numbers[name] = number
     samples: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(repeats):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(numbers[name]) / numbers[name])
+        for name, op in ops.items():
+            samples[name].append(_seconds(op, numbers[name]) / numbers[name])
     return {name: (float(np.median(v)) * 1e6, float(np.min(v)) * 1e6)
             for name, v in samples.items()}
 
@@ -401,8 +460,8 @@ def time_interleaved_us(ops: dict[str, Callable[[], object]], repeats: int,
 def bench_codec(repeats: int, ks: Sequence[int] = (2, 3, 4), *,
                 image: tuple[int, ...] = (3, 224, 224), classes: int = 1000,
                 seed: int = 0) -> dict[str, Any]:
-    """Per group, batch size 1: ours (the serving path's LinearCode, and the single-purpose
-    AdditionEncoder / SubtractionDecoder) beside the plain-numpy reference of ParM's op."""
+    """Per group, batch size 1: ours (the serving path, ``ParmGroup``) beside the
+    plain-numpy reference of ParM's op."""
     rng = np.random.default_rng(seed)
     rows = []
     for k in ks:
@@ -415,9 +474,9 @@ def bench_codec(repeats: int, ks: Sequence[int] = (2, 3, 4), *,
         row["encode_parm_paper_us"], row["decode_parm_paper_us"] = PARM_REPORTED_US.get(
             k, (None, None))
         rows.append(row)
-        print(f"  k={k}: encode ours {row['encode_linear_code_us']:.1f} us "
+        print(f"  k={k}: encode ours {row['encode_ours_us']:.1f} us "
               f"(reference {row['encode_reference_us']:.1f}), decode ours "
-              f"{row['decode_linear_code_us']:.1f} us "
+              f"{row['decode_ours_us']:.1f} us "
               f"(reference {row['decode_reference_us']:.1f})", flush=True)
     return {"image_shape": list(image), "classes": classes, "dtype": "float32",
             "batch_size": 1, "repeats": repeats, "rows": rows, "loadavg_1m": _loadavg()}
@@ -458,26 +517,77 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
     cdfs: dict[str, np.ndarray] = {}
     cdf_rate = max(rates)
     work = args.results_dir / ".work"
+    fingerprint = {"model": name, "source": spec["source"], "queries": args.queries,
+                   "burst": burst, "max_batch": args.max_batch, "seed": args.seed,
+                   "deployed": args.deployed}
+    saved = Checkpoint(work / f"tail-{name}-points.jsonl", fingerprint, resume=args.resume)
+    if saved.rows:
+        print(f"resuming: {len(saved.rows)} points already measured ({saved.path})", flush=True)
     for case in cases:
-        config = serving_config(case, spec["source"], max_batch=args.max_batch)
-        path = write_config(config, work / f"tail-{name}-{case.name}.yaml")
-        with ServerProcess(path, data_dir=data_dir) as server:
-            runs: dict[float, list[dict[str, Any]]] = {r: [] for r in rates}
-            for rep in range(args.repeats):
-                for rate in rates:
+        todo = [(rep, rate) for rep in range(args.repeats) for rate in rates
+                if saved.get(case.name, rate, rep) is None]
+        if todo:
+            config = serving_config(case, spec["source"], max_batch=args.max_batch)
+            path = write_config(config, work / f"tail-{name}-{case.name}.yaml")
+            with ServerProcess(path, data_dir=data_dir) as server:
+                for rep, rate in todo:
                     row, lat = _point(server.url, case, bodies, rate, rep, args, burst)
-                    runs[rate].append(row)
-                    if rate == cdf_rate and rep == 0:
-                        cdfs[case.name] = lat
-            for rate in rates:
-                points.append(median_over_repeats(runs[rate]))
-                _print_row(points[-1])
+                    saved.put(row, rep, lat if (rate == cdf_rate and rep == 0) else None)
+        cdf = saved.cdf(case.name)
+        if cdf is not None:
+            cdfs[case.name] = cdf
+        for rate in rates:
+            runs = [saved.get(case.name, rate, rep) for rep in range(args.repeats)]
+            points.append(median_over_repeats([r for r in runs if r is not None]))
+            _print_row(points[-1])
     return {"model": name, "source": spec["source"], "rates": rates,
             "queries_per_point": args.queries, "repeats": args.repeats,
             "max_batch": args.max_batch, "deployed": args.deployed, "burst": burst,
             "cases": [c.__dict__ for c in cases], "points": points,
             "gaps": gap_rows(points, cases), "cdf_rate": cdf_rate, "_cdfs": cdfs,
             "estimated_s": estimate, "wall_s": time.monotonic() - started}
+
+
+class Checkpoint:
+    """The finished points of a load run, one JSON line each, so that ``--resume`` skips them.
+
+    Why: the full experiment takes hours to days on a small machine, and a crash, a reboot
+    or the end of a working session must not throw away the points already measured. A
+    point is reused only under the same settings (``fingerprint``: model, queries per point,
+    burst model, batch ceiling, seed, deployed instances), so a changed run never mixes with
+    an old one. Without ``resume`` an earlier file is kept aside as ``*.old``, not deleted.
+    The latencies behind the CDF plot (first repetition at the top rate) go beside it.
+    """
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
+        self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
+        self.rows: dict[tuple[str, float, int], dict[str, Any]] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and path.exists():
+            for line in path.read_text().splitlines():
+                saved = json.loads(line) if line.strip() else {}
+                if saved.get("fingerprint") == self.fingerprint:
+                    row = saved["row"]
+                    self.rows[(row["case"], float(row["rate"]), int(saved["rep"]))] = row
+        elif path.exists():
+            path.replace(path.with_name(path.name + ".old"))
+
+    def get(self, case: str, rate: float, rep: int) -> dict[str, Any] | None:
+        return self.rows.get((case, float(rate), rep))
+
+    def put(self, row: dict[str, Any], rep: int, latencies: np.ndarray | None) -> None:
+        if latencies is not None:  # first, so that a saved row always has its CDF
+            np.save(self._cdf_path(row["case"]), np.asarray(latencies, dtype=np.float64))
+        with self.path.open("a") as f:
+            f.write(json.dumps({"fingerprint": self.fingerprint, "rep": rep, "row": row}) + "\n")
+        self.rows[(row["case"], float(row["rate"]), rep)] = row
+
+    def cdf(self, case: str) -> np.ndarray | None:
+        path = self._cdf_path(case)
+        return np.load(path) if path.exists() else None
+
+    def _cdf_path(self, case: str) -> Path:
+        return self.path.with_name(f"{self.path.stem}-{case}-cdf.npy")
 
 
 def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,
@@ -664,42 +774,45 @@ def _describe_case(c: dict[str, Any]) -> str:
 
 _CODEC_COLUMNS = [("k", "k", "d"),
                   ("encode_reference_us", "encode: ParM op, numpy (us)", ".1f"),
-                  ("encode_linear_code_us", "encode: ours, LinearCode (us)", ".1f"),
-                  ("encode_addition_us", "encode: ours, AdditionEncoder (us)", ".1f"),
+                  ("encode_ours_us", "encode: ours, after the k-th query (us)", ".1f"),
+                  ("encode_ours_total_us", "encode: ours, whole group CPU (us)", ".1f"),
                   ("encode_parm_paper_us", "encode: ParM paper (us)", ".0f"),
                   ("decode_reference_us", "decode: ParM op, numpy (us)", ".1f"),
-                  ("decode_linear_code_us", "decode: ours, LinearCode (us)", ".1f"),
-                  ("decode_subtraction_us", "decode: ours, SubtractionDecoder (us)", ".1f"),
+                  ("decode_ours_us", "decode: ours (us)", ".1f"),
                   ("decode_parm_paper_us", "decode: ParM paper (us)", ".0f")]
 
 
 def codec_verdicts(rows: Sequence[dict[str, Any]], stat: str = "") -> list[str]:
-    """Ours (the serving path's LinearCode) against the reference and ParM's reported numbers.
+    """Ours (the serving path, ``ParmGroup``) against the reference and ParM's reported numbers.
 
     ``stat`` "" compares medians, "min" the least disturbed repetitions."""
     out = []
     suffix = f"_{stat}_us" if stat else "_us"
     for r in rows:
         for op in ("encode", "decode"):
-            ours, ref = r[f"{op}_linear_code{suffix}"], r[f"{op}_reference{suffix}"]
+            ours, ref = r[f"{op}_ours{suffix}"], r[f"{op}_reference{suffix}"]
             paper = r.get(f"{op}_parm_paper_us")
             vs_paper = "" if paper is None else (
                 f" ParM reported {paper:g} us on its hardware: ours is "
                 f"{'faster' if ours < paper else 'slower'} than that here.")
             speed = (f"{ref / ours:.2f}x faster" if ours < ref else
                      f"{ours / ref:.2f}x slower. Why: {_WHY_SLOWER[op]}")
-            out.append(f"k={r['k']} {op}{' (best of)' if stat else ''}: ours {ours:.1f} us, "
-                       f"ParM's op in plain numpy "
-                       f"{ref:.1f} us: {speed}.{vs_paper}")
+            total = r.get(f"{op}_ours_total{suffix}")
+            cpu = "" if total is None else (
+                f" (the whole group's CPU, all k queries summed as they joined: "
+                f"{total:.1f} us, {total / ref:.2f}x the reference's)")
+            out.append(f"k={r['k']} {op}{' (best of)' if stat else ''}: ours {ours:.1f} us"
+                       f"{cpu}, ParM's op in plain numpy {ref:.1f} us: {speed}.{vs_paper}")
     return out
 
 
 _WHY_SLOWER = {
-    "encode": "ours does the same float32 additions, plus a check that the parity is finite "
-              "(one more read of it) and the shape and dtype checks",
-    "decode": "at 1,000 floats the subtraction itself takes a few microseconds; ours adds a "
-              "fixed cost per call in Python (position, shape and dtype checks, the finite "
-              "check), which dominates at this size",
+    "encode": "after the k-th query ours does one float32 addition in place, the reference "
+              "k - 1 into a new array; at k = 2 that is the same addition, plus ours' shape "
+              "and dtype checks and the group's bookkeeping",
+    "decode": "at 1,000 floats one subtraction takes about a microsecond; ours adds a fixed "
+              "cost per call in Python (the group's shape, dtype and finite checks and its "
+              "bookkeeping), which dominates at this size",
 }
 
 
@@ -717,10 +830,10 @@ def _write_codec(report: dict[str, Any], args: argparse.Namespace) -> None:
     shape = "x".join(map(str, report["image_shape"]))
     md = f"""## Encoder and decoder latency per coding group
 
-One group at ParM's sizes: k float32 images of {shape} (batch size 1) encoded into one parity query; one missing {report['classes']}-class float32 output rebuilt from the parity output and the k - 1 present outputs. Median of {report['repeats']} timeit repetitions (each calibrated to about 5 ms of calls; the operations' repetitions interleaved, so that load from other processes on this shared machine hits them alike), in microseconds per group, all measured in this run on this machine.{load_note}
+One group at ParM's sizes: k float32 images of {shape} (batch size 1) encoded into one parity query; one missing {report['classes']}-class float32 output rebuilt from the parity output and the k - 1 present outputs. Median of {report['repeats']} repetitions (each calibrated to about 5 ms of calls; the operations' repetitions interleaved, so that load from other processes on this shared machine hits them alike), in microseconds per group, all measured in this run on this machine.{load_note}
 
 - **ParM op, numpy**: a plain reference of ParM's operation (sum of the k arrays; parity output minus the present outputs), float32 throughout, no checks.
-- **ours, LinearCode**: what the serving path runs (`LinearCode.addition(k)`, as `ParmGroup` uses it); **AdditionEncoder / SubtractionDecoder**: the single-purpose classes. Ours check shapes, dtypes, positions and that the result is finite (a NaN or infinity anywhere falls back to the validating path, which names the offending input), and return a fresh array.
+- **ours**: what the serving path runs, `ParmGroup` with the sum code. Its parity is summed as the queries join the group, so **after the k-th query** only that query's addition (in place) and `close` remain: that is the latency between the group filling and its parity leaving, timed with the first k - 1 joins done beforehand, untimed. **Whole group CPU** times all k joins and `close`: the total work, to set beside the reference's. The decode is the group's lean path for one late output and one parity output; it checks shapes, dtypes and that the rebuilt output is finite (anything unusual falls back to the validating path, which names the problem), and returns a fresh array.
 - **ParM paper**: the numbers ParM reports (SOSP'19) on its own hardware, for scale only.
 
 Medians:

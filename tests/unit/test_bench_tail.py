@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,8 +157,9 @@ def test_codec_bench_runs_small_and_checks_itself() -> None:
     report = tail.bench_codec(3, ks=(2,), image=(1, 4, 4), classes=10)
     (row,) = report["rows"]
     assert row["k"] == 2 and row["encode_parm_paper_us"] == 93.0
-    assert all(row[f"{op}_us"] > 0 for op in ("encode_reference", "encode_linear_code",
-                                                "decode_reference", "decode_subtraction"))
+    assert all(row[f"{op}_us"] > 0 for op in ("encode_reference", "encode_ours",
+                                                "encode_ours_total", "decode_reference",
+                                                "decode_ours"))
     lines = codec_verdicts(report["rows"])
     assert len(lines) == 2 and lines[0].startswith("k=2 encode: ours")
     assert row["encode_reference_min_us"] <= row["encode_reference_us"]
@@ -186,3 +189,81 @@ def test_interleaved_timing_reports_every_operation() -> None:
                                    target_s=0.0005)
     assert set(got) == {"a", "b"} and 0 < got["a"][0] < got["b"][0]
     assert all(best <= median for median, best in got.values())
+
+
+def test_prepared_operations_time_their_run_only() -> None:
+    prepared = tail.Prepared(lambda: time.sleep(0.003), lambda state: time.sleep(0.0002))
+    got = tail.time_interleaved_us({"p": prepared}, 3, target_s=0.0005)
+    assert 200 <= got["p"][1] <= got["p"][0] < 2000  # us: the 3 ms preparation is not counted
+
+
+# ---- resuming a long run ---------------------------------------------------------------------
+
+
+def _point_row(case: str, rate: float, p50: float = 1.0) -> dict[str, object]:
+    return {"case": case, "mode": "none", "instances": 2, "rate": rate, "n": 10,
+            "p50_ms": p50, "p99_ms": 2 * p50, "p999_ms": 3 * p50, "errors": 0,
+            "rebuilt_fraction": 0.0}
+
+
+def test_checkpoint_keeps_points_of_the_same_settings_only(tmp_path: Path) -> None:
+    path = tmp_path / "points.jsonl"
+    first = tail.Checkpoint(path, {"queries": 100}, resume=False)
+    first.put(_point_row("none", 50.0), 0, np.array([0.001, 0.002]))
+    first.put(_point_row("none", 100.0), 0, None)
+    again = tail.Checkpoint(path, {"queries": 100}, resume=True)
+    assert again.get("none", 50, 0) == _point_row("none", 50.0)
+    assert again.get("none", 100.0, 1) is None
+    np.testing.assert_array_equal(again.cdf("none"), [0.001, 0.002])
+    assert tail.Checkpoint(path, {"queries": 200}, resume=True).rows == {}  # other settings
+    fresh = tail.Checkpoint(path, {"queries": 100}, resume=False)
+    assert fresh.rows == {} and not path.exists()
+    assert (tmp_path / "points.jsonl.old").exists()  # kept aside, not deleted
+
+
+class _NoServer:
+    url = "http://unused"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __enter__(self) -> _NoServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured: list[tuple[str, float, int]] = []
+
+    def point(url: str, case: tail.Case, bodies: list[bytes], rate: float, rep: int,
+              args: argparse.Namespace, burst: dict[str, object]
+              ) -> tuple[dict[str, object], np.ndarray]:
+        if len(measured) == limit:
+            raise KeyboardInterrupt  # the session ends mid-run
+        measured.append((case.name, rate, rep))
+        return _point_row(case.name, rate, p50=float(rep + 1)), np.array([0.001 * (rep + 1)])
+
+    monkeypatch.setattr(tail, "_point", point)
+    monkeypatch.setattr(tail, "ServerProcess", _NoServer)
+    monkeypatch.setattr(tail, "_inputs", lambda name, data_dir: np.zeros((3, 784), np.float32))
+    p = argparse.ArgumentParser()
+    tail.add_arguments(p)
+    argv = ["--modes", "none,equal-resources", "--rates", "10,20", "--repeats", "2",
+            "--queries", "50", "--results-dir", str(tmp_path)]
+    limit = 5
+    with pytest.raises(KeyboardInterrupt):
+        tail._bench_model("mlp", p.parse_args(argv), tmp_path)
+    limit = 100
+    before = len(measured)
+    report = tail._bench_model("mlp", p.parse_args([*argv, "--resume"]), tmp_path)
+    assert before == 5 and len(measured) == 8  # 2 cases x 2 rates x 2 repetitions, once each
+    assert len(set(measured)) == 8
+    assert [(pt["case"], pt["rate"], pt["repeats"]) for pt in report["points"]] == [
+        ("none", 10.0, 2), ("none", 20.0, 2), ("equal-resources", 10.0, 2),
+        ("equal-resources", 20.0, 2)]
+    assert report["points"][0]["p50_ms"] == 1.5  # the median of both repetitions
+    np.testing.assert_array_equal(report["_cdfs"]["none"], [0.001])
