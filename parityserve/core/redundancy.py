@@ -271,6 +271,8 @@ class ParmGroup:
         self._slots = _Slots()
         self._inputs: list[np.ndarray] = []  # the concat encoder tiles them all at close
         self._running = None if self._concat else _RunningParities(code.coefficients)
+        self._rows: list[list[float]] = code.coefficients.tolist()
+        self._method = "parm-subtraction" if code.r == 1 else "parm-linear"
         self._sent_at: list[float] = []
         self.parity_outputs: dict[int, np.ndarray] = {}
         self.closed = False
@@ -337,24 +339,28 @@ class ParmGroup:
 
     def decode(self, missing: Sequence[int]) -> Decoded:
         """Rebuild ``missing`` (as returned by ``decision``)."""
-        slots = self._slots
+        lean = self._rebuild_lean(missing) if self._concat is None else None
+        if lean is not None:
+            return self._settle(lean, self._method)
         if not 0 < len(missing) <= len(self.parity_outputs):
             raise CodingError(f"cannot rebuild {len(missing)} outputs from "
                               f"{len(self.parity_outputs)} parity outputs")
-        if self._concat is not None:
-            (slot,) = missing
-            present = self._present_padded()
-            rebuilt = softmax_subtraction(self.parity_outputs[0], list(present.values()), self.k)
-            outputs = {slot: rebuilt}
-            method = "parm-concat"
-        else:
-            outputs = self._rebuild_lean(missing) or self._rebuild(missing)
-            method = "parm-subtraction" if self.code.r == 1 else "parm-linear"
-        cut = {s: _cut(o, slots.sizes[s]) for s, o in outputs.items()}
-        for s in cut:
+        if self._concat is None:
+            return self._settle(self._rebuild(missing), self._method)
+        (slot,) = missing
+        present = self._present_padded()
+        rebuilt = softmax_subtraction(self.parity_outputs[0], list(present.values()), self.k)
+        return self._settle({slot: rebuilt}, "parm-concat")
+
+    def _settle(self, outputs: dict[int, Array], method: str) -> Decoded:
+        """Cut the rebuilt rows to each batch's real rows and mark the slots done."""
+        slots = self._slots
+        for s, rows in outputs.items():
+            if len(rows) != slots.sizes[s]:
+                outputs[s] = _cut(rows, slots.sizes[s])
             slots.settled.add(s)
             self.rebuilt.add(s)
-        return Decoded(cut, method)
+        return Decoded(outputs, method)
 
     def _present_padded(self) -> dict[int, np.ndarray]:
         rows = max(len(p) for p in self.parity_outputs.values())
@@ -385,21 +391,24 @@ class ParmGroup:
         if len(outputs) != len(self._slots.sizes) - 1:
             return None  # a slot rebuilt earlier has no output here to subtract
         ((j, parity),) = self.parity_outputs.items()
-        coefficients = self.code.coefficients[j]
+        row = self._rows[j]  # Python floats: numpy scalar arithmetic costs more than this
         lost = missing[0]
-        if coefficients[lost] == 0 or parity.dtype.kind != "f":
+        if row[lost] == 0.0 or parity.dtype.kind != "f":
             return None
-        out = parity.copy()
+        shape, dtype = parity.shape, parity.dtype
+        out = None
         for s, y in outputs.items():
-            if y.shape != out.shape or y.dtype != out.dtype:
+            if y.shape != shape or (y.dtype is not dtype and y.dtype != dtype):
                 return None
-            c = coefficients[s]
-            if c == 1.0:
-                np.subtract(out, y, out=out)
+            term = y if row[s] == 1.0 else y * row[s]  # a Python float keeps y's dtype
+            if out is None:  # the first subtraction allocates the result: no copy of P
+                out = np.subtract(parity, term)
             else:
-                np.subtract(out, y * c, out=out, casting="same_kind")
-        if coefficients[lost] != 1.0:
-            np.divide(out, coefficients[lost], out=out, casting="same_kind")
+                np.subtract(out, term, out=out)
+        if out is None:  # a group of one: the parity output alone
+            out = parity.copy()
+        if row[lost] != 1.0:
+            np.divide(out, row[lost], out=out, casting="same_kind")
         return {lost: out} if all_finite(out) else None
 
 

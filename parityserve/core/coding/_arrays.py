@@ -97,6 +97,6 @@ def check_indices(indices: Iterable[int], limit: int, what: str) -> None:
 def all_finite(x: Array) -> bool:
     """No NaN or infinity in ``x``. A dot product of x with itself is finite exactly when x
     is, barring overflow of the squares; it is several times cheaper than ``np.isfinite``
-    (a BLAS reduction), so the full check runs only when it is not finite."""
-    flat = x.reshape(-1)
-    return math.isfinite(float(np.dot(flat, flat))) or bool(np.isfinite(flat).all())
+    (a BLAS reduction, and ``vdot`` flattens without a Python-level reshape), so the full
+    check runs only when it is not finite."""
+    return math.isfinite(np.vdot(x, x)) or bool(np.isfinite(x).all())
