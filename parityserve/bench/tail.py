@@ -31,6 +31,7 @@ operation (sum of k images; parity minus the sum of the present outputs).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import threading
@@ -428,11 +429,17 @@ def _seconds(op: Op, number: int) -> float:
     if not isinstance(op, Prepared):
         return timeit.Timer(op).timeit(number)
     total = 0.0
-    for _ in range(number):
-        state = op.prepare()
-        t0 = time.perf_counter()
-        op.run(state)
-        total += time.perf_counter() - t0
+    enabled = gc.isenabled()
+    gc.disable()  # as timeit does for the plain operations: same conditions for both
+    try:
+        for _ in range(number):
+            state = op.prepare()
+            t0 = time.perf_counter()
+            op.run(state)
+            total += time.perf_counter() - t0
+    finally:
+        if enabled:
+            gc.enable()
     return total
 
 
