@@ -77,12 +77,16 @@ MODES = ("none", "equal-resources", "replication", "parm", "berrut", "systematic
 PARM_REPORTED_US = {  # ParM paper (SOSP'19, §6): per-group encode / decode latency
     2: (93.0, 8.0), 3: (153.0, 14.0), 4: (193.0, 19.0)}
 
-# Per model: source, default rates (q/s) and default burst delay (ms). The rates are meant to
-# span light load up to the knee of the no-redundancy curve on a small (2-core) machine.
+# Per model: source, default rates (q/s) and default burst delay (ms). The rates span light
+# load up to the knee of the no-redundancy curve on a quiet 2-core machine, measured with
+# bursts on (2,000 queries per point): ResNet-20's `none` p50 was 11-13 ms at 100 q/s,
+# 21-86 ms at 200 and 1.3 s at 300, and its coded modes saturate the two cores above about
+# 100 q/s (they compute more); the MLP's `none` stayed at 3-4.5 ms up to 600 q/s, where its
+# 3-instance modes start to saturate the frontend's core.
 MODELS: dict[str, dict[str, Any]] = {
-    "resnet20": {"source": "zoo:resnet20", "rates": (10.0, 20.0, 40.0, 60.0),
+    "resnet20": {"source": "zoo:resnet20", "rates": (50.0, 100.0, 200.0),
                  "delay_ms": 50.0, "dataset": "cifar10"},
-    "mlp": {"source": "zoo:parm-mlp", "rates": (25.0, 50.0, 100.0, 150.0),
+    "mlp": {"source": "zoo:parm-mlp", "rates": (200.0, 400.0, 600.0),
             "delay_ms": 10.0, "dataset": "mnist"},
 }
 
