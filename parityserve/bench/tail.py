@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import threading
@@ -598,7 +599,10 @@ class Checkpoint:
         return np.load(path) if path.exists() else None
 
     def _cdf_path(self, case: str) -> Path:
-        return self.path.with_name(f"{self.path.stem}-{case}-cdf.npy")
+        # Named by the settings too: runs with other settings share the points file but
+        # must not read each other's latencies.
+        key = hashlib.sha256(json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest()
+        return self.path.with_name(f"{self.path.stem}-{case}-{key[:12]}-cdf.npy")
 
 
 def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,

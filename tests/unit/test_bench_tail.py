@@ -217,7 +217,8 @@ def test_checkpoint_keeps_points_of_the_same_settings_only(tmp_path: Path) -> No
     assert again.get("none", 50, 0) == _point_row("none", 50.0)
     assert again.get("none", 100.0, 1) is None
     np.testing.assert_array_equal(again.cdf("none"), [0.001, 0.002])
-    assert tail.Checkpoint(path, {"queries": 200}, resume=True).rows == {}  # other settings
+    other = tail.Checkpoint(path, {"queries": 200}, resume=True)
+    assert other.rows == {} and other.cdf("none") is None  # other settings, other latencies
     fresh = tail.Checkpoint(path, {"queries": 100}, resume=False)
     assert fresh.rows == {} and not path.exists()
     assert (tmp_path / "points.jsonl.old").exists()  # kept aside, not deleted
