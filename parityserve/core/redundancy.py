@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from parityserve.core.coding._arrays import Array, FloatArray, all_finite
+from parityserve.core.coding._arrays import Array, all_finite
 from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut
 from parityserve.core.coding.parity import ConcatEncoder, LinearCode
 from parityserve.errors import CodingError
@@ -192,8 +192,8 @@ class _RunningParities:
     the decoder checks what it rebuilds (one output row, not an input image) and refuses it.
     """
 
-    def __init__(self, coefficients: FloatArray) -> None:
-        self._c = coefficients  # (r, k)
+    def __init__(self, rows: list[list[float]]) -> None:
+        self._rows = rows  # the code's (r, k) coefficients, as the group holds them
         self._acc: np.ndarray | None = None  # (r, rows, ...)
         self.error: CodingError | None = None  # the first bad batch: the group cannot encode
 
@@ -219,9 +219,9 @@ class _RunningParities:
         acc = self._acc
         if acc is None:
             dtype = np.result_type(batch, np.float32)
-            self._acc = np.empty((len(self._c), *batch.shape), dtype=dtype)
-            for j, target in enumerate(self._acc):
-                _scaled_into(target, batch, float(self._c[j, slot]))
+            self._acc = np.empty((len(self._rows), *batch.shape), dtype=dtype)
+            for row, target in zip(self._rows, self._acc, strict=True):
+                _scaled_into(target, batch, row[slot])
             return
         if batch.shape[1:] != acc.shape[2:]:
             raise CodingError(f"batch {slot} has rows of shape {batch.shape[1:]}, expected "
@@ -234,9 +234,9 @@ class _RunningParities:
             grown[:, : acc.shape[1]] = acc
             acc = grown
         self._acc = acc
-        for j in range(len(acc)):
-            target = acc[j, : len(batch)]
-            c = float(self._c[j, slot])
+        for row, whole in zip(self._rows, acc, strict=True):
+            target = whole[: len(batch)]
+            c = row[slot]
             if c == 1.0:
                 np.add(target, batch, out=target)
             else:
@@ -270,8 +270,8 @@ class ParmGroup:
         self._concat = ConcatEncoder(code.k) if encoder == "concat" else None
         self._slots = _Slots()
         self._inputs: list[np.ndarray] = []  # the concat encoder tiles them all at close
-        self._running = None if self._concat else _RunningParities(code.coefficients)
         self._rows: list[list[float]] = code.coefficients.tolist()
+        self._running = None if self._concat else _RunningParities(self._rows)
         self._method = "parm-subtraction" if code.r == 1 else "parm-linear"
         self._sent_at: list[float] = []
         self.parity_outputs: dict[int, np.ndarray] = {}
