@@ -573,6 +573,10 @@ class Checkpoint:
 
     def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
         self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
+        # The CDF files are named by the settings too: runs with other settings share the
+        # points file but must not read each other's latencies.
+        self._settings_key = hashlib.sha256(
+            json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest()[:12]
         self.rows: dict[tuple[str, float, int], dict[str, Any]] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume and path.exists():
@@ -599,10 +603,7 @@ class Checkpoint:
         return np.load(path) if path.exists() else None
 
     def _cdf_path(self, case: str) -> Path:
-        # Named by the settings too: runs with other settings share the points file but
-        # must not read each other's latencies.
-        key = hashlib.sha256(json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest()
-        return self.path.with_name(f"{self.path.stem}-{case}-{key[:12]}-cdf.npy")
+        return self.path.with_name(f"{self.path.stem}-{case}-{self._settings_key}-cdf.npy")
 
 
 def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,
