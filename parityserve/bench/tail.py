@@ -61,7 +61,10 @@ __all__ = [
     "Case",
     "add_arguments",
     "build_cases",
+    "collect_points",
     "estimate_runtime_s",
+    "missing_runs",
+    "run_seconds",
     "fault_transitions",
     "gap_rows",
     "time_interleaved_us",
@@ -118,6 +121,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="reuse the points an interrupted run with the same settings already "
                         "measured (each point is saved under RESULTS_DIR/.work as it ends)")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: write the report from the points saved so far "
+                        "(same settings), marked partial where repetitions are missing")
     p.set_defaults(func=run)
 
 
@@ -334,12 +340,11 @@ def _times(reduction: float) -> str:
     return f"{reduction:.2f}x smaller" if reduction >= 1 else f"{1 / reduction:.2f}x larger"
 
 
-def estimate_runtime_s(rates: Sequence[float], queries: int, repeats: int, cases: int, *,
+def estimate_runtime_s(point_rates: Sequence[float], queries: int, server_starts: int, *,
                        startup_s: float = 20.0, per_point_s: float = 3.0) -> float:
-    """Wall time of the load experiment: every point's schedule (queries / rate), plus a
-    server start per case and warm-up and drain per point."""
-    points = sum(queries / r + per_point_s for r in rates)
-    return cases * (startup_s + repeats * points)
+    """Wall time of load points at ``point_rates`` (one entry per point to run): each
+    point's schedule (queries / rate) with its warm-up and drain, plus the server starts."""
+    return server_starts * startup_s + sum(queries / r + per_point_s for r in point_rates)
 
 
 def count_rebuilt(results: Sequence[Any]) -> int:
@@ -519,45 +524,100 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
     slots = max(c.instances for c in cases)
     burst = {"model": "random pairs", "every_ms": args.burst_every_ms,
              "duration_ms": args.burst_duration_ms, "delay_ms": delay, "cluster_slots": slots}
-    bodies = encode_bodies(list(_inputs(name, data_dir)))
-    estimate = estimate_runtime_s(rates, args.queries, args.repeats, len(cases))
+    runs = args.repeats * len(cases)  # one server start per case and repetition
+    estimate = estimate_runtime_s(list(rates) * runs, args.queries, runs)
     print(f"\n== tail: {name} ({spec['source']}), rates {rates} q/s, {args.queries} queries x "
-          f"{args.repeats}, cases {[c.name for c in cases]}; about {estimate / 3600:.1f} h "
-          "==", flush=True)
+          f"{args.repeats}, cases {[c.name for c in cases]}"
+          + ("; report only ==" if args.report_only
+             else f"; about {estimate / 3600:.1f} h in all =="), flush=True)
     started = time.monotonic()
-    points: list[dict[str, Any]] = []
-    cdfs: dict[str, np.ndarray] = {}
     cdf_rate = max(rates)
-    work = args.results_dir / ".work"
     fingerprint = {"model": name, "source": spec["source"], "queries": args.queries,
                    "burst": burst, "max_batch": args.max_batch, "seed": args.seed,
                    "deployed": args.deployed}
-    saved = Checkpoint(work / f"tail-{name}-points.jsonl", fingerprint, resume=args.resume)
+    saved = Checkpoint(args.results_dir / ".work" / f"tail-{name}-points.jsonl", fingerprint,
+                       resume=args.resume or args.report_only)
     if saved.rows:
         print(f"resuming: {len(saved.rows)} points already measured ({saved.path})", flush=True)
-    for case in cases:
-        todo = [(rep, rate) for rep in range(args.repeats) for rate in rates
-                if saved.get(case.name, rate, rep) is None]
-        if todo:
-            config = serving_config(case, spec["source"], max_batch=args.max_batch)
-            path = write_config(config, work / f"tail-{name}-{case.name}.yaml")
-            with ServerProcess(path, data_dir=data_dir) as server:
-                for rep, rate in todo:
-                    row, lat = _point(server.url, case, bodies, rate, rep, args, burst)
-                    saved.put(row, rep, lat if (rate == cdf_rate and rep == 0) else None)
-        cdf = saved.cdf(case.name)
-        if cdf is not None:
-            cdfs[case.name] = cdf
-        for rate in rates:
-            runs = [saved.get(case.name, rate, rep) for rep in range(args.repeats)]
-            points.append(median_over_repeats([r for r in runs if r is not None]))
-            _print_row(points[-1])
+    if not args.report_only:
+        _measure(name, spec["source"], cases, rates, saved, args, burst, data_dir)
+    points, cdfs = collect_points(saved, cases, rates, args.repeats)
+    if not points:
+        raise SystemExit(f"no saved points for these settings in {saved.path}: run the "
+                         "measurement first (without --report-only)")
+    for point in points:
+        _print_row(point)
     return {"model": name, "source": spec["source"], "rates": rates,
             "queries_per_point": args.queries, "repeats": args.repeats,
             "max_batch": args.max_batch, "deployed": args.deployed, "burst": burst,
             "cases": [c.__dict__ for c in cases], "points": points,
             "gaps": gap_rows(points, cases), "cdf_rate": cdf_rate, "_cdfs": cdfs,
+            "missing": missing_runs(saved, cases, rates, args.repeats),
+            "load_s": sum(run_seconds(row) for row in (
+                saved.get(c.name, rate, rep) for c in cases for rate in rates
+                for rep in range(args.repeats)) if row is not None),
             "estimated_s": estimate, "wall_s": time.monotonic() - started}
+
+
+def _measure(name: str, source: str, cases: Sequence[Case], rates: Sequence[float],
+             saved: Checkpoint, args: argparse.Namespace, burst: dict[str, Any],
+             data_dir: Path) -> None:
+    """Measure every (repetition, case, rate) not saved yet, one repetition of all cases at a
+    time: a run stopped part way leaves every case at the same number of repetitions, so
+    its partial report compares like with like, and each repetition gets a fresh server."""
+    plan = [(rep, case, [rate for rate in rates if saved.get(case.name, rate, rep) is None])
+            for rep in range(args.repeats) for case in cases]
+    plan = [(rep, case, todo) for rep, case, todo in plan if todo]
+    if not plan:
+        return
+    left = estimate_runtime_s([r for *_, todo in plan for r in todo], args.queries, len(plan))
+    print(f"to measure: {sum(len(t) for *_, t in plan)} points, about {left / 3600:.1f} h",
+          flush=True)
+    bodies = encode_bodies(list(_inputs(name, data_dir)))
+    cdf_rate = max(rates)
+    for rep, case, todo in plan:
+        config = serving_config(case, source, max_batch=args.max_batch)
+        path = write_config(config, saved.path.parent / f"tail-{name}-{case.name}.yaml")
+        with ServerProcess(path, data_dir=data_dir) as server:
+            for rate in todo:
+                row, lat = _point(server.url, case, bodies, rate, rep, args, burst)
+                saved.put(row, rep, lat if (rate == cdf_rate and rep == 0) else None)
+
+
+def collect_points(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
+                   repeats: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """The report's points (medians over the saved repetitions) and CDFs; a (case, rate)
+    with no saved run is left out, not invented."""
+    points, cdfs = [], {}
+    for case in cases:
+        cdf = saved.cdf(case.name)
+        if cdf is not None:
+            cdfs[case.name] = cdf
+        for rate in rates:
+            runs = [saved.get(case.name, rate, rep) for rep in range(repeats)]
+            found = [r for r in runs if r is not None]
+            if found:
+                points.append(median_over_repeats(found))
+    return points, cdfs
+
+
+def missing_runs(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
+                 repeats: int) -> list[dict[str, Any]]:
+    """Each (case, rate) short of its repetitions, and how many it has: a partial report
+    says so instead of passing for a finished one."""
+    out = []
+    for case in cases:
+        for rate in rates:
+            have = sum(saved.get(case.name, rate, rep) is not None for rep in range(repeats))
+            if have < repeats:
+                out.append({"case": case.name, "rate": rate, "repeats": have})
+    return out
+
+
+def run_seconds(row: dict[str, Any]) -> float:
+    """How long one point's load ran: its answers over its throughput."""
+    throughput = float(row.get("throughput_qps") or 0.0)
+    return float(row.get("n", 0)) / throughput if throughput > 0 else 0.0
 
 
 class Checkpoint:
@@ -745,13 +805,14 @@ def _load_markdown(r: dict[str, Any], args: argparse.Namespace) -> str:
         quick += (f" The machine's 1-minute load average after each point ranged "
                   f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs: anything "
                   "above the CPU count means other processes competed for them.")
+    quick += _partial_note(r)
     thin = [f"{p['case']} at {p['rate']:g} q/s" for p in r["points"]
             if not p.get("p999_reliable", True)]
     if thin:
         quick += f" p99.9 is only the maximum (under 1,000 answers) for: {', '.join(thin)}."
     return f"""## Setup
 
-{r['source']}, real worker processes behind the real frontend (cache off), batch size {r['max_batch']}, {r['deployed']} deployed instances. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians shown; each run's values are in the JSON). Wall time {r['wall_s'] / 60:.1f} min.{quick}
+{r['source']}, real worker processes behind the real frontend (cache off), batch size {r['max_batch']}, {r['deployed']} deployed instances. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians shown; each run's values are in the JSON). The load ran {r['load_s'] / 60:.0f} min in all (the points' runs summed; server starts and warm-ups excluded).{quick}
 
 **Burst model (random pairs, emulating ParM's background shuffles):** bursts start as a Poisson process with mean gap {b['every_ms']:g} ms; each picks a uniformly random pair of the {b['cluster_slots']} instance slots, and both instances add {b['delay_ms']:g} ms to every batch they serve for {b['duration_ms']:g} ms (set and cleared through the admin API, `POST /admin/models/bench/faults`; overlapping bursts on one instance merge). Slots a smaller deployment lacks are not hit, so every mode sees the same per-slot timeline, seeded by (seed, repetition, rate). `time in burst` is the mean share of the run each hit instance spent in a burst.
 
@@ -772,6 +833,18 @@ Cases (resource-matched: equal instance counts compare like for like):
 {chr(10).join('- ' + line for line in r['headline']) or '- (no equal-resources baseline run)'}
 
 Plots: `{r['plots'][0]}` (p50 solid, p99 dashed, p99.9 dotted, against offered load) and `{r['plots'][1]}` (CDF at {r['cdf_rate']:g} q/s, first repetition)."""  # noqa: E501
+
+
+def _partial_note(r: dict[str, Any]) -> str:
+    missing = r.get("missing") or []
+    if not missing:
+        return ""
+    listed = "; ".join(f"{m['case']} at {m['rate']:g} q/s: {m['repeats']} of {r['repeats']}"
+                       for m in missing)
+    return (f"\n\n**Partial run**: {len(missing)} of {len(r['cases']) * len(r['rates'])} "
+            f"points have fewer than {r['repeats']} repetitions ({listed}). Their medians "
+            "are over the repetitions measured, and a point with none is left out. "
+            "`--resume` measures the rest.")
 
 
 def _describe_case(c: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -178,11 +179,12 @@ def test_quick_and_defaults_match_the_issue() -> None:
 
 
 def test_runtime_estimate_adds_schedules_starts_and_overheads() -> None:
-    assert estimate_runtime_s([10.0, 20.0], 100, 2, 3, startup_s=5.0, per_point_s=1.0) == (
-        3 * (5.0 + 2 * ((10.0 + 1.0) + (5.0 + 1.0))))
-    full = estimate_runtime_s(tail.MODELS["mlp"]["rates"], 20_000, 3, 8)
+    assert estimate_runtime_s([10.0, 20.0, 10.0], 100, 2, startup_s=5.0, per_point_s=1.0) == (
+        2 * 5.0 + (10.0 + 1.0) + (5.0 + 1.0) + (10.0 + 1.0))
+    runs = 3 * 8  # repetitions x cases, a server start each
+    full = estimate_runtime_s(list(tail.MODELS["mlp"]["rates"]) * runs, 20_000, runs)
     assert 1 * 3600 < full < 2 * 3600  # the MLP's full run: 1 h 20 min measured
-    resnet = estimate_runtime_s(tail.MODELS["resnet20"]["rates"], 20_000, 3, 8)
+    resnet = estimate_runtime_s(list(tail.MODELS["resnet20"]["rates"]) * runs, 20_000, runs)
     assert 4 * 3600 < resnet < 6 * 3600  # ResNet-20: about 5 hours
 
 
@@ -204,7 +206,8 @@ def test_prepared_operations_time_their_run_only() -> None:
 
 def _point_row(case: str, rate: float, p50: float = 1.0) -> dict[str, object]:
     return {"case": case, "mode": "none", "instances": 2, "rate": rate, "n": 10,
-            "p50_ms": p50, "p99_ms": 2 * p50, "p999_ms": 3 * p50, "errors": 0,
+            "throughput_qps": 10.0, "p50_ms": p50, "p99_ms": 2 * p50, "p999_ms": 3 * p50,
+            "errors": 0,
             "rebuilt_fraction": 0.0}
 
 
@@ -237,36 +240,87 @@ class _NoServer:
         return None
 
 
-def test_an_interrupted_run_resumes_where_it_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _fake_points(monkeypatch: pytest.MonkeyPatch, limit: list[int]
+                 ) -> list[tuple[str, float, int]]:
+    """Replace the servers and the load with instant points; raise KeyboardInterrupt (the
+    session ending mid-run) once ``limit[0]`` points are measured."""
     measured: list[tuple[str, float, int]] = []
 
     def point(url: str, case: tail.Case, bodies: list[bytes], rate: float, rep: int,
               args: argparse.Namespace, burst: dict[str, object]
               ) -> tuple[dict[str, object], np.ndarray]:
-        if len(measured) == limit:
-            raise KeyboardInterrupt  # the session ends mid-run
+        if len(measured) == limit[0]:
+            raise KeyboardInterrupt
         measured.append((case.name, rate, rep))
         return _point_row(case.name, rate, p50=float(rep + 1)), np.array([0.001 * (rep + 1)])
 
     monkeypatch.setattr(tail, "_point", point)
     monkeypatch.setattr(tail, "ServerProcess", _NoServer)
     monkeypatch.setattr(tail, "_inputs", lambda name, data_dir: np.zeros((3, 784), np.float32))
+    return measured
+
+
+def _tail_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     tail.add_arguments(p)
-    argv = ["--modes", "none,equal-resources", "--rates", "10,20", "--repeats", "2",
-            "--queries", "50", "--results-dir", str(tmp_path)]
-    limit = 5
+    return p.parse_args(["--modes", "none,equal-resources", "--rates", "10,20", "--repeats",
+                         "2", "--queries", "50", "--results-dir", str(tmp_path), *extra])
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limit = [5]
+    measured = _fake_points(monkeypatch, limit)
     with pytest.raises(KeyboardInterrupt):
-        tail._bench_model("mlp", p.parse_args(argv), tmp_path)
-    limit = 100
-    before = len(measured)
-    report = tail._bench_model("mlp", p.parse_args([*argv, "--resume"]), tmp_path)
-    assert before == 5 and len(measured) == 8  # 2 cases x 2 rates x 2 repetitions, once each
+        tail._bench_model("mlp", _tail_args(tmp_path), tmp_path)
+    # one repetition of every case before the next, so a stopped run stays even
+    assert measured == [("none", 10.0, 0), ("none", 20.0, 0), ("equal-resources", 10.0, 0),
+                        ("equal-resources", 20.0, 0), ("none", 10.0, 1)]
+    limit[0] = 100
+    report = tail._bench_model("mlp", _tail_args(tmp_path, "--resume"), tmp_path)
+    assert len(measured) == 8  # 2 cases x 2 rates x 2 repetitions, once each
     assert len(set(measured)) == 8
     assert [(pt["case"], pt["rate"], pt["repeats"]) for pt in report["points"]] == [
         ("none", 10.0, 2), ("none", 20.0, 2), ("equal-resources", 10.0, 2),
         ("equal-resources", 20.0, 2)]
     assert report["points"][0]["p50_ms"] == 1.5  # the median of both repetitions
+    assert report["missing"] == []
+    assert report["load_s"] == pytest.approx(8 * 10 / 10.0)  # n / throughput per run
     np.testing.assert_array_equal(report["_cdfs"]["none"], [0.001])
+
+
+def test_report_only_writes_a_partial_report_without_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limit = [3]
+    measured = _fake_points(monkeypatch, limit)
+    with pytest.raises(KeyboardInterrupt):
+        tail._bench_model("mlp", _tail_args(tmp_path), tmp_path)
+    limit[0] = 0  # any measurement now fails the test
+    args = _tail_args(tmp_path, "--report-only")
+    report = tail._bench_model("mlp", args, tmp_path)
+    assert len(measured) == 3
+    assert [(pt["case"], pt["rate"], pt["repeats"]) for pt in report["points"]] == [
+        ("none", 10.0, 1), ("none", 20.0, 1), ("equal-resources", 10.0, 1)]
+    assert report["missing"] == [
+        {"case": "none", "rate": 10.0, "repeats": 1}, {"case": "none", "rate": 20.0, "repeats": 1},
+        {"case": "equal-resources", "rate": 10.0, "repeats": 1},
+        {"case": "equal-resources", "rate": 20.0, "repeats": 0}]
+    tail._write_load(report, args)
+    md = (tmp_path / "tail-mlp.md").read_text()
+    assert "**Partial run**: 4 of 4 points have fewer than 2 repetitions" in md
+    assert "equal-resources at 20 q/s: 0 of 2" in md
+    assert json.loads((tmp_path / "tail-mlp.json").read_text())["missing"][3]["repeats"] == 0
+
+
+def test_report_only_without_saved_points_says_what_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_points(monkeypatch, [0])
+    with pytest.raises(SystemExit, match="run the measurement first"):
+        tail._bench_model("mlp", _tail_args(tmp_path, "--report-only"), tmp_path)
+
+
+def test_a_finished_report_carries_no_partial_note() -> None:
+    assert tail._partial_note({"missing": [], "cases": [], "rates": [], "repeats": 3}) == ""
