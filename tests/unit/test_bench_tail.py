@@ -267,13 +267,20 @@ def _tail_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
                          "2", "--queries", "50", "--results-dir", str(tmp_path), *extra])
 
 
-def test_an_interrupted_run_resumes_where_it_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    limit = [5]
+def _interrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: int
+                     ) -> tuple[list[tuple[str, float, int]], list[int]]:
+    """A run stopped after ``after`` points: what it measured, and its (mutable) limit."""
+    limit = [after]
     measured = _fake_points(monkeypatch, limit)
     with pytest.raises(KeyboardInterrupt):
         tail._bench_model("mlp", _tail_args(tmp_path), tmp_path)
+    return measured, limit
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured, limit = _interrupted_run(tmp_path, monkeypatch, 5)
     # one repetition of every case before the next, so a stopped run stays even
     assert measured == [("none", 10.0, 0), ("none", 20.0, 0), ("equal-resources", 10.0, 0),
                         ("equal-resources", 20.0, 0), ("none", 10.0, 1)]
@@ -293,10 +300,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(
 def test_report_only_writes_a_partial_report_without_measuring(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    limit = [3]
-    measured = _fake_points(monkeypatch, limit)
-    with pytest.raises(KeyboardInterrupt):
-        tail._bench_model("mlp", _tail_args(tmp_path), tmp_path)
+    measured, limit = _interrupted_run(tmp_path, monkeypatch, 3)
     limit[0] = 0  # any measurement now fails the test
     args = _tail_args(tmp_path, "--report-only")
     report = tail._bench_model("mlp", args, tmp_path)
