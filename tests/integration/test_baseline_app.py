@@ -163,7 +163,10 @@ def test_low_load_probe_measures_answers_and_counts_refusals() -> None:
         good = probe(url, "/bench/predict", bodies, rate_qps=200.0, n=200, warm_up=10)
         bad = probe(url, "/bench/nowhere", bodies, rate_qps=200.0, n=20, warm_up=0)
     assert (good["n"], good["ok"], good["errors"]) == (200, 200, {})
-    assert 0 < good["p50_ms"] <= good["p99_ms"] < 50.0, good
+    # Milliseconds, ordered: a noop answer's median is a few ms. The p99 is not bounded:
+    # on a shared 2-core CI machine one stall of the whole machine (469 ms seen once) lands
+    # in the top 1% of 200 requests and says nothing about the probe.
+    assert 0 < good["p50_ms"] < 50.0 and good["p50_ms"] <= good["p99_ms"], good
     assert (bad["ok"], bad["errors"]) == (0, {"HTTP 404": 20})
 
 
