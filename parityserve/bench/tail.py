@@ -829,7 +829,7 @@ Cases (resource-matched: equal instance counts compare like for like):
 `gap: equal-res / this` is gap(equal-resources with the same instance count) / gap(this case), where gap = p99.9 - p50: above 1 means a smaller gap than equal-resources. ParM's headline is up to 3.5x at the same median (`p50 / equal-res` near 1). `rebuilt`: answers decoded from parity (ParM) or from a Berrut code (Berrut decodes every answer). `client lag p99`: how late the load generator itself sent its queries (p99); it counts in the latency, and a large value means the client was starved of CPU, so that point measures the machine, not the mode.
 
 ## Headline
-
+{_partial_warning(r)}
 {chr(10).join('- ' + line for line in r['headline']) or '- (no equal-resources baseline run)'}
 
 Plots: `{r['plots'][0]}` (p50 solid, p99 dashed, p99.9 dotted, against offered load) and `{r['plots'][1]}` (CDF at {r['cdf_rate']:g} q/s, first repetition)."""  # noqa: E501
@@ -845,6 +845,14 @@ def _partial_note(r: dict[str, Any]) -> str:
             f"points have fewer than {r['repeats']} repetitions ({listed}). Their medians "
             "are over the repetitions measured, and a point with none is left out. "
             "`--resume` measures the rest.")
+
+
+def _partial_warning(r: dict[str, Any]) -> str:
+    if not r.get("missing"):
+        return ""
+    return ("\n**Not a result yet**: this partial run compares medians over different numbers "
+            "of repetitions (one run decides a point with one repetition), so a single "
+            "disturbed run can flip a ratio. Quote these after `--resume` completes them.\n")
 
 
 def _describe_case(c: dict[str, Any]) -> str:

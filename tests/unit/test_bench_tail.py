@@ -315,6 +315,7 @@ def test_report_only_writes_a_partial_report_without_measuring(
     md = (tmp_path / "tail-mlp.md").read_text()
     assert "**Partial run**: 4 of 4 points have fewer than 2 repetitions" in md
     assert "equal-resources at 20 q/s: 0 of 2" in md
+    assert "**Not a result yet**" in md.split("## Headline")[1]
     assert json.loads((tmp_path / "tail-mlp.json").read_text())["missing"][3]["repeats"] == 0
 
 
@@ -327,4 +328,5 @@ def test_report_only_without_saved_points_says_what_to_run(
 
 
 def test_a_finished_report_carries_no_partial_note() -> None:
-    assert tail._partial_note({"missing": [], "cases": [], "rates": [], "repeats": 3}) == ""
+    finished = {"missing": [], "cases": [], "rates": [], "repeats": 3}
+    assert tail._partial_note(finished) == "" and tail._partial_warning(finished) == ""
