@@ -65,6 +65,7 @@ __all__ = [
     "estimate_runtime_s",
     "missing_runs",
     "run_seconds",
+    "saved_runs",
     "fault_transitions",
     "gap_rows",
     "time_interleaved_us",
@@ -524,8 +525,8 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
     slots = max(c.instances for c in cases)
     burst = {"model": "random pairs", "every_ms": args.burst_every_ms,
              "duration_ms": args.burst_duration_ms, "delay_ms": delay, "cluster_slots": slots}
-    runs = args.repeats * len(cases)  # one server start per case and repetition
-    estimate = estimate_runtime_s(list(rates) * runs, args.queries, runs)
+    starts = args.repeats * len(cases)  # one server start per case and repetition
+    estimate = estimate_runtime_s(list(rates) * starts, args.queries, starts)
     print(f"\n== tail: {name} ({spec['source']}), rates {rates} q/s, {args.queries} queries x "
           f"{args.repeats}, cases {[c.name for c in cases]}"
           + ("; report only ==" if args.report_only
@@ -541,7 +542,9 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
         print(f"resuming: {len(saved.rows)} points already measured ({saved.path})", flush=True)
     if not args.report_only:
         _measure(name, spec["source"], cases, rates, saved, args, burst, data_dir)
-    points, cdfs = collect_points(saved, cases, rates, args.repeats)
+    runs = saved_runs(saved, cases, rates, args.repeats)
+    points = collect_points(runs)
+    cdfs = {c.name: cdf for c in cases if (cdf := saved.cdf(c.name)) is not None}
     if not points:
         raise SystemExit(f"no saved points for these settings in {saved.path}: run the "
                          "measurement first (without --report-only)")
@@ -552,10 +555,8 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
             "max_batch": args.max_batch, "deployed": args.deployed, "burst": burst,
             "cases": [c.__dict__ for c in cases], "points": points,
             "gaps": gap_rows(points, cases), "cdf_rate": cdf_rate, "_cdfs": cdfs,
-            "missing": missing_runs(saved, cases, rates, args.repeats),
-            "load_s": sum(run_seconds(row) for row in (
-                saved.get(c.name, rate, rep) for c in cases for rate in rates
-                for rep in range(args.repeats)) if row is not None),
+            "missing": missing_runs(runs, args.repeats),
+            "load_s": sum(run_seconds(row) for found in runs.values() for row in found),
             "estimated_s": estimate, "wall_s": time.monotonic() - started}
 
 
@@ -584,34 +585,27 @@ def _measure(name: str, source: str, cases: Sequence[Case], rates: Sequence[floa
                 saved.put(row, rep, lat if (rate == cdf_rate and rep == 0) else None)
 
 
-def collect_points(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
-                   repeats: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
-    """The report's points (medians over the saved repetitions) and CDFs; a (case, rate)
-    with no saved run is left out, not invented."""
-    points, cdfs = [], {}
-    for case in cases:
-        cdf = saved.cdf(case.name)
-        if cdf is not None:
-            cdfs[case.name] = cdf
-        for rate in rates:
-            runs = [saved.get(case.name, rate, rep) for rep in range(repeats)]
-            found = [r for r in runs if r is not None]
-            if found:
-                points.append(median_over_repeats(found))
-    return points, cdfs
+def saved_runs(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
+               repeats: int) -> dict[tuple[str, float], list[dict[str, Any]]]:
+    """The saved runs of every (case, rate), in report order (cases, then rates)."""
+    return {(case.name, rate): [row for rep in range(repeats)
+                                if (row := saved.get(case.name, rate, rep)) is not None]
+            for case in cases for rate in rates}
 
 
-def missing_runs(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
+def collect_points(runs: dict[tuple[str, float], list[dict[str, Any]]]
+                   ) -> list[dict[str, Any]]:
+    """The report's points: medians over the saved repetitions; a (case, rate) with no
+    saved run is left out, not invented."""
+    return [median_over_repeats(found) for found in runs.values() if found]
+
+
+def missing_runs(runs: dict[tuple[str, float], list[dict[str, Any]]],
                  repeats: int) -> list[dict[str, Any]]:
     """Each (case, rate) short of its repetitions, and how many it has: a partial report
     says so instead of passing for a finished one."""
-    out = []
-    for case in cases:
-        for rate in rates:
-            have = sum(saved.get(case.name, rate, rep) is not None for rep in range(repeats))
-            if have < repeats:
-                out.append({"case": case.name, "rate": rate, "repeats": have})
-    return out
+    return [{"case": case, "rate": rate, "repeats": len(found)}
+            for (case, rate), found in runs.items() if len(found) < repeats]
 
 
 def run_seconds(row: dict[str, Any]) -> float:

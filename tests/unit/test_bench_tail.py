@@ -207,8 +207,7 @@ def test_prepared_operations_time_their_run_only() -> None:
 def _point_row(case: str, rate: float, p50: float = 1.0) -> dict[str, object]:
     return {"case": case, "mode": "none", "instances": 2, "rate": rate, "n": 10,
             "throughput_qps": 10.0, "p50_ms": p50, "p99_ms": 2 * p50, "p999_ms": 3 * p50,
-            "errors": 0,
-            "rebuilt_fraction": 0.0}
+            "errors": 0, "rebuilt_fraction": 0.0}
 
 
 def test_checkpoint_keeps_points_of_the_same_settings_only(tmp_path: Path) -> None:
