@@ -54,7 +54,12 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
 )
-from parityserve.bench.report import markdown_table, plot_cdf, plot_latency_vs_load, write_results
+from parityserve.bench.report import (
+    markdown_table,
+    plot_latency_vs_load,
+    plot_quantile_cdf,
+    write_results,
+)
 from parityserve.bench.serverproc import ServerProcess, write_config
 
 __all__ = [
@@ -120,11 +125,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="2,000 queries per point, 1 repetition, 3 rates: checks the harness")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the points an interrupted run with the same settings already "
-                        "measured (each point is saved under RESULTS_DIR/.work as it ends)")
+                   help="reuse the runs that an interrupted run with the same settings already "
+                        "measured (each run is saved as it ends, in RESULTS_DIR/tail-runs/, "
+                        "which is committed so that a later session or machine can go on)")
     p.add_argument("--report-only", action="store_true",
-                   help="measure nothing: write the report from the points saved so far "
+                   help="measure nothing: write the report from the runs saved so far "
                         "(same settings), marked partial where repetitions are missing")
+    p.add_argument("--recover-from", type=Path, metavar="REPORT.json",
+                   help="the run file was lost: seed it from the per-run values an earlier "
+                        "report of the same settings kept (flagged as recovered in the "
+                        "report), then go on as --resume")
+    p.add_argument("--cdf-rate", type=float,
+                   help="the offered load whose latency CDF is plotted (default: the middle "
+                        "rate; the top rate is often past the knee, where every CDF is a "
+                        "backlog)")
     p.set_defaults(func=run)
 
 
@@ -288,6 +302,8 @@ def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if values:
             out[key] = float(np.median(values))
             out[f"{key}_runs"] = values
+    out.pop("latency_quantiles_ms", None)  # a run's CDF, not the point's
+    out.pop("recovered", None)
     out["errors"] = sum(int(r.get("errors", 0)) for r in rows)
     out["n"] = sum(int(r.get("n", 0)) for r in rows)
     out["repeats"] = len(rows)
@@ -532,19 +548,22 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
           + ("; report only ==" if args.report_only
              else f"; about {estimate / 3600:.1f} h in all =="), flush=True)
     started = time.monotonic()
-    cdf_rate = max(rates)
+    cdf_rate = args.cdf_rate if args.cdf_rate is not None else middle_rate(rates)
     fingerprint = {"model": name, "source": spec["source"], "queries": args.queries,
                    "burst": burst, "max_batch": args.max_batch, "seed": args.seed,
                    "deployed": args.deployed}
-    saved = Checkpoint(args.results_dir / ".work" / f"tail-{name}-points.jsonl", fingerprint,
-                       resume=args.resume or args.report_only)
+    saved = Checkpoint(checkpoint_path(args.results_dir, name, fingerprint, quick=args.quick),
+                       fingerprint,
+                       resume=args.resume or args.report_only or bool(args.recover_from))
+    if args.recover_from:
+        _recover(saved, args.recover_from, fingerprint)
     if saved.rows:
-        print(f"resuming: {len(saved.rows)} points already measured ({saved.path})", flush=True)
+        print(f"resuming: {len(saved.rows)} runs already measured ({saved.path})", flush=True)
     if not args.report_only:
         _measure(name, spec["source"], cases, rates, saved, args, burst, data_dir)
     runs = saved_runs(saved, cases, rates, args.repeats)
     points = collect_points(runs)
-    cdfs = {c.name: cdf for c in cases if (cdf := saved.cdf(c.name)) is not None}
+    cdfs = {c.name: cdf for c in cases if (cdf := saved.cdf(c.name, cdf_rate)) is not None}
     if not points:
         raise SystemExit(f"no saved points for these settings in {saved.path}: run the "
                          "measurement first (without --report-only)")
@@ -553,9 +572,15 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
     return {"model": name, "source": spec["source"], "rates": rates,
             "queries_per_point": args.queries, "repeats": args.repeats,
             "max_batch": args.max_batch, "deployed": args.deployed, "burst": burst,
-            "cases": [c.__dict__ for c in cases], "points": points,
+            "seed": args.seed, "cases": [c.__dict__ for c in cases], "points": points,
             "gaps": gap_rows(points, cases), "cdf_rate": cdf_rate, "_cdfs": cdfs,
+            "cdf_missing": [c.name for c in cases if c.name not in cdfs],
             "missing": missing_runs(runs, args.repeats),
+            "recovered_runs": sum(1 for found in runs.values() for row in found
+                                  if row.get("recovered")),
+            "recovered_from": sorted({str(row["recovered"]) for found in runs.values()
+                                      for row in found if row.get("recovered")}),
+            "run_file": str(saved.path),
             "load_s": sum(run_seconds(row) for found in runs.values() for row in found),
             "estimated_s": estimate, "wall_s": time.monotonic() - started}
 
@@ -575,14 +600,14 @@ def _measure(name: str, source: str, cases: Sequence[Case], rates: Sequence[floa
     print(f"to measure: {sum(len(t) for *_, t in plan)} points, about {left / 3600:.1f} h",
           flush=True)
     bodies = encode_bodies(list(_inputs(name, data_dir)))
-    cdf_rate = max(rates)
+    configs = args.results_dir / ".work"  # rewritten by every run: not a result
     for rep, case, todo in plan:
         config = serving_config(case, source, max_batch=args.max_batch)
-        path = write_config(config, saved.path.parent / f"tail-{name}-{case.name}.yaml")
+        path = write_config(config, configs / f"tail-{name}-{case.name}.yaml")
         with ServerProcess(path, data_dir=data_dir) as server:
             for rate in todo:
                 row, lat = _point(server.url, case, bodies, rate, rep, args, burst)
-                saved.put(row, rep, lat if (rate == cdf_rate and rep == 0) else None)
+                saved.put({**row, "latency_quantiles_ms": latency_quantiles_ms(lat)}, rep)
 
 
 def saved_runs(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
@@ -614,23 +639,56 @@ def run_seconds(row: dict[str, Any]) -> float:
     return float(row.get("n", 0)) / throughput if throughput > 0 else 0.0
 
 
+def settings_key(fingerprint: dict[str, Any]) -> str:
+    """A short, stable name for a run's settings: runs with other settings get another file."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def checkpoint_path(results_dir: Path, name: str, fingerprint: dict[str, Any], *,
+                    quick: bool) -> Path:
+    """Where a run's measured points live. A full run's file is a result, committed under
+    ``tail-runs/``: the experiment outlasts one working session, and a fresh clone must be
+    able to go on from it. A quick run's file is scratch (``.work/``, git-ignored)."""
+    folder = results_dir / (".work" if quick else "tail-runs")
+    return folder / f"tail-{name}-{settings_key(fingerprint)}.jsonl"
+
+
+def middle_rate(rates: Sequence[float]) -> float:
+    """The default CDF rate: the middle one. The top rate is often past the knee, where every
+    mode's CDF is a backlog, and the lowest rarely shows a tail."""
+    ordered = sorted(rates)
+    return ordered[len(ordered) // 2]
+
+
+# Each run keeps its latency CDF as quantiles on this grid rather than all its latencies: the
+# committed run file stays small (about 7 kB a run) and a CDF plot needs no more.
+CDF_PROBABILITIES: tuple[float, ...] = (
+    *(round(0.001 * i, 3) for i in range(1, 1000)), 0.9995, 0.9999, 1.0)
+
+
+def latency_quantiles_ms(latencies_s: np.ndarray | Sequence[float]) -> list[float] | None:
+    """A run's latencies (seconds) as milliseconds at ``CDF_PROBABILITIES`` (None if none)."""
+    lat = np.asarray(latencies_s, dtype=float)
+    lat = lat[np.isfinite(lat)]
+    if lat.size == 0:
+        return None
+    return [round(float(v) * 1e3, 3) for v in np.quantile(lat, CDF_PROBABILITIES)]
+
+
 class Checkpoint:
-    """The finished points of a load run, one JSON line each, so that ``--resume`` skips them.
+    """The finished runs of a load experiment, one JSON line each, so that ``--resume``
+    skips them.
 
     Why: the full experiment takes hours to days on a small machine, and a crash, a reboot
-    or the end of a working session must not throw away the points already measured. A
-    point is reused only under the same settings (``fingerprint``: model, queries per point,
-    burst model, batch ceiling, seed, deployed instances), so a changed run never mixes with
-    an old one. Without ``resume`` an earlier file is kept aside as ``*.old``, not deleted.
-    The latencies behind the CDF plot (first repetition at the top rate) go beside it.
+    or the end of a working session must not throw away the runs already measured. A run is
+    reused only under the same settings (``fingerprint``: model, queries per point, burst
+    model, batch ceiling, seed, deployed instances), so a changed run never mixes with an old
+    one. Without ``resume`` an earlier file is kept aside as ``*.old``, not deleted. Each row
+    carries its own latency quantiles for the CDF plot.
     """
 
     def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
         self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
-        # The CDF files are named by the settings too: runs with other settings share the
-        # points file but must not read each other's latencies.
-        self._settings_key = hashlib.sha256(
-            json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest()[:12]
         self.rows: dict[tuple[str, float, int], dict[str, Any]] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume and path.exists():
@@ -645,19 +703,84 @@ class Checkpoint:
     def get(self, case: str, rate: float, rep: int) -> dict[str, Any] | None:
         return self.rows.get((case, float(rate), rep))
 
-    def put(self, row: dict[str, Any], rep: int, latencies: np.ndarray | None) -> None:
-        if latencies is not None:  # first, so that a saved row always has its CDF
-            np.save(self._cdf_path(row["case"]), np.asarray(latencies, dtype=np.float64))
+    def put(self, row: dict[str, Any], rep: int) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"fingerprint": self.fingerprint, "rep": rep, "row": row}) + "\n")
         self.rows[(row["case"], float(row["rate"]), rep)] = row
 
-    def cdf(self, case: str) -> np.ndarray | None:
-        path = self._cdf_path(case)
-        return np.load(path) if path.exists() else None
+    def cdf(self, case: str, rate: float) -> list[float] | None:
+        """The latency quantiles of the first repetition at ``rate`` that kept them."""
+        for (name, at, _), row in sorted(self.rows.items()):
+            if name == case and at == float(rate) and row.get("latency_quantiles_ms"):
+                return list(row["latency_quantiles_ms"])
+        return None
 
-    def _cdf_path(self, case: str) -> Path:
-        return self.path.with_name(f"{self.path.stem}-{case}-{self._settings_key}-cdf.npy")
+
+# ---- recovering lost runs from a report --------------------------------------------------
+_IDENTITY = ("case", "mode", "instances", "rate", "offered_qps")
+_SETTINGS_IN_REPORT = {"model": "model", "source": "source", "queries": "queries_per_point",
+                       "burst": "burst", "max_batch": "max_batch", "deployed": "deployed",
+                       "seed": "seed"}
+
+
+def recovered_runs(report: dict[str, Any], fingerprint: dict[str, Any], source: str
+                   ) -> list[tuple[int, dict[str, Any]]]:
+    """(repetition, row) for every run an earlier report kept, for a lost run file.
+
+    A report keeps, per point, each run's p50, p99, p99.9, mean, throughput, rebuilt share
+    and client lag (``*_runs``, in repetition order), and every other field of the first
+    run only. So the first repetition's row is whole, and later ones carry just those values.
+    A run's own error count is not kept: the point's total goes on its first repetition, so
+    the report's sum stays exact. Its latencies were not kept either, so a recovered run has
+    no CDF. Repetitions are numbered in order, which holds because runs are measured one
+    repetition of every case at a time. Every row is marked ``recovered: source``.
+    Raises ``ValueError`` when the report ran other settings (a report that predates keeping
+    its seed is taken to have run the fingerprint's).
+    """
+    _check_settings(report, fingerprint)
+    out: list[tuple[int, dict[str, Any]]] = []
+    for point in report.get("points", []):
+        reps = int(point["repeats"])
+        base = {k: v for k, v in point.items() if not k.endswith("_runs") and k != "repeats"}
+        for rep in range(reps):
+            row = dict(base) if rep == 0 else {k: base[k] for k in _IDENTITY if k in base}
+            for key in _MEDIANS:
+                values = point.get(f"{key}_runs")
+                if values is not None:
+                    if len(values) != reps:
+                        raise ValueError(f"{point['case']} at {point['rate']:g} q/s: {key} has "
+                                         f"{len(values)} runs for {reps} repetitions")
+                    row[key] = values[rep]
+            row["n"] = int(point["n"]) // reps
+            row["errors"] = int(point.get("errors", 0)) if rep == 0 else 0
+            row["recovered"] = source
+            out.append((rep, row))
+    return out
+
+
+def _check_settings(report: dict[str, Any], fingerprint: dict[str, Any]) -> None:
+    for key, field_name in _SETTINGS_IN_REPORT.items():
+        if field_name not in report and key == "seed":
+            continue  # older reports did not keep their seed
+        if json.loads(json.dumps(report.get(field_name))) != fingerprint.get(key):
+            raise ValueError(f"the report ran {field_name} = {report.get(field_name)!r}, this "
+                             f"run {key} = {fingerprint.get(key)!r}: runs of other settings "
+                             "cannot be recovered into this one")
+
+
+def _recover(saved: Checkpoint, report_path: Path, fingerprint: dict[str, Any]) -> None:
+    try:
+        report = json.loads(report_path.read_text())
+        rows = recovered_runs(report, fingerprint, report_path.name)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"cannot recover runs from {report_path}: {exc}") from exc
+    added = 0
+    for rep, row in rows:
+        if saved.get(row["case"], row["rate"], rep) is None:
+            saved.put(row, rep)
+            added += 1
+    print(f"recovered {added} runs from {report_path} ({len(rows) - added} were saved already)",
+          flush=True)
 
 
 def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,
@@ -777,8 +900,11 @@ def _write_load(report: dict[str, Any], args: argparse.Namespace) -> None:
     latency_png = plot_latency_vs_load(
         series, args.results_dir / f"{name}-latency.png",
         f"{report['source']}: latency vs load, random-pair bursts")
-    cdf_png = plot_cdf(cdfs, args.results_dir / f"{name}-cdf.png",
-                       f"{report['source']}: latency CDF at {report['cdf_rate']:g} q/s")
+    lacking = report["cdf_missing"]
+    cdf_png = plot_quantile_cdf(
+        cdfs, CDF_PROBABILITIES, args.results_dir / f"{name}-cdf.png",
+        f"{report['source']}: latency CDF at {report['cdf_rate']:g} q/s",
+        note=f"no latencies kept: {', '.join(lacking)}" if lacking else None)
     report["headline"] = headline(report["gaps"])
     report["plots"] = [latency_png.name, cdf_png.name]
     paths = write_results(name, report, results_dir=args.results_dir,
@@ -799,7 +925,7 @@ def _load_markdown(r: dict[str, Any], args: argparse.Namespace) -> str:
         quick += (f" The machine's 1-minute load average after each point ranged "
                   f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs: anything "
                   "above the CPU count means other processes competed for them.")
-    quick += _partial_note(r)
+    quick += _partial_note(r) + _recovered_note(r)
     thin = [f"{p['case']} at {p['rate']:g} q/s" for p in r["points"]
             if not p.get("p999_reliable", True)]
     if thin:
@@ -839,6 +965,19 @@ def _partial_note(r: dict[str, Any]) -> str:
             f"points have fewer than {r['repeats']} repetitions ({listed}). Their medians "
             "are over the repetitions measured, and a point with none is left out. "
             "`--resume` measures the rest.")
+
+
+def _recovered_note(r: dict[str, Any]) -> str:
+    recovered = r.get("recovered_runs", 0)
+    if not recovered:
+        return ""
+    total = sum(p["repeats"] for p in r["points"])
+    named = ", ".join(f"`{s}`" for s in r.get("recovered_from", [])) or "an earlier report"
+    return (f"\n\n**Recovered runs**: {recovered} of {total} runs were recovered from {named} "
+            "after their run file was lost (`--recover-from`). Their p50, p99, p99.9, mean, "
+            "throughput, rebuilt share and client lag are exact; their other fields come from "
+            "the first repetition of their point, their errors are counted on it, and their "
+            "latencies were not kept (the CDF uses the first repetition that kept them).")
 
 
 def _partial_warning(r: dict[str, Any]) -> str:

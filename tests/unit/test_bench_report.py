@@ -15,6 +15,7 @@ from parityserve.bench.report import (
     markdown_table,
     plot_cdf,
     plot_latency_vs_load,
+    plot_quantile_cdf,
     write_results,
 )
 
@@ -24,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_public_names() -> None:
     assert sorted(report.__all__) == [
         "Column", "command_line", "machine_info", "markdown_table", "plot_cdf",
-        "plot_latency_vs_load", "write_results",
+        "plot_latency_vs_load", "plot_quantile_cdf", "write_results",
     ]
 
 
@@ -91,6 +92,19 @@ def test_plots_write_png_files(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     cdf_png = plot_cdf({"a": rng.exponential(0.01, 500), "b": [0.001, math.inf, 0.002]},
                        tmp_path / "cdf.png", "latency CDF")
-    for png in (load_png, cdf_png):
+    probs = [0.25, 0.5, 0.75, 1.0]
+    quantile_png = plot_quantile_cdf({"a": [1.0, 2.0, 4.0, 9.0], "b": [1.0, math.nan, 3, 5]},
+                                     probs, tmp_path / "quantiles.png", "CDF", note="no c")
+    for png in (load_png, cdf_png, quantile_png):
         assert png.read_bytes().startswith(PNG_MAGIC)
         assert png.stat().st_size > 5_000
+
+
+def test_a_cdf_with_no_curve_says_so_instead_of_warning(tmp_path: Path) -> None:
+    png = plot_quantile_cdf({}, [0.5, 1.0], tmp_path / "empty.png", "CDF", note="no runs kept")
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_quantile_cdf_refuses_quantiles_off_its_grid(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="a: 2 quantiles for 3 probabilities"):
+        plot_quantile_cdf({"a": [1.0, 2.0]}, [0.5, 0.9, 1.0], tmp_path / "x.png", "CDF")

@@ -213,17 +213,94 @@ def _point_row(case: str, rate: float, p50: float = 1.0) -> dict[str, object]:
 def test_checkpoint_keeps_points_of_the_same_settings_only(tmp_path: Path) -> None:
     path = tmp_path / "points.jsonl"
     first = tail.Checkpoint(path, {"queries": 100}, resume=False)
-    first.put(_point_row("none", 50.0), 0, np.array([0.001, 0.002]))
-    first.put(_point_row("none", 100.0), 0, None)
+    first.put({**_point_row("none", 50.0), "latency_quantiles_ms": [1.0, 2.0]}, 1)
+    first.put({**_point_row("none", 50.0), "latency_quantiles_ms": [3.0, 4.0]}, 0)
+    first.put(_point_row("none", 100.0), 0)
     again = tail.Checkpoint(path, {"queries": 100}, resume=True)
-    assert again.get("none", 50, 0) == _point_row("none", 50.0)
+    assert again.get("none", 50, 1) == {**_point_row("none", 50.0),
+                                        "latency_quantiles_ms": [1.0, 2.0]}
     assert again.get("none", 100.0, 1) is None
-    np.testing.assert_array_equal(again.cdf("none"), [0.001, 0.002])
+    assert again.cdf("none", 50.0) == [3.0, 4.0]  # the first repetition that kept one
+    assert again.cdf("none", 100.0) is None and again.cdf("other", 50.0) is None
     other = tail.Checkpoint(path, {"queries": 200}, resume=True)
-    assert other.rows == {} and other.cdf("none") is None  # other settings, other latencies
+    assert other.rows == {}
     fresh = tail.Checkpoint(path, {"queries": 100}, resume=False)
     assert fresh.rows == {} and not path.exists()
     assert (tmp_path / "points.jsonl.old").exists()  # kept aside, not deleted
+
+
+def test_a_full_runs_file_is_a_committed_result_and_a_quick_ones_is_scratch(
+    tmp_path: Path,
+) -> None:
+    full = tail.checkpoint_path(tmp_path, "mlp", {"queries": 20_000}, quick=False)
+    other = tail.checkpoint_path(tmp_path, "mlp", {"queries": 2_000}, quick=False)
+    quick = tail.checkpoint_path(tmp_path, "mlp", {"queries": 2_000}, quick=True)
+    assert full.parent == tmp_path / "tail-runs" and quick.parent == tmp_path / ".work"
+    assert full.name.startswith("tail-mlp-") and full.suffix == ".jsonl"
+    assert full.name != other.name  # other settings never move this file aside
+    ignore = (Path(__file__).parents[2] / ".gitignore").read_text()
+    assert ".work/" in ignore and "tail-runs" not in ignore
+
+
+def test_latency_quantiles_are_milliseconds_on_the_grid() -> None:
+    lat = np.r_[np.linspace(0.001, 0.002, 1001), np.inf]
+    q = tail.latency_quantiles_ms(lat)
+    assert q is not None and len(q) == len(tail.CDF_PROBABILITIES)
+    assert q[tail.CDF_PROBABILITIES.index(0.5)] == pytest.approx(1.5)
+    assert q[-1] == pytest.approx(2.0) and q == sorted(q)
+    assert tail.latency_quantiles_ms([]) is None
+
+
+def test_the_cdf_defaults_to_the_middle_rate() -> None:
+    assert tail.middle_rate([200.0, 50.0, 100.0]) == 100.0
+    assert tail.middle_rate([10.0, 20.0]) == 20.0
+    assert tail.middle_rate([5.0]) == 5.0
+
+
+_SETTINGS = {"model": "mlp", "source": "zoo:parm-mlp", "queries": 50, "burst": {"every_ms": 1},
+             "max_batch": 1, "seed": 0, "deployed": 2}
+
+
+def _report_of(points: list[dict[str, object]], **changes: object) -> dict[str, object]:
+    return {"model": "mlp", "source": "zoo:parm-mlp", "queries_per_point": 50,
+            "burst": {"every_ms": 1}, "max_batch": 1, "deployed": 2, "points": points,
+            **changes}
+
+
+def test_recovered_runs_rebuild_each_repetition_from_a_report() -> None:
+    runs = [_point_row("none", 10.0, p50=p) | {"errors": e, "p90_ms": 9.0 + p}
+            for p, e in ((1.0, 2), (3.0, 1), (2.0, 0))]
+    point = median_over_repeats(runs)
+    rows = tail.recovered_runs(_report_of([point]), _SETTINGS, "old.json")
+    assert [rep for rep, _ in rows] == [0, 1, 2]
+    assert [row["p50_ms"] for _, row in rows] == [1.0, 3.0, 2.0]  # each run's own values
+    assert [row["p999_ms"] for _, row in rows] == [3.0, 9.0, 6.0]
+    assert rows[0][1]["p90_ms"] == 10.0 and "p90_ms" not in rows[1][1]  # kept for run 1 only
+    assert [row["errors"] for _, row in rows] == [3, 0, 0]  # the point's total, kept whole
+    assert [row["n"] for _, row in rows] == [10, 10, 10]
+    assert all(row["recovered"] == "old.json" for _, row in rows)
+    again = median_over_repeats([row for _, row in rows])
+    for key in ("p50_ms", "p99_ms", "p999_ms", "throughput_qps", "errors", "n"):
+        assert again[key] == point[key]  # the report's statistics come back unchanged
+    assert "recovered" not in again
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"queries_per_point": 20_000}, "queries_per_point = 20000"),
+    ({"seed": 3}, "seed = 3"),
+    ({"burst": {"every_ms": 2}}, "burst"),
+])
+def test_runs_of_other_settings_are_not_recovered(change: dict[str, object],
+                                                  message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tail.recovered_runs(_report_of([], **change), _SETTINGS, "old.json")
+
+
+def test_a_report_whose_runs_disagree_with_its_repetitions_is_refused() -> None:
+    point = median_over_repeats([_point_row("none", 10.0), _point_row("none", 10.0, 2.0)])
+    point["p99_ms_runs"] = point["p99_ms_runs"][:1]
+    with pytest.raises(ValueError, match="p99_ms has 1 runs for 2 repetitions"):
+        tail.recovered_runs(_report_of([point]), _SETTINGS, "old.json")
 
 
 class _NoServer:
@@ -251,7 +328,8 @@ def _fake_points(monkeypatch: pytest.MonkeyPatch, limit: list[int]
         if len(measured) == limit[0]:
             raise KeyboardInterrupt
         measured.append((case.name, rate, rep))
-        return _point_row(case.name, rate, p50=float(rep + 1)), np.array([0.001 * (rep + 1)])
+        return (_point_row(case.name, rate, p50=float(rep + 1)),
+                np.full(10, 0.001 * (rep + 1)))
 
     monkeypatch.setattr(tail, "_point", point)
     monkeypatch.setattr(tail, "ServerProcess", _NoServer)
@@ -293,7 +371,10 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     assert report["points"][0]["p50_ms"] == 1.5  # the median of both repetitions
     assert report["missing"] == []
     assert report["load_s"] == pytest.approx(8 * 10 / 10.0)  # n / throughput per run
-    np.testing.assert_array_equal(report["_cdfs"]["none"], [0.001])
+    assert report["cdf_rate"] == 20.0 and report["cdf_missing"] == []
+    assert set(report["_cdfs"]["none"]) == {1.0}  # the first repetition's, in ms
+    assert report["recovered_runs"] == 0
+    assert "latency_quantiles_ms" not in report["points"][0]  # a run's, not the point's
 
 
 def test_report_only_writes_a_partial_report_without_measuring(
@@ -329,3 +410,36 @@ def test_report_only_without_saved_points_says_what_to_run(
 def test_a_finished_report_carries_no_partial_note() -> None:
     finished = {"missing": [], "cases": [], "rates": [], "repeats": 3}
     assert tail._partial_note(finished) == "" and tail._partial_warning(finished) == ""
+
+
+def test_lost_runs_are_recovered_from_the_report_and_only_the_rest_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh clone lacks the run file: ``--recover-from`` seeds it from the committed
+    report, the run measures only what the report lacked, and the report says so."""
+    _interrupted_run(tmp_path, monkeypatch, 5)
+    args = _tail_args(tmp_path, "--report-only")
+    tail._write_load(tail._bench_model("mlp", args, tmp_path), args)
+    for lost in (tmp_path / "tail-runs").iterdir():
+        lost.unlink()
+    measured = _fake_points(monkeypatch, [100])
+    args = _tail_args(tmp_path, "--recover-from", str(tmp_path / "tail-mlp.json"))
+    report = tail._bench_model("mlp", args, tmp_path)
+    assert sorted(measured) == [("equal-resources", 10.0, 1), ("equal-resources", 20.0, 1),
+                                ("none", 20.0, 1)]
+    assert report["missing"] == [] and report["recovered_runs"] == 5
+    # at the CDF rate (20 q/s) the first repetitions were recovered without latencies, so the
+    # CDF comes from the second, measured now
+    assert report["cdf_missing"] == [] and set(report["_cdfs"]["none"]) == {2.0}
+    tail._write_load(report, args)
+    md = (tmp_path / "tail-mlp.md").read_text()
+    assert "5 of 8 runs were recovered from `tail-mlp.json`" in md
+
+
+def test_recovering_from_a_missing_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_points(monkeypatch, [0])
+    args = _tail_args(tmp_path, "--recover-from", str(tmp_path / "nothing.json"))
+    with pytest.raises(SystemExit, match="cannot recover runs from .*nothing.json"):
+        tail._bench_model("mlp", args, tmp_path)
