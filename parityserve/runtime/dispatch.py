@@ -97,6 +97,11 @@ class Replica:
     faults: dict[str, Any] = field(default_factory=dict)
     pool: str = DATA_POOL  # "data" runs the model; "parity<j>" runs parity model j
     located: int = 0  # results of this replica the Byzantine error locator excluded
+    # Summed over its answered batches: send to result as the frontend saw it, and the time
+    # the worker says it spent (predict plus any injected delay). The difference is transport
+    # and socket queueing: what the replica is held for beyond its own work.
+    round_trip_s: float = 0.0
+    worker_s: float = 0.0
 
     @property
     def idle(self) -> bool:
@@ -114,6 +119,8 @@ class ReplicaStats:
     max_batch_size: int
     pool: str = DATA_POOL
     located: int = 0
+    round_trip_s: float = 0.0  # summed over answered batches (see ``Replica``)
+    worker_s: float = 0.0
 
 
 class ModelPath:
@@ -324,8 +331,13 @@ class ModelPath:
             return  # a late answer for a batch already re-dispatched elsewhere
         batch.task.running -= 1
         replica.served += 1
+        round_trip = self.clock() - batch.sent_at
+        replica.round_trip_s += round_trip
+        worker_ms = header.get("ms")
+        if isinstance(worker_ms, int | float):  # a worker of another version may not say
+            replica.worker_s += worker_ms / 1000
         # AIMD learns from the rows the replica computed (a coded task answers no query itself).
-        replica.aimd.observe(_rows(batch.task.payload), self.clock() - batch.sent_at)
+        replica.aimd.observe(_rows(batch.task.payload), round_trip)
         self._deliver(batch, header, buffers)
         self.pump()
 
@@ -400,7 +412,8 @@ class ModelPath:
     def replica_stats(self) -> list[ReplicaStats]:
         return [ReplicaStats(r.rid, r.index, r.state, r.pid,
                              len(r.batch.entries) if r.batch else 0, r.served,
-                             r.aimd.max_batch_size, r.pool, r.located)
+                             r.aimd.max_batch_size, r.pool, r.located, r.round_trip_s,
+                             r.worker_s)
                 for r in self.replicas.values()]
 
     def fail_all(self, reason: str) -> None:

@@ -93,6 +93,20 @@ def test_clipper_predict_single_and_batch(client, digits_model, digits_data) -> 
     assert len({m["query_id"] for m in many}) == 5
 
 
+def test_replica_state_splits_round_trips_into_worker_time_and_transport(client) -> None:
+    def sums() -> tuple[float, float, int]:
+        replicas = model_state(client, "sleepy")["replicas"]
+        return (sum(r["round_trip_s"] for r in replicas), sum(r["worker_s"] for r in replicas),
+                sum(r["served"] for r in replicas))
+
+    trip0, work0, served0 = sums()
+    assert client.predict("sleepy", [1.0])["default"] is False
+    trip, work, served = sums()
+    assert served == served0 + 1
+    assert 0.4 <= work - work0 < trip - trip0  # the worker's 400 ms sleep, inside the trip
+    assert trip - trip0 < 0.4 + 1.0  # and the transport is not all of the rest of the test
+
+
 def test_update_stores_feedback(client, digits_data) -> None:
     before = client.state()["applications"][0]["feedback_stored"]
     reply = client.update("digits", "user-1", digits_data[2][0], int(digits_data[3][0]))

@@ -53,10 +53,11 @@ class Rig:
         assert not cached
         return future
 
-    def answer(self, replica: Replica, header: dict[str, Any], outputs: Any) -> None:
+    def answer(self, replica: Replica, header: dict[str, Any], outputs: Any,
+               **extra: Any) -> None:
         desc, frames = wire.pack_payload(outputs)
         self.path.on_result(replica, {"t": wire.RESULT, "bid": header["bid"], "ok": True,
-                                      "out": desc}, [bytes(f) for f in frames])
+                                      "out": desc, **extra}, [bytes(f) for f in frames])
 
     def echo(self, replica: Replica, index: int = -1, scale: float = 1.0) -> None:
         """Answer the message at ``index`` of the link's log with its input times ``scale``."""
@@ -155,6 +156,30 @@ def test_aimd_backs_off_when_a_batch_takes_longer_than_the_slo() -> None:
         assert r1.aimd.statistics().backoffs == 1
         assert len(rig.link.batch(-1)) == 9  # the next batch already uses the smaller limit
         assert [s.max_batch_size for s in rig.path.replica_stats()] == [9]
+
+    run(body)
+
+
+def test_replica_statistics_split_each_round_trip_into_worker_time_and_the_rest() -> None:
+    async def body() -> None:
+        rig = Rig()
+        r1 = rig.add("r1")
+        rig.submit([1.0])
+        rig.clock.advance(0.005)
+        rig.answer(r1, rig.link.sent[-1][1], np.ones((1, 1)), ms=3.0)
+        rig.submit([2.0])
+        rig.clock.advance(0.002)
+        rig.answer(r1, rig.link.sent[-1][1], np.ones((1, 1)))  # a worker that does not say
+        stats = rig.path.replica_stats()[0]
+        assert stats.served == 2
+        assert stats.round_trip_s == pytest.approx(0.007)
+        assert stats.worker_s == pytest.approx(0.003)
+        rig.submit([3.0])
+        header = rig.link.sent[-1][1]
+        assert rig.path.take_back(r1) == 1
+        rig.clock.advance(1.0)
+        rig.answer(r1, header, np.ones((1, 1)), ms=900.0)  # late: re-dispatched, not counted
+        assert rig.path.replica_stats()[0].round_trip_s == pytest.approx(0.007)
 
     run(body)
 
