@@ -32,7 +32,8 @@ from parityserve.core.faults import BurstSpec, FaultSpec
 from parityserve.core.simulate import MODES, ServiceProfile, SimConfig, simulate
 from parityserve.errors import ConfigError, DataError
 
-__all__ = ["add_arguments", "load_profile", "profile_model", "real_rows", "run", "sim_config"]
+__all__ = ["add_arguments", "fit_cpu_cost", "load_profile", "profile_model", "real_rows", "run",
+           "sim_config", "transport_ms_per_task"]
 
 _MODELS = {
     "mlp": ("zoo:parm-mlp", "parm-mnist-base-mlp.npz", (784,)),
@@ -91,6 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-run", action="store_true",
                    help="run a small real-process deployment here and compare")
     p.add_argument("--validate-rate", type=float, default=150.0)
+    p.add_argument("--calibration-rates", default="150,400,600",
+                   help="fault-free `none` runs at these loads (q/s; the validation rate is "
+                        "always one) fit the frontend's CPU as background + a marginal cost "
+                        "per query: its cost per query falls as load rises")
     p.add_argument("--validate-queries", type=int, default=3000)
     p.add_argument("--validate-modes", default="none,replication,parm")
     p.add_argument("--validate-repeats", type=int, default=3,
@@ -250,7 +255,7 @@ def sim_config(mode: str, deployed: int, *, burst: BurstSpec | None, slow_ms: fl
                slo_ms: float = 1000.0, reactive_ms: float = 20.0, matched: bool = True,
                seeds: Sequence[int] | None = None, query_cpu_ms: float = 0.0,
                task_cpu_ms: float = 0.0, host_cores: float = 0.0,
-               worker_cpu_ms: float = 0.0) -> SimConfig:
+               worker_cpu_ms: float = 0.0, client_cpu_ms: float = 0.0) -> SimConfig:
     """The simulated deployment of ``mode`` with ``deployed`` data replicas.
 
     ``matched``: every mode but ``none`` runs as many instances as ParM (k = 2) does, m + m/2:
@@ -280,6 +285,7 @@ def sim_config(mode: str, deployed: int, *, burst: BurstSpec | None, slow_ms: fl
                      frontend_query_cpu_s=query_cpu_ms / 1000,
                      frontend_task_cpu_s=task_cpu_ms / 1000,
                      host_cores=host_cores, worker_task_cpu_s=worker_cpu_ms / 1000,
+                     client_query_cpu_s=client_cpu_ms / 1000,
                      frontend_overhead_s=frontend_ms / 1000, **kw)
 
 
@@ -561,6 +567,9 @@ def _tail_config(case: Mapping[str, Any], max_batch: int, overhead: Mapping[str,
                      frontend_overhead_s=overhead["frontend"] / 1000,
                      frontend_query_cpu_s=overhead.get("query_cpu", 0.0) / 1000,
                      frontend_task_cpu_s=overhead.get("task_cpu", 0.0) / 1000,
+                     host_cores=float(overhead.get("host_cores", 0.0)),
+                     worker_task_cpu_s=overhead.get("worker_cpu", 0.0) / 1000,
+                     client_query_cpu_s=overhead.get("client_cpu", 0.0) / 1000,
                      delay_windows=windows, **kw)
 
 
@@ -581,6 +590,49 @@ def _compare(source: str, mode: str, replicas: int, rate: float, real: Mapping[s
     return row
 
 
+def fit_cpu_cost(rates: Sequence[float], ms_per_query: Sequence[float]) -> dict[str, float]:
+    """The frontend's CPU, measured at several loads, as ``background_ms_per_s`` (spent
+    whatever the load) plus ``per_query_ms`` (each further query): a least-squares line
+    through CPU-ms per second against the rate.
+
+    Why: measured at one low rate, CPU per query carries what a busy frontend shares between
+    queries (an idle event loop woken for each one, cold caches, heartbeats). Charged per
+    query at four times that rate, it saturated a simulated frontend that the real one never
+    saturated. A negative intercept (noise) is not a background: the line is then refitted
+    through the origin. One distinct rate cannot split the two: all of it counts per query.
+    """
+    if len(rates) != len(ms_per_query) or not rates:
+        raise ValueError("need one CPU measurement per rate, and at least one")
+    r = np.asarray(rates, dtype=float)
+    per_s = r * np.asarray(ms_per_query, dtype=float)
+    if np.any(r <= 0) or not np.all(np.isfinite(per_s)) or np.any(per_s < 0):
+        raise ValueError("rates must be positive and CPU costs finite and non-negative")
+    if len(set(r.tolist())) < 2:
+        return {"background_ms_per_s": 0.0, "per_query_ms": float(np.mean(ms_per_query))}
+    slope, intercept = np.polyfit(r, per_s, 1)
+    if intercept < 0 or slope <= 0:
+        slope, intercept = float(np.dot(r, per_s) / np.dot(r, r)), 0.0
+    return {"background_ms_per_s": float(intercept), "per_query_ms": float(slope)}
+
+
+def transport_ms_per_task(before: Sequence[Mapping[str, Any]],
+                          after: Sequence[Mapping[str, Any]]) -> float | None:
+    """Mean time a task held its replica beyond the worker's own time (transport, socket
+    queues), from two ``/admin/state`` snapshots of a model's replicas (``round_trip_s``,
+    ``worker_s``, ``served``); None if no task finished between them."""
+    def totals(replicas: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float, int]]:
+        return {str(r["rid"]): (float(r.get("round_trip_s", 0.0)), float(r.get("worker_s", 0.0)),
+                                int(r.get("served", 0))) for r in replicas}
+
+    start, end = totals(before), totals(after)
+    held = tasks = 0.0
+    for rid, (trip, work, served) in end.items():
+        trip0, work0, served0 = start.get(rid, (0.0, 0.0, 0))  # a replica started in between
+        held += (trip - trip0) - (work - work0)
+        tasks += served - served0
+    return held * 1000 / tasks if tasks > 0 else None
+
+
 _VALIDATION_BURST = "400,60,15"
 _VALIDATION_SEEDS = (11, 12, 13, 14, 15)
 
@@ -590,66 +642,30 @@ def _validate_run(args: argparse.Namespace, profile: ServiceProfile) -> dict[str
     modes) of the model with burst faults, open-loop Poisson load; then the simulator on the
     same deployment, rate and burst model.
 
-    Calibration, on fault-free ``none`` runs only: the frontend process's CPU time per query
-    (read from /proc) becomes the simulated frontend's CPU cost (``--frontend-task-share`` of
-    it per task, the rest per query), and what remains of the real p50 over the simulated one
-    becomes the per-task transport latency. A second fault-free run shows the run-to-run noise
-    of the real measurements on this machine. The burst runs are the validation.
+    Calibration, on fault-free ``none`` runs only (``_calibrate``): the frontend's CPU per
+    query, its transport per task and the latency outside any queue. The burst runs are the
+    validation.
     """
     modes = [m for m in args.validate_modes.split(",") if m]
     burst = _burst(_VALIDATION_BURST)
     rate, n = args.validate_rate, args.validate_queries
     sim_n = max(n, 4000)
     print(f"\n== validation: real processes, {rate:g} q/s, {n} queries per mode ==", flush=True)
-    reps = args.validate_repeats
 
-    def real_runs(mode: str, fault: BurstSpec | None, reactive_ms: float = 20.0
+    def real_runs(mode: str, fault: BurstSpec | None, at: float, reactive_ms: float = 20.0
                   ) -> dict[str, Any]:
-        runs = [_real_run(args, mode, fault, rate, n, reactive_ms=reactive_ms, rep=i)
-                for i in range(reps)]
-        out: dict[str, Any] = {k: float(np.median([r[k] for r in runs]))
-                               for k in ("p50_ms", "p99_ms", "p999_ms",
-                                         "frontend_cpu_ms_per_query",
-                                         "worker_cpu_ms_per_query")}
-        for k in ("p50_ms", "p99_ms"):
-            values = [r[k] for r in runs]
-            out[f"{k.removesuffix('_ms')}_spread"] = (max(values) - min(values)) / out[k]
-        out["runs"] = runs
-        return out
+        runs = [_real_run(args, mode, fault, at, n, reactive_ms=reactive_ms, rep=i)
+                for i in range(args.validate_repeats)]
+        return _median_run(runs)
 
-    calib = real_runs("none", None)
-    cpu = calib["frontend_cpu_ms_per_query"]
-    share = args.frontend_task_share
-    q_cpu, t_cpu = cpu * (1 - share), cpu * share
-    # What a worker burns per task beyond predict() itself (receive, unpack, pack, send),
-    # taking a task per query (batches stay near 1 at this load); and the machine's cores.
-    model_cpu = load_profile(_profile_path(args), "cpu").median_ms(1)
-    w_cpu = max(0.0, calib["worker_cpu_ms_per_query"] - model_cpu)
-    cores = args.host_cores if args.host_cores is not None else float(_usable_cpus())
-
-    def config(mode: str, rpc: float, fault: BurstSpec | None, seeds: Sequence[int] | None,
-               reactive_ms: float = 20.0) -> SimConfig:
-        return sim_config(mode, 2, burst=fault, rpc_ms=rpc, max_batch=args.max_batch,
-                          slo_ms=args.slo_ms, matched=True, reactive_ms=reactive_ms,
-                          seeds=seeds, query_cpu_ms=q_cpu, task_cpu_ms=t_cpu,
-                          host_cores=cores, worker_cpu_ms=w_cpu)
-
-    sim0 = _one(config("none", 0.0, None, None), profile, rate, sim_n, args.seed, 0.0)
-    rpc = max(0.0, calib["p50_ms"] - sim0["p50_ms"])
-    overhead = {"rpc": rpc, "frontend": 0.0, "query_cpu": q_cpu, "task_cpu": t_cpu,
-                "worker_cpu": w_cpu, "host_cores": cores}
-    print(f"calibration (no faults): frontend CPU {cpu:.3f} ms/query, workers' CPU "
-          f"{calib['worker_cpu_ms_per_query']:.3f} ms/query ({w_cpu:.3f} beyond predict), "
-          f"{cores:g} shared cores; real p50 "
-          f"{calib['p50_ms']:.3f} ms, simulated without transport {sim0['p50_ms']:.3f} ms -> "
-          f"transport {rpc:.3f} ms/task", flush=True)
-    cal_sim = _one(config("none", rpc, None, None), profile, rate, sim_n, args.seed, 0.0)
-    points = [{**_compare("calibration (no faults)", "none", 2, rate, calib, cal_sim),
-               "calibration": True, "real": calib}]
-    reactive_ms = args.reactive_ms or 2 * (profile.quantile_ms(1, 0.99) + rpc)
+    calibs = {at: real_runs("none", None, at) for at in _calibration_rates(args)}
+    overhead, cal_sim = _calibrate(args, profile, calibs, rate, sim_n)
+    points = [{**_compare("calibration (no faults)", "none", 2, at, calibs[at], sim),
+               "calibration": True, "real": calibs[at]} for at, sim in cal_sim.items()]
+    reactive_ms = args.reactive_ms or 2 * (profile.quantile_ms(1, 0.99) + overhead["rpc"])
     for mode in modes:
-        real = real_runs(mode, burst, reactive_ms)
-        cfg = config(mode, rpc, burst, _VALIDATION_SEEDS, reactive_ms)
+        real = real_runs(mode, burst, rate, reactive_ms)
+        cfg = _overhead_config(mode, overhead, args, burst, _VALIDATION_SEEDS, reactive_ms)
         sims = [_one(cfg, profile, rate, sim_n, args.seed + s, 0.0) for s in range(3)]
         sim = {k: float(np.median([s[k] for s in sims])) for k in ("p50_ms", "p99_ms")}
         points.append({**_compare("validate-run (bursts)", mode, cfg.instances(), rate, real,
@@ -659,6 +675,82 @@ def _validate_run(args: argparse.Namespace, profile: ServiceProfile) -> dict[str
                                     for s in sims]})
     return {"points": points, "overhead_ms": overhead, "rate": rate, "queries": n,
             "burst": _VALIDATION_BURST}
+
+
+def _calibration_rates(args: argparse.Namespace) -> list[float]:
+    extra = [float(v) for v in str(args.calibration_rates).split(",") if v.strip()]
+    if any(r <= 0 for r in extra):
+        raise ConfigError(f"--calibration-rates must be positive q/s, got {args.calibration_rates}")
+    return sorted({args.validate_rate, *extra})
+
+
+def _median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repeated real runs, the spread of p50 and p99 ((max - min) / median)."""
+    keys = ("p50_ms", "p99_ms", "p999_ms", "frontend_cpu_ms_per_query",
+            "worker_cpu_ms_per_query", "client_cpu_ms_per_query", "transport_ms_per_task")
+    out: dict[str, Any] = {k: float(np.median(values)) for k in keys
+                           if (values := [r[k] for r in runs if r.get(k) is not None])}
+    for k in ("p50_ms", "p99_ms"):
+        values = [r[k] for r in runs]
+        out[f"{k.removesuffix('_ms')}_spread"] = (max(values) - min(values)) / out[k]
+    out["runs"] = list(runs)
+    return out
+
+
+def _calibrate(args: argparse.Namespace, profile: ServiceProfile,
+               calibs: Mapping[float, Mapping[str, Any]], rate: float, sim_n: int
+               ) -> tuple[dict[str, Any], dict[float, dict[str, Any]]]:
+    """The simulator's overheads from fault-free real runs at several loads.
+
+    - **Frontend CPU**: the marginal cost per query of a line fitted through the frontend's
+      CPU at every calibration rate (``fit_cpu_cost``), ``--frontend-task-share`` of it per
+      task and the rest per query.
+    - **Transport per task** (``rpc``): what each task held its replica beyond the worker's
+      own time, from the runtime's per-replica sums at the validation rate. Earlier this was
+      the whole p50 residual, which charged the client's and HTTP's time as replica time and
+      saturated the simulated replicas at loads the real ones served.
+    - **Latency outside any queue** (``frontend``: client, kernel, HTTP): what remains of the
+      real p50 over the simulated one at the validation rate.
+    - Workers' CPU beyond ``predict`` per task, and the cores every process shares.
+    """
+    rates = sorted(calibs)
+    fit = fit_cpu_cost(rates, [calibs[r]["frontend_cpu_ms_per_query"] for r in rates])
+    calib = calibs[rate]
+    cpu, share = fit["per_query_ms"], args.frontend_task_share
+    model_cpu = load_profile(_profile_path(args), "cpu").median_ms(1)
+    transport = calib.get("transport_ms_per_task")
+    overhead: dict[str, Any] = {
+        "rpc": float(transport) if transport is not None else 0.0, "frontend": 0.0,
+        "query_cpu": cpu * (1 - share), "task_cpu": cpu * share,
+        "worker_cpu": max(0.0, calib["worker_cpu_ms_per_query"] - model_cpu),
+        "client_cpu": float(calib.get("client_cpu_ms_per_query", 0.0)),
+        "host_cores": args.host_cores if args.host_cores is not None else float(_usable_cpus()),
+        "cpu_fit": fit, "calibration_rates": rates}
+    bare = _one(_overhead_config("none", overhead, args, None, None), profile, rate, sim_n,
+                args.seed, 0.0)
+    overhead["frontend"] = max(0.0, calib["p50_ms"] - bare["p50_ms"])
+    print(f"calibration (no faults, {', '.join(f'{r:g}' for r in rates)} q/s): frontend CPU "
+          f"{fit['per_query_ms']:.3f} ms/query + {fit['background_ms_per_s']:.1f} ms/s "
+          f"background; transport {overhead['rpc']:.3f} ms/task; workers' CPU beyond predict "
+          f"{overhead['worker_cpu']:.3f} ms/task; the load generator "
+          f"{overhead['client_cpu']:.3f} ms/query; {overhead['host_cores']:g} shared cores; "
+          f"latency outside queues {overhead['frontend']:.3f} ms/query", flush=True)
+    sims = {r: _one(_overhead_config("none", overhead, args, None, None), profile, r, sim_n,
+                    args.seed, 0.0) for r in rates}
+    return overhead, sims
+
+
+def _overhead_config(mode: str, overhead: Mapping[str, Any], args: argparse.Namespace,
+                     fault: BurstSpec | None, seeds: Sequence[int] | None,
+                     reactive_ms: float = 20.0) -> SimConfig:
+    """The validation deployment of ``mode`` with every calibrated overhead."""
+    return sim_config(mode, 2, burst=fault, rpc_ms=overhead["rpc"],
+                      frontend_ms=overhead["frontend"], max_batch=args.max_batch,
+                      slo_ms=args.slo_ms, matched=True, reactive_ms=reactive_ms, seeds=seeds,
+                      query_cpu_ms=overhead["query_cpu"], task_cpu_ms=overhead["task_cpu"],
+                      host_cores=overhead.get("host_cores", 0.0),
+                      worker_cpu_ms=overhead.get("worker_cpu", 0.0),
+                      client_cpu_ms=overhead.get("client_cpu", 0.0))
 
 
 def _real_run(args: argparse.Namespace, mode: str, burst: BurstSpec | None, rate: float,
@@ -707,30 +799,48 @@ def _real_run(args: argparse.Namespace, mode: str, burst: BurstSpec | None, rate
     xs = np.random.default_rng(args.seed).random((500, *shape), dtype=np.float32)
     bodies = encode_bodies(list(xs))
 
-    async def go(pid: int, cpu: list[float]) -> Any:
+    async def go(pid: int, cpu: list[float], replicas: list[Any]) -> Any:
         async with HttpSender(server.url, limit=512) as http:
             send = json_sender(http, "/sim/predict", bodies)
             for i in range(200):  # warm up AIMD and the connections
                 await send(i)
             schedule = poisson_schedule(rate, n, np.random.default_rng([args.seed, 7, rep]))
+            replicas.append(_replica_state(server.url))
             cpu[0], cpu[2] = _cpu_seconds(pid), _children_cpu_seconds(pid)
-            result = await run_open_loop(send, schedule, progress=f"real {mode}", timeout_s=60)
+            cpu[4] = time.process_time()  # this process: the load generator
+            result = await run_open_loop(send, schedule, progress=f"real {mode} {rate:g} q/s",
+                                         timeout_s=60)
             cpu[1], cpu[3] = _cpu_seconds(pid), _children_cpu_seconds(pid)
+            cpu[5] = time.process_time()
+            replicas.append(_replica_state(server.url))
             return result
 
     with ServerProcess(path, data_dir=data_dir) as server:
         assert server.proc is not None
-        cpu = [0.0, 0.0, 0.0, 0.0]
-        result = run_event_loop(go(server.proc.pid, cpu))
+        cpu = [0.0] * 6
+        snapshots: list[Any] = []
+        result = run_event_loop(go(server.proc.pid, cpu, snapshots))
     s = result.summary()
+    s["rate"] = rate
     s["frontend_cpu_ms_per_query"] = (cpu[1] - cpu[0]) * 1e3 / n
     s["worker_cpu_ms_per_query"] = (cpu[3] - cpu[2]) * 1e3 / n  # all workers together
+    s["client_cpu_ms_per_query"] = (cpu[5] - cpu[4]) * 1e3 / n
+    s["transport_ms_per_task"] = transport_ms_per_task(*snapshots)
     answers = [r for r in result.results if isinstance(r, dict)]
     s["reconstructed"] = sum(1 for r in answers if r.get("reconstructed"))
     s["defaults"] = sum(1 for r in answers if r.get("default"))
     print(f"  real {mode:<16} p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms, "
           f"send lag p99 {s['send_lag_p99_ms']:.2f} ms, rebuilt {s['reconstructed']}", flush=True)
     return s
+
+
+def _replica_state(url: str) -> list[dict[str, Any]]:
+    """The ``sim`` model's replicas as ``/admin/state`` reports them (timing sums included)."""
+    from parityserve.client import Client
+
+    with Client(url, timeout=10.0) as client:
+        models = client.state()["models"]
+    return next((list(m["replicas"]) for m in models if m["name"] == "sim"), [])
 
 
 def _children_cpu_seconds(pid: int) -> float:
@@ -781,9 +891,10 @@ def _write_validation(validation: dict[str, Any], args: argparse.Namespace) -> N
     verdict = (f"{ok} of {len(pts)} validation points have p50 and p99 within 10% of the real "
                f"run (p50 alone: {p50} of {len(pts)}, p99 alone: {p99} of {len(pts)})")
     validation["verdict"] = verdict
-    md = (f"Simulator vs real processes. {verdict}. The first row calibrated the frontend CPU "
-          "cost and the per-task transport latency (fault-free `none`) and is not a validation "
-          "point. Real figures are medians over repeated runs; `spread` is (max - min) / median "
+    md = (f"Simulator vs real processes. {verdict}. The calibration rows (fault-free `none`, "
+          "one per calibration rate) fitted the frontend's CPU per query, the transport per "
+          "task and the latency outside any queue, and are not validation points. Real "
+          "figures are medians over repeated runs; `spread` is (max - min) / median "
           "over those runs: where it exceeds 10%, this machine cannot check a 10% target."
           "\n\n"
           + markdown_table(validation["points"], _VAL_COLS))

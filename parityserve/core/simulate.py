@@ -14,13 +14,15 @@ What is *not* the runtime's code is the plumbing this module mirrors by hand: th
 which idle replicas pull work (``ModelPath.pump``), what each redundancy mode queues
 (``runtime/coding.py``), and when a task is still needed. Service times come from a
 ``ServiceProfile`` (per batch size, an empirical distribution measured on a real worker);
-a fixed ``rpc_overhead_s`` per task and ``frontend_overhead_s`` per query stand for the
-transport and HTTP costs the profile does not see.
+a fixed ``rpc_overhead_s`` per task (the transport that holds a replica) and
+``frontend_overhead_s`` per query (latency outside any queue: client, kernel, HTTP) stand for
+the costs the profile does not see. With ``host_cores`` set, the frontend's CPU (a FIFO
+server), the workers' compute and the load generator's CPU share that many cores.
 
 Pure: no I/O and no wall clock; time is simulated and randomness comes from the caller's
 ``numpy.random.Generator``. A run is a function of (config, profile, arrivals, seed).
-Not modelled: worker crashes and hangs, heartbeats and restarts, the response cache,
-Byzantine outputs (decoders see exact stand-in outputs), and the frontend's own CPU.
+Not modelled: worker crashes and hangs, heartbeats and restarts, the response cache, and
+Byzantine outputs (decoders see exact stand-in outputs).
 """
 
 from __future__ import annotations
@@ -195,6 +197,10 @@ class SimConfig:
     # ``rpc_overhead_s`` are waits, not CPU, either way.
     host_cores: float = 0.0
     worker_task_cpu_s: float = 0.0
+    # The load generator's CPU per query on the same cores (``host_cores`` > 0 only), as on a
+    # machine that also runs the benchmark's client: it competes with the serving processes
+    # for the cores but is no step of the query's own path.
+    client_query_cpu_s: float = 0.0
     max_queue: int = 1_000_000
     # An explicit background timeline, in addition to ``faults``: instance slot (data replicas
     # 0.., then parity replicas in pool order) -> (start_s, end_s, delay_s) windows; a batch
@@ -442,6 +448,8 @@ class Simulator:
         feed = iter(queries)
 
         def arrive(q: _Query) -> None:
+            if self._cpu is not None and self.config.client_query_cpu_s > 0:
+                self._cpu.start(self.config.client_query_cpu_s, _nothing)
             if self.config.frontend_query_cpu_s > 0:
                 self._on_frontend(self.config.frontend_query_cpu_s, lambda: self._submit(q))
             else:
@@ -759,6 +767,10 @@ class Simulator:
         task.group, task.slot = run, slot
         run.tasks.append(task)
         self._push(task)
+
+
+def _nothing() -> None:
+    """What a finished client CPU job does: it only took its share of the cores."""
 
 
 class _SharedCPU:
