@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +37,10 @@ from parityserve.errors import (
     RequestError,
 )
 
-__all__ = ["BUILTIN_SOURCES", "create_baseline_app", "load_predict", "main"]
+__all__ = ["BUILTIN_SOURCES", "create_baseline_app", "create_route_app", "load_predict", "main"]
 
 Predict = Callable[[np.ndarray], Any]
+AsyncPredict = Callable[[np.ndarray], Awaitable[Any]]
 
 # Sources served without the model loader: "builtin:noop" echoes its input, so a benchmark can
 # measure pure serving overhead and check every answer.
@@ -53,14 +54,22 @@ def create_baseline_app(predict: Predict, input_dtype: str = "float32", *,
     By default ``predict`` runs on the event loop, as the simplest hand-written server would.
     ``offload=True`` runs it in Starlette's thread pool instead (models that release the GIL).
     """
+    async def run(batch: np.ndarray) -> Any:
+        return await run_in_threadpool(predict, batch) if offload else predict(batch)
+
+    return create_route_app(run, input_dtype)
+
+
+def create_route_app(run: AsyncPredict, input_dtype: str = "float32") -> Starlette:
+    """The baseline's routes around any ``await run(batch)``: the same parsing, answers and
+    errors whether the model runs in-process or behind a worker hop (``floor_app``)."""
     dtype = np.dtype(input_dtype)
     ids = itertools.count()
 
     async def predict_route(request: Request) -> Response:
         try:
             batch = _parse_input(await request.body(), dtype)
-            output = await run_in_threadpool(predict, batch) if offload else predict(batch)
-            answer = _first_output(output)
+            answer = _first_output(await run(batch))
         except ParityServeError as exc:
             return _error(exc)
         except Exception as exc:  # the model's own failure is the server's fault: a 500
