@@ -33,7 +33,7 @@ from parityserve.core.simulate import MODES, ServiceProfile, SimConfig, simulate
 from parityserve.errors import ConfigError, DataError
 
 __all__ = ["add_arguments", "fit_cpu_cost", "load_profile", "profile_model", "real_rows", "run",
-           "sim_config", "transport_ms_per_task"]
+           "run_spread", "sim_config", "transport_ms_per_task"]
 
 _MODELS = {
     "mlp": ("zoo:parm-mlp", "parm-mnist-base-mlp.npz", (784,)),
@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         for path in args.validate_real:
             validation["points"] += _validate_file(path, args, vprofile,
                                                    validation.get("overhead_ms", overhead))
+            validation.setdefault("references", {})[path.name] = _measured_on(path)
         _write_validation(validation, args)
     if not args.no_project:
         report["overhead_ms"] = overhead
@@ -501,6 +502,13 @@ def _validate_file(path: Path, args: argparse.Namespace, profile: ServiceProfile
     return out
 
 
+def _measured_on(path: Path) -> str | None:
+    """When a stored real run was measured (its report's machine date): the simulator is
+    calibrated now, and this VM's speed drifts between sessions."""
+    machine = orjson.loads(path.read_bytes()).get("machine") or {}
+    return machine.get("date") if isinstance(machine, Mapping) else None
+
+
 def _tail_models(doc: Any) -> Iterator[dict[str, Any]]:
     """``bench tail``'s per-model sections: dicts with points, cases and a burst model."""
     return _dicts_where(doc, lambda d: {"points", "cases", "burst"} <= set(d))
@@ -580,14 +588,22 @@ def _compare(source: str, mode: str, replicas: int, rate: float, real: Mapping[s
            "sim_p50_ms": sim["p50_ms"], "sim_p99_ms": sim["p99_ms"]}
     row["p50_error"] = row["sim_p50_ms"] / row["real_p50_ms"] - 1
     row["p99_error"] = row["sim_p99_ms"] / row["real_p99_ms"] - 1
-    for k in ("p50_spread", "p99_spread"):
-        if k in real:
-            row[f"real_{k}"] = real[k]
+    for q in ("p50", "p99"):
+        spread = real.get(f"{q}_spread", run_spread(real.get(f"{q}_ms_runs")))
+        if spread is not None:
+            row[f"real_{q}_spread"] = spread
     row["within_10pct"] = abs(row["p50_error"]) <= 0.10 and abs(row["p99_error"]) <= 0.10
     print(f"  {mode:<18} real p50 {row['real_p50_ms']:7.2f} p99 {row['real_p99_ms']:7.2f} | "
           f"sim p50 {row['sim_p50_ms']:7.2f} p99 {row['sim_p99_ms']:7.2f} | "
           f"err {row['p50_error']:+.0%} / {row['p99_error']:+.0%}", flush=True)
     return row
+
+
+def run_spread(runs: Sequence[float] | None) -> float | None:
+    """(max - min) / median over a point's repeated runs; None with fewer than two."""
+    if not runs or len(runs) < 2:
+        return None
+    return float((max(runs) - min(runs)) / np.median(runs))
 
 
 def fit_cpu_cost(rates: Sequence[float], ms_per_query: Sequence[float]) -> dict[str, float]:
@@ -883,6 +899,16 @@ _VAL_COLS = [("source", "run", "s"), ("mode", "mode", "s"), ("replicas", "instan
              ("real_p99_spread", "real p99 spread", ".0%")]
 
 
+def _references_note(validation: Mapping[str, Any]) -> str:
+    refs = validation.get("references") or {}
+    if not refs:
+        return ""
+    when = ", ".join(f"`{name}` on {date or 'an unknown date'}" for name, date in refs.items())
+    return (f" The stored real runs were measured in other sessions ({when}); the calibration "
+            f"in this one. A difference in the machine's speed between sessions shows up "
+            f"as simulator error.")
+
+
 def _write_validation(validation: dict[str, Any], args: argparse.Namespace) -> None:
     pts = [p for p in validation["points"] if not p.get("calibration")]
     ok = sum(bool(p["within_10pct"]) for p in pts)
@@ -896,7 +922,7 @@ def _write_validation(validation: dict[str, Any], args: argparse.Namespace) -> N
           "task and the latency outside any queue, and are not validation points. Real "
           "figures are medians over repeated runs; `spread` is (max - min) / median "
           "over those runs: where it exceeds 10%, this machine cannot check a 10% target."
-          "\n\n"
+          + _references_note(validation) + "\n\n"
           + markdown_table(validation["points"], _VAL_COLS))
     paths = write_results("simulate-validation", validation, results_dir=args.results_dir,
                           markdown=md)

@@ -270,3 +270,34 @@ def test_the_clients_cpu_competes_for_shared_cores_only() -> None:
     np.testing.assert_allclose(two_cores.latency_s, [0.005])
     unshared = _run(SimConfig(slo_s=1.0, client_query_cpu_s=0.005), one)  # a core each
     np.testing.assert_allclose(unshared.latency_s, [0.005])
+
+
+def test_run_spread_is_range_over_median() -> None:
+    from parityserve.bench.simulate import run_spread
+
+    assert run_spread([4.0, 5.0, 6.0]) == pytest.approx(0.4)
+    assert run_spread([3.0]) is None  # one run has no spread
+    assert run_spread(None) is None
+
+
+def test_compare_takes_the_spread_from_a_points_runs() -> None:
+    """A stored tail point keeps its per-run figures: the validation row shows their spread,
+    which says whether the real run itself can be checked to 10%."""
+    from parityserve.bench.simulate import _compare
+
+    real = {"p50_ms": 4.0, "p99_ms": 30.0, "p50_ms_runs": [4.0, 4.4, 3.6],
+            "p99_ms_runs": [30.0, 30.0, 30.0]}
+    row = _compare("tail.json none", "none", 2, 200.0, real, {"p50_ms": 4.2, "p99_ms": 31.0})
+    assert row["real_p50_spread"] == pytest.approx(0.2)
+    assert row["real_p99_spread"] == 0.0
+    assert row["within_10pct"]
+
+
+def test_validation_names_when_stored_runs_were_measured() -> None:
+    from parityserve.bench.simulate import _references_note
+
+    note = _references_note({"references": {"tail-mlp.json": "2026-11-21T10:23:46+00:00",
+                                            "old.json": None}})
+    assert "`tail-mlp.json` on 2026-11-21T10:23:46+00:00" in note
+    assert "`old.json` on an unknown date" in note
+    assert _references_note({}) == ""
