@@ -474,6 +474,9 @@ def _p50_verdict(name: str, m: dict[str, Any]) -> str:
     return text
 
 
+_FLOOR_APP = "the bare app plus one hop to a worker process through parityserve's RPC layer"
+
+
 def _floor_split(p50: dict[str, float], raw: float) -> str:
     """Split parityserve's latency into HTTP hop, process hop and serving logic, but only
     when the floor app (bare app plus one worker hop) really is below parityserve: a floor
@@ -481,12 +484,10 @@ def _floor_split(p50: dict[str, float], raw: float) -> str:
     logic costs negative time."""
     floor = p50["floor"] - raw
     if p50["floor"] > p50["parityserve"]:
-        return (f". The floor app (the bare app plus one hop to a worker process through "
-                f"parityserve's RPC layer) measured {floor:.3f} ms above the raw call, slower "
-                f"than parityserve itself, so this run does not split the hops")
-    return (f". The architecture's floor (the bare app plus one hop to a worker process "
-            f"through parityserve's RPC layer) is {floor:.3f} ms above the raw call: the "
-            f"process hop costs {p50['floor'] - p50['bare']:.3f} ms, parityserve's own "
+        return (f". The floor app ({_FLOOR_APP}) measured {floor:.3f} ms above the raw call, "
+                f"slower than parityserve itself, so this run does not split the hops")
+    return (f". The architecture's floor ({_FLOOR_APP}) is {floor:.3f} ms above the raw "
+            f"call: the process hop costs {p50['floor'] - p50['bare']:.3f} ms, parityserve's own "
             f"serving logic {p50['parityserve'] - p50['floor']:.3f} ms"
             + (", so no implementation of this architecture meets the target on this machine"
                if floor >= 1.0 else ""))

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from parityserve.bench.report import markdown_table, write_results
+from parityserve.bench.stats import median_and_spread
 from parityserve.core.faults import BurstSpec, FaultSpec
 from parityserve.core.simulate import MODES, ServiceProfile, SimConfig, simulate
 from parityserve.errors import ConfigError, DataError
@@ -140,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
             validation.update(_validate_run(args, vprofile))
             overhead = validation["overhead_ms"]  # measured transport cost, for projections
         for path in args.validate_real:
-            validation["points"] += _validate_file(path, args, vprofile,
+            doc = orjson.loads(path.read_bytes())
+            validation["points"] += _validate_file(path, doc, args, vprofile,
                                                    validation.get("overhead_ms", overhead))
-            validation.setdefault("references", {})[path.name] = _measured_on(path)
+            validation.setdefault("references", {})[path.name] = _measured_on(doc)
         _write_validation(validation, args)
     if not args.no_project:
         report["overhead_ms"] = overhead
@@ -474,9 +476,9 @@ def _dicts_where(doc: Any, match: Callable[[Mapping[str, Any]], bool]
             yield from _dicts_where(value, match)
 
 
-def _validate_file(path: Path, args: argparse.Namespace, profile: ServiceProfile,
+def _validate_file(path: Path, doc: Any, args: argparse.Namespace, profile: ServiceProfile,
                    overhead: Mapping[str, float]) -> list[dict[str, Any]]:
-    doc = orjson.loads(path.read_bytes())
+    """Validation rows for the stored report ``doc``, read from ``path``."""
     tails = list(_tail_models(doc))
     if tails:
         return [row for model in tails
@@ -502,10 +504,10 @@ def _validate_file(path: Path, args: argparse.Namespace, profile: ServiceProfile
     return out
 
 
-def _measured_on(path: Path) -> str | None:
+def _measured_on(doc: Any) -> str | None:
     """When a stored real run was measured (its report's machine date): the simulator is
     calibrated now, and this VM's speed drifts between sessions."""
-    machine = orjson.loads(path.read_bytes()).get("machine") or {}
+    machine = (doc.get("machine") if isinstance(doc, Mapping) else None) or {}
     return machine.get("date") if isinstance(machine, Mapping) else None
 
 
@@ -603,7 +605,8 @@ def run_spread(runs: Sequence[float] | None) -> float | None:
     """(max - min) / median over a point's repeated runs; None with fewer than two."""
     if not runs or len(runs) < 2:
         return None
-    return float((max(runs) - min(runs)) / np.median(runs))
+    median, low, high = median_and_spread(runs)
+    return (high - low) / median
 
 
 def fit_cpu_cost(rates: Sequence[float], ms_per_query: Sequence[float]) -> dict[str, float]:
@@ -707,8 +710,8 @@ def _median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: float(np.median(values)) for k in keys
                            if (values := [r[k] for r in runs if r.get(k) is not None])}
     for k in ("p50_ms", "p99_ms"):
-        values = [r[k] for r in runs]
-        out[f"{k.removesuffix('_ms')}_spread"] = (max(values) - min(values)) / out[k]
+        spread = run_spread([r[k] for r in runs])
+        out[f"{k.removesuffix('_ms')}_spread"] = 0.0 if spread is None else spread  # one run
     out["runs"] = list(runs)
     return out
 
