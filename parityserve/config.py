@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.errors import ConfigError
@@ -24,9 +24,12 @@ __all__ = [
     "RedundancyConfig",
     "Deployment",
     "FaultConfig",
+    "Limits",
     "Server",
     "ServingConfig",
+    "TLSConfig",
     "TensorSpec",
+    "is_loopback",
     "load_config",
     "parse_config",
 ]
@@ -224,6 +227,8 @@ class Deployment(_Frozen):
     input: TensorSpec | None = None
     output: TensorSpec | None = None
     timeout_ms: float = Field(10_000, gt=0, description="deadline for V2 queries that name no app")
+    allow_nonfinite: bool = Field(
+        False, description="accept NaN and infinity in inputs (and serve them in outputs)")
     faults: dict[str, FaultConfig] = Field(
         default_factory=dict, description="replica index (or 'all') -> faults to inject"
     )
@@ -301,6 +306,38 @@ class Application(_Frozen):
         return self
 
 
+_LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    return host in _LOOPBACK_HOSTS or host.startswith("127.")
+
+
+class TLSConfig(_Frozen):
+    """HTTPS for every HTTP listener: PEM files, relative to the config file's folder."""
+
+    cert: str = Field(description="PEM certificate chain")
+    key: str = Field(description="PEM private key")
+
+
+class Limits(_Frozen):
+    """What one request or connection may use. Each limit answers a 4xx that names it."""
+
+    max_json_depth: int = Field(32, ge=2, le=1000, description="nesting of JSON arrays/objects")
+    max_input_elements: int = Field(
+        1 << 22, ge=1, description="numbers (or strings) in one query's input")
+    max_batch_items: int = Field(
+        1024, ge=1, description="queries in one request (input_batch, or V2 rows)")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line plus headers")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a connection must send its whole head within this")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="and then its whole body within this")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="close idle connections after")
+    max_connections: int = Field(1024, ge=1, description="open connections per listener")
+
+
 class Server(_Frozen):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
@@ -311,10 +348,60 @@ class Server(_Frozen):
     )
     heartbeat_interval_ms: float = Field(200, gt=0)
     heartbeat_timeout_ms: float = Field(2000, gt=0)
-    max_queue: int = Field(100_000, ge=1, description="per-model queue capacity")
+    max_queue: int | None = Field(
+        None, ge=1, description="per-model queue capacity; default: what the model can still "
+        "serve within its SLO at its measured service rate")
+    overload_status: Literal[429, 503] = Field(
+        503, description="status of a query shed because its model is overloaded")
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     state_store: str = Field("memory", description="where selection state lives: memory, "
                              "sqlite:PATH or redis://HOST:PORT/DB")
+    # ---- security (see the README's Security section) ----
+    admin_token: SecretStr | None = Field(
+        None, description="bearer token for /admin routes; default: $PARITYSERVE_ADMIN_TOKEN, "
+        "else the token file (generated on first start)")
+    admin_token_file: str | None = Field(
+        None, description="where the admin token is kept; default "
+        "$PARITYSERVE_HOME/admin-token ($PARITYSERVE_HOME defaults to ~/.parityserve)")
+    require_admin_token: bool = Field(
+        True, description="false opens the admin API to anyone who can connect: allowed only "
+        "when every listener is on loopback")
+    admin_host: str | None = Field(
+        None, description="serve /admin routes on their own listener (e.g. 127.0.0.1)")
+    admin_port: int | None = Field(None, ge=0, le=65535, description="with admin_host")
+    protect_metrics: bool = Field(False, description="/metrics also needs the admin token")
+    protect_inference: bool = Field(
+        False, description="inference routes also need the token (health stays open)")
+    model_roots: tuple[str, ...] = Field(
+        (), description="folders the admin API may deploy model files from (default: the "
+        "config file's folder)")
+    allow_code_sources: bool = Field(
+        False, description="let the admin API deploy python:, torch: and pickle (sklearn:) "
+        "sources and python: policies, which run code on this host")
+    tls: TLSConfig | None = None
+    worker_auth: bool = Field(
+        True, description="workers authenticate with ZeroMQ CURVE keys; false accepts any peer "
+        "(allowed only when the worker port is on loopback)")
+    worker_keys_dir: str | None = Field(
+        None, description="the frontend's keypair and the allowed worker public keys "
+        "(see `parityserve keys`); default: keys made in memory for local workers only")
+    limits: Limits = Limits()
+
+    @model_validator(mode="after")
+    def _check_safe(self) -> Server:
+        hosts = [self.host, *([self.admin_host] if self.admin_host else [])]
+        if not self.require_admin_token and not all(is_loopback(h) for h in hosts):
+            raise ValueError(
+                "require_admin_token: false is allowed only when every listener is on loopback "
+                f"(listening on {', '.join(hosts)}); anyone who reaches the port could deploy "
+                "models. Set an admin_token instead.")
+        if not self.worker_auth and not is_loopback(self.host):
+            raise ValueError(
+                f"worker_auth: false is allowed only on loopback, not {self.host}: any peer "
+                "that reaches the worker port could read queries and forge answers")
+        if (self.admin_port is not None) != (self.admin_host is not None):
+            raise ValueError("admin_host and admin_port go together")
+        return self
 
 
 class ServingConfig(_Frozen):

@@ -9,6 +9,9 @@
     ├── RequestError                 the client's fault: maps to an HTTP 4xx
     │   ├── MalformedRequest   400   unparsable JSON / body, missing fields
     │   ├── InvalidInput       400   wrong shape, dtype or value
+    │   ├── LimitExceeded      400   a configured limit (JSON depth, elements, batch length)
+    │   ├── Unauthorized       401   missing or wrong admin token
+    │   ├── Forbidden          403   authenticated, but not allowed (e.g. a code source)
     │   ├── UnknownModel       404
     │   ├── UnknownApplication 404
     │   ├── UnknownQuery       404
@@ -16,6 +19,7 @@
     │   └── PayloadTooLarge    413
     ├── ServiceError                 the server's state: maps to an HTTP 5xx
     │   ├── Unavailable        503   no ready replica
+    │   ├── Overloaded   503 or 429   shed at admission: the queue holds all it can serve in time
     │   └── DeadlineExceeded   504   no answer before the deadline (V2 routes)
     ├── QueueFull                    raised by non-waiting ``try_put`` calls
     ├── CodingError                  an encoder or decoder cannot do what was asked
@@ -34,8 +38,11 @@ __all__ = [
     "Conflict",
     "DataError",
     "DeadlineExceeded",
+    "Forbidden",
     "InvalidInput",
+    "LimitExceeded",
     "MalformedRequest",
+    "Overloaded",
     "ModelError",
     "ModelLoadError",
     "ParityServeError",
@@ -45,6 +52,7 @@ __all__ = [
     "QueueFull",
     "RequestError",
     "ServiceError",
+    "Unauthorized",
     "Unavailable",
     "UnknownApplication",
     "UnknownModel",
@@ -93,6 +101,20 @@ class InvalidInput(RequestError):
     code = "invalid_input"
 
 
+class LimitExceeded(RequestError):
+    code = "limit_exceeded"
+
+
+class Unauthorized(RequestError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(RequestError):
+    status_code = 403
+    code = "forbidden"
+
+
 class UnknownModel(RequestError):
     status_code = 404
     code = "unknown_model"
@@ -127,6 +149,22 @@ class ServiceError(ParityServeError):
 
 class Unavailable(ServiceError):
     pass
+
+
+class Overloaded(ServiceError):
+    """Shed at admission: the model's queue already holds what it can serve in time.
+
+    ``retry_after_s`` is when the queue should have room again (the ``Retry-After`` header);
+    the HTTP status is ``server.overload_status`` (503 by default, or 429).
+    """
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, model: str, depth: int, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.model = model
+        self.depth = depth
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceeded(ServiceError):

@@ -182,7 +182,7 @@ class ServingSystem:
             cache=self.cache,
             clock=self.clock,
             slo_s=self._slo_for(deployment.name, deployment),
-            max_queue=self.config.server.max_queue,
+            max_queue=self.config.server.max_queue or 100_000,
         )
         self.models[deployment.name] = path
         for index in range(deployment.data_replicas()):
