@@ -43,6 +43,8 @@ __all__ = ["locate_rational_errors"]
 
 _BLOCK = 1024  # coordinates per batched SVD: bounds memory at block * n * 2p floats
 _TINY = np.finfo(np.float64).tiny
+_ROUNDING = 1e-12  # relative spread below which a coordinate's values count as equal
+_RANK_TOL = 1e-9  # relative singular value below which a direction counts as null
 
 
 def locate_rational_errors(
@@ -61,8 +63,8 @@ def locate_rational_errors(
     basis = chebyshev.chebvander(nodes, degree + errors)
     votes = np.zeros(len(nodes))
     for start in range(0, flat.shape[1], _BLOCK):
-        scores = _locator_magnitudes(basis, _normalise(flat[:, start : start + _BLOCK]))
-        votes += _weighted_votes(scores, errors)
+        scores, determined = _locator_magnitudes(basis, _normalise(flat[:, start : start + _BLOCK]))
+        votes += _weighted_votes(scores, errors, determined)
     # A stable sort breaks ties by position, so the answer is deterministic.
     return tuple(sorted(int(i) for i in np.argsort(-votes, kind="stable")[:errors]))
 
@@ -87,34 +89,44 @@ def _normalise(block: FloatArray) -> FloatArray:
 
     The median statistics ignore the (minority of) corrupted values, so the honest values
     end up of order one and the two halves of the linear system are balanced. A coordinate
-    whose honest values are all equal has MAD 0; it is only centred.
+    whose honest values are all equal (to rounding) has MAD 0; it is only centred.
     """
     centred = block - np.median(block, axis=0)
     spread = np.median(np.abs(centred), axis=0)
-    return centred / np.where(spread > 0.0, spread, 1.0)
+    # A spread at rounding level (honest values equal up to an ulp) is no spread: scaling
+    # by it would blow rounding noise up into a signal that outvotes the real corruption.
+    floor = _ROUNDING * np.max(np.abs(block), axis=0)
+    return centred / np.where(spread > floor, spread, 1.0)
 
 
-def _locator_magnitudes(basis: FloatArray, block: FloatArray) -> FloatArray:
-    """|B(z_i)| / max_i |B(z_i)| for each coordinate: shape ``(coordinates, nodes)``.
+def _locator_magnitudes(basis: FloatArray, block: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """|B(z_i)| / max_i |B(z_i)| for each coordinate: shape ``(coordinates, nodes)``, and
+    whether each coordinate's system determines B at all.
 
     Row i of coordinate c's system is ``[T(z_i), -y_ic T(z_i)]`` against the coefficients
-    ``[a; b]`` of A and B in the Chebyshev basis T.
+    ``[a; b]`` of A and B in the Chebyshev basis T. When the two smallest singular values
+    are both (numerically) zero, the null space has more than one direction and the chosen
+    B is arbitrary: a coordinate the adversary did not touch whose honest values are all
+    equal (K = 1, or a constant output) is like that, and must not vote.
     """
     count = block.shape[1]
     width = basis.shape[1]
     left = np.broadcast_to(basis, (count, *basis.shape))
     right = -block.T[:, :, np.newaxis] * basis[np.newaxis, :, :]
-    _, _, vh = np.linalg.svd(np.concatenate([left, right], axis=2), full_matrices=False)
+    _, sv, vh = np.linalg.svd(np.concatenate([left, right], axis=2), full_matrices=False)
     magnitudes = np.abs(vh[:, -1, width:] @ basis.T)
     scaled: FloatArray = magnitudes / np.maximum(magnitudes.max(axis=1, keepdims=True), _TINY)
-    return scaled
+    determined: FloatArray = (sv[:, -2] > _RANK_TOL * sv[:, 0]).astype(np.float64)
+    return scaled, determined
 
 
-def _weighted_votes(scores: FloatArray, errors: int) -> FloatArray:
-    """Each coordinate votes for its ``errors`` smallest scores, weighted by confidence."""
+def _weighted_votes(scores: FloatArray, errors: int, determined: FloatArray) -> FloatArray:
+    """Each coordinate votes for its ``errors`` smallest scores, weighted by confidence
+    (zero for a coordinate whose locator is not determined)."""
     order = np.argsort(scores, axis=1, kind="stable")
     ranked = np.take_along_axis(scores, order, axis=1)
-    confidence = np.log((ranked[:, errors] + _TINY) / (ranked[:, errors - 1] + _TINY))
+    ratio = np.log((ranked[:, errors] + _TINY) / (ranked[:, errors - 1] + _TINY))
+    confidence = ratio * determined
     votes = np.zeros(scores.shape[1])
     np.add.at(votes, order[:, :errors].ravel(), np.repeat(confidence, errors))
     return votes
