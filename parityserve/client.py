@@ -8,6 +8,7 @@ body's ``code``) with the server's message; a server that cannot be reached rais
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -91,6 +92,11 @@ def _find_token() -> tuple[str | None, str]:
     return (env or auth.read_token(path)), where
 
 
+def _tls(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
+    """A CA bundle path becomes a context (httpx deprecates passing the path itself)."""
+    return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+
+
 class Client:
     """``with Client("http://host:8000") as c: c.predict("app", [1, 2, 3])``.
 
@@ -103,13 +109,15 @@ class Client:
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
                  http: httpx.Client | None = None, token: str | None = None,
-                 verify: bool | str = True, admin_url: str | None = None) -> None:
+                 verify: bool | str | ssl.SSLContext = True,
+                 admin_url: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.admin_url = (admin_url or url).rstrip("/")
         found, self._token_where = (token, "the token= argument") if token else _find_token()
         self._auth = {"Authorization": f"Bearer {found}"} if found else {}
         self._owns_http = http is None
-        self._http = http if http is not None else httpx.Client(timeout=timeout, verify=verify)
+        self._http = http if http is not None else httpx.Client(timeout=timeout,
+                                                                  verify=_tls(verify))
 
     def close(self) -> None:
         if self._owns_http:
