@@ -17,6 +17,7 @@ _EPILOG = textwrap.dedent("""\
     examples:
       parityserve start -c serving.yaml            serve the deployment described in YAML
       parityserve validate -c serving.yaml         check a deployment file without starting it
+      parityserve token                            where the admin token is (--show prints it)
       parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
                                                    join a running frontend from another machine
       parityserve demo                             train a digits model, serve it, load-test it,
@@ -184,16 +185,67 @@ def _add_train_parity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _cmd_start(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
-    from parityserve.runtime.server import serve
+    from parityserve.runtime.server import resolve_admin_token, serve
 
     config = load_config(args.config)
     if args.port is not None:
         config = config.model_copy(update={"server": config.server.model_copy(
             update={"http_port": args.port})})
     data_dir = _data_dir(args.data_dir)
-    serve(config, base_dir=args.config.resolve().parent, data_dir=data_dir,
+    base_dir = args.config.resolve().parent
+    token = resolve_admin_token(config, base_dir)  # before serving: say where it lives
+    print(token.where() if token else "admin token: OFF (require_admin_token: false; "
+          "loopback only)", flush=True)
+    serve(config, base_dir=base_dir, data_dir=data_dir, token=token,
           log_dir=args.log_dir, on_ready=lambda urls: print(urls.describe(config), flush=True))
     print("parityserve stopped; all workers shut down.", flush=True)
+    return 0
+
+
+def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "token", help="where the admin token lives (--show prints it, --rotate replaces it)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent("""\
+            The /admin routes need 'Authorization: Bearer <token>'. The token is, in order:
+            server.admin_token in the config, $PARITYSERVE_ADMIN_TOKEN, or the token file
+            (server.admin_token_file, else $PARITYSERVE_HOME/admin-token, the home
+            defaulting to ~/.parityserve). `parityserve start` creates the file (mode 0600)
+            when there is none; parityserve.Client reads it from the same place."""),
+        epilog=textwrap.dedent("""\
+            examples:
+              parityserve token                     say where the token is
+              curl -H "Authorization: Bearer $(parityserve token --show)" \\
+                   http://127.0.0.1:8000/admin/state
+              parityserve token --rotate            new token; restart the server to use it"""))
+    p.add_argument("-c", "--config", type=Path, help="deployment YAML (for its token settings)")
+    p.add_argument("--show", action="store_true", help="print the token itself (for scripts)")
+    p.add_argument("--rotate", action="store_true",
+                   help="write a new token file (a running server keeps the old one until "
+                        "restarted)")
+    p.set_defaults(func=_cmd_token)
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from parityserve.config import Server, load_config
+    from parityserve.runtime import auth
+
+    server = load_config(args.config).server if args.config else Server()
+    base_dir = args.config.resolve().parent if args.config else None
+    if args.rotate:
+        path = auth.token_file(server, base_dir)
+        token = auth.write_new_token(path, replace=True)
+        print(f"admin token: new token written to {path}; a running server keeps the old one "
+              "until it is restarted", file=sys.stderr if args.show else sys.stdout)
+        if args.show:
+            print(token)
+        return 0
+    found = auth.resolve_token(server, base_dir, create=False)
+    if found is None:
+        print(f"no admin token yet: `parityserve start` will create "
+              f"{auth.token_file(server, base_dir)}", file=sys.stderr)
+        return 1
+    print(found.token if args.show else found.where())
     return 0
 
 
@@ -283,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_start, _add_validate, _add_worker, _add_demo, _add_bench,
-                _add_train_parity):
+                _add_train_parity, _add_token):
         add(sub)
     return parser
 

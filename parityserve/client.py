@@ -7,6 +7,8 @@ body's ``code``) with the server's message; a server that cannot be reached rais
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +21,7 @@ from parityserve.config import Deployment
 from parityserve.errors import (
     Conflict,
     DeadlineExceeded,
+    Forbidden,
     InvalidInput,
     MalformedRequest,
     ParityServeError,
@@ -26,19 +29,20 @@ from parityserve.errors import (
     ProtocolError,
     RequestError,
     ServiceError,
+    Unauthorized,
     Unavailable,
     UnknownApplication,
     UnknownModel,
     UnknownQuery,
 )
-from parityserve.runtime import v2
+from parityserve.runtime import auth, v2
 
 __all__ = ["Client"]
 
 _ERRORS: dict[str, type[ParityServeError]] = {
     cls.code: cls for cls in (MalformedRequest, InvalidInput, UnknownModel, UnknownApplication,
                               UnknownQuery, Conflict, PayloadTooLarge, Unavailable,
-                              DeadlineExceeded, RequestError)
+                              DeadlineExceeded, Forbidden, RequestError)
 }
 _DUMP = orjson.OPT_SERIALIZE_NUMPY
 
@@ -80,14 +84,40 @@ def _model_path(model: str, version: int | str | None) -> str:
     return path if version is None else f"{path}/versions/{_q(str(version))}"
 
 
+def _find_token() -> tuple[str | None, str]:
+    """The admin token from $PARITYSERVE_ADMIN_TOKEN or the default file, and where we looked."""
+    path = auth.default_token_file()
+    where = f"${auth.ENV_TOKEN}, then {path}"
+    env = os.environ.get(auth.ENV_TOKEN)
+    return (env or auth.read_token(path)), where
+
+
+def _tls(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
+    """A CA bundle path becomes a context (httpx deprecates passing the path itself)."""
+    return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+
+
 class Client:
-    """``with Client("http://host:8000") as c: c.predict("app", [1, 2, 3])``."""
+    """``with Client("http://host:8000") as c: c.predict("app", [1, 2, 3])``.
+
+    ``token``: the admin token, sent as ``Authorization: Bearer``; by default it is read from
+    ``$PARITYSERVE_ADMIN_TOKEN`` or the token file ``parityserve start`` writes
+    (``$PARITYSERVE_HOME/admin-token``). ``verify``: for https, False or a CA bundle path
+    (e.g. a self-signed certificate). ``admin_url``: where /admin is served, when the server
+    has a separate admin listener.
+    """
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
-                 http: httpx.Client | None = None) -> None:
+                 http: httpx.Client | None = None, token: str | None = None,
+                 verify: bool | str | ssl.SSLContext = True,
+                 admin_url: str | None = None) -> None:
         self.url = url.rstrip("/")
+        self.admin_url = (admin_url or url).rstrip("/")
+        found, self._token_where = (token, "the token= argument") if token else _find_token()
+        self._auth = {"Authorization": f"Bearer {found}"} if found else {}
         self._owns_http = http is None
-        self._http = http if http is not None else httpx.Client(timeout=timeout)
+        self._http = http if http is not None else httpx.Client(timeout=timeout,
+                                                                  verify=_tls(verify))
 
     def close(self) -> None:
         if self._owns_http:
@@ -104,7 +134,9 @@ class Client:
     def _send(self, method: str, path: str, *, body: bytes | None = None,
               headers: dict[str, str] | None = None,
               accept: Sequence[int] = ()) -> httpx.Response:
-        url = self.url + path
+        base = self.admin_url if path.startswith("/admin") else self.url
+        url = base + path
+        headers = {**self._auth, **(headers or {})} if self._auth else headers
         try:
             response = self._http.request(method, url, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -115,6 +147,11 @@ class Client:
             raise Unavailable(f"{method} {url} failed: {exc}") from exc
         if response.is_success or response.status_code in accept:
             return response
+        if response.status_code == 401:
+            sent = "a token" if self._auth else "no token"
+            raise Unauthorized(f"{method} {url}: the server wants the admin token; this client "
+                               f"sent {sent} (looked in {self._token_where}). Pass token=, or "
+                               "see `parityserve token`")
         raise _error_from(response)
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:

@@ -157,7 +157,7 @@ def _serve_and_load(*, queries: int, rate: float, cache_dir: Path, seed: int,
             ("predict", '/digits/predict  (POST {"input": [64 floats]})'),
             ("V2 model", "/v2/models/digits-logreg"),
             ("metrics", "/metrics"),
-            ("admin", "/admin/state"),
+            ("admin", "/admin/state  (needs the token: `parityserve token --show`)"),
             ("health", "/v2/health/ready"),
         ])
         if keep is not None:
@@ -233,7 +233,7 @@ def _coding_comparison(*, queries: int, rate: float, cache_dir: Path, seed: int,
             _print_urls(server.url, [
                 *((arm.label, f"/{arm.app}/predict") for arm in ARMS),
                 ("metrics", "/metrics  (parityserve_reconstructed_total)"),
-                ("admin", "/admin/state"),
+                ("admin", "/admin/state  (needs the token: `parityserve token --show`)"),
             ])
             keep.enter_context(stack.pop_all())
     return not any(r.summary()["errors"] for r in results)

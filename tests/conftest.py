@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,3 +16,16 @@ def data_dir() -> Path:
     if not raw or not Path(raw).is_dir():
         pytest.skip("set PARITYSERVE_DATA to the shared data folder (e.g. ../shared/data)")
     return Path(raw)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def parityserve_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Tests never touch ~/.parityserve: servers write, and clients read, the token here."""
+    home = tmp_path_factory.mktemp("parityserve-home")
+    saved = {k: os.environ.pop(k, None) for k in ("PARITYSERVE_HOME", "PARITYSERVE_ADMIN_TOKEN")}
+    os.environ["PARITYSERVE_HOME"] = str(home)
+    yield home
+    for key, value in saved.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value

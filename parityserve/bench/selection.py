@@ -181,10 +181,22 @@ def _deployment(spec: ModelSpec, faults: dict[str, Any] | None = None) -> dict[s
 
 
 async def _post(http: HttpSender, path: str, body: bytes) -> Any:
-    status, raw = await http.post_json(path, body)
+    if path.startswith("/admin"):  # the token the server this bench started wrote
+        status, raw = await http.post(path, body, _admin_headers())
+    else:
+        status, raw = await http.post_json(path, body)
     if status != 200:
         raise HttpStatusError(status, raw)
     return orjson.loads(raw)
+
+
+def _admin_headers() -> dict[str, str]:
+    from parityserve.config import Server
+    from parityserve.runtime.auth import resolve_token
+
+    found = resolve_token(Server(), create=False)
+    bearer = {"Authorization": f"Bearer {found.token}"} if found else {}
+    return {"Content-Type": "application/json", **bearer}
 
 
 def _encode(x: np.ndarray) -> bytes:

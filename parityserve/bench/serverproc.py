@@ -22,7 +22,7 @@ from parityserve.errors import Unavailable
 
 __all__ = ["ServerProcess", "write_config"]
 
-_URL = re.compile(r"serving on (http://\S+)")
+_URL = re.compile(r"serving on (https?://\S+)")
 
 
 def write_config(config: dict[str, Any], path: Path) -> Path:

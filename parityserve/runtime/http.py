@@ -42,14 +42,16 @@ from parityserve.errors import (
     QueueFull,
     RequestError,
     ServiceError,
+    Unauthorized,
     UnknownApplication,
     UnknownModel,
 )
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, ServingSystem
+from parityserve.runtime.auth import AuthPolicy, authorized
 from parityserve.runtime.metrics import Metrics
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_admin_app", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +72,26 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def create_app(system: ServingSystem, *, metrics: Metrics,
+def create_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> HotPaths:
-    """The ASGI application serving ``system``: hot paths first, Starlette for the rest."""
-    front = _Frontend(system, metrics, max_body_bytes)
-    app = Starlette(routes=front.routes(), exception_handlers={HTTPException: front.http_error})
+    """The ASGI application serving ``system``: hot paths first, Starlette for the rest.
+
+    ``auth`` has no default on purpose: pass ``AuthPolicy(token=...)`` (admin behind the
+    token, the safe choice) or, knowingly, ``AuthPolicy.open()``. With
+    ``auth.serve_admin=False`` the /admin routes are absent (404): see ``create_admin_app``.
+    """
+    front = _Frontend(system, metrics, max_body_bytes, auth)
+    routes = front.routes() + (front.admin_routes() if auth.serve_admin else [])
+    app = Starlette(routes=routes, exception_handlers={HTTPException: front.http_error})
     return HotPaths(front, app)
+
+
+def create_admin_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
+                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """Only the /admin routes, for a listener of their own (``server.admin_host``)."""
+    front = _Frontend(system, metrics, max_body_bytes, auth)
+    return Starlette(routes=front.admin_routes(),
+                     exception_handlers={HTTPException: front.http_error})
 
 
 Scope = dict[str, Any]
@@ -364,41 +380,65 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
 
 
 class _Frontend:
-    def __init__(self, system: ServingSystem, metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(self, system: ServingSystem, metrics: Metrics, max_body_bytes: int,
+                 auth: AuthPolicy) -> None:
         self.system = system
         self.metrics = metrics
         self.limit = max_body_bytes
+        self.auth = auth
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
-        self.hot = {"predict": self._guard(self.predict, "predict", "app"),
-                    "infer": self._guard(self.infer, "infer", "model")}
+        # The token check is wrapped in only when asked for, so open hot paths pay nothing.
+        infer_auth = auth.protect_inference
+        self.hot = {"predict": self._guard(self._checked(self.predict, infer_auth),
+                                           "predict", "app"),
+                    "infer": self._guard(self._checked(self.infer, infer_auth), "infer", "model")}
+
+    def _checked(self, handler: Handler, protect: bool) -> Handler:
+        """``handler`` behind the token when ``protect`` and a token is set; else itself."""
+        token = self.auth.token
+        if not protect or token is None:
+            return handler
+
+        async def checked(request: Request) -> tuple[Response, Outcome]:
+            if not authorized(request.headers.get("authorization"), token):
+                raise Unauthorized("this route needs the admin token: send 'Authorization: "
+                                   "Bearer <token>' (see `parityserve token`)")
+            return await handler(request)
+        return checked
 
     def routes(self) -> list[Route]:
         # Starlette tries routes in order, so the hot paths come first; none of the later
         # routes can match a path these match. (HotPaths answers most of these first.)
         r, v = self._route, "/v2/models/{model}/versions/{version}"
+        inf = self.auth.protect_inference
         hot = [Route("/{app}/predict", self.hot["predict"], methods=["POST"],
                      name="predict"),
                Route("/v2/models/{model}/infer", self.hot["infer"], methods=["POST"],
                      name="infer"),
                Route(v + "/infer", self.hot["infer"], methods=["POST"], name="infer"),
-               r("/{app}/update", self.update, "update", "app", ["POST"])]
-        return [*hot, *self._v2_routes(), *self._admin_routes(),
-                r("/metrics", self.metrics_text, "metrics")]
+               r("/{app}/update", self._checked(self.update, inf), "update", "app", ["POST"])]
+        return [*hot, *self._v2_routes(),
+                r("/metrics", self._checked(self.metrics_text, self.auth.protect_metrics),
+                  "metrics")]
 
     def _v2_routes(self) -> list[Route]:
-        r, routes = self._route, []
+        r, routes, inf = self._route, [], self.auth.protect_inference
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-            routes += [r(prefix, self.model_metadata, "model_metadata", "model"),
+            routes += [r(prefix, self._checked(self.model_metadata, inf), "model_metadata",
+                         "model"),
                        r(prefix + "/ready", self.model_ready, "model_ready", "model"),
-                       r(prefix + "/config", self.model_config, "model_config", "model")]
+                       r(prefix + "/config", self._checked(self.model_config, inf),
+                         "model_config", "model")]
         return [r("/v2", self.server_metadata, "server_metadata"),
                 r("/v2/health/live", self.live, "live"),
                 r("/v2/health/ready", self.ready, "ready"), *routes]
 
-    def _admin_routes(self) -> list[Route]:
-        r, apps, models = self._route, "/admin/applications", "/admin/models"
+    def admin_routes(self) -> list[Route]:
+        """Every /admin route, each behind the token (unless the policy is open)."""
+        r = self._admin_route
+        apps, models = "/admin/applications", "/admin/models"
         return [r("/admin/state", self.state, "admin_state"),
                 r(apps, self.add_application, "admin_add_application", None, ["POST"]),
                 r(apps + "/{app}", self.remove_application, "admin_remove_application",
@@ -412,6 +452,10 @@ class _Frontend:
                   ["POST"]),
                 r(models + "/{model}/redundancy", self.set_redundancy, "admin_redundancy",
                   "model", ["POST"])]
+
+    def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
+                     methods: Sequence[str] = ("GET",)) -> Route:
+        return self._route(path, self._checked(handler, True), name, target, methods)
 
     def _route(self, path: str, handler: Handler, name: str, target: str | None = None,
                methods: Sequence[str] = ("GET",)) -> Route:
@@ -435,7 +479,8 @@ class _Frontend:
     def _fail(self, exc: Exception, route: str) -> Response:
         if isinstance(exc, RequestError):
             self.metrics.bad_request(exc.code)
-            return _error(exc.status_code, exc.code, str(exc))
+            headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+            return _error(exc.status_code, exc.code, str(exc), headers)
         if isinstance(exc, ServiceError):
             return _error(exc.status_code, exc.code, str(exc))
         if isinstance(exc, QueueFull):  # overload is the server's state, like no replica

@@ -19,23 +19,30 @@ from pathlib import Path
 import uvicorn
 
 from parityserve.config import ServingConfig
-from parityserve.runtime.http import create_app
+from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
+from parityserve.runtime.http import create_admin_app, create_app
 from parityserve.runtime.system import ServingSystem
 
-__all__ = ["RunningServer", "ServerUrls", "serve", "start_in_thread"]
+__all__ = ["RunningServer", "ServerUrls", "auth_policy", "resolve_admin_token", "serve",
+           "start_in_thread"]
 
 
 @dataclass(frozen=True)
 class ServerUrls:
     http: str
     rpc: str
+    admin: str | None = None  # the admin listener's base URL; None: admin is on ``http``
+
+    @property
+    def admin_base(self) -> str:
+        return self.admin or self.http
 
     def describe(self, config: ServingConfig) -> str:
         lines = [f"parityserve is serving on {self.http}",
                  f"  workers connect to  {self.rpc}",
                  f"  health              {self.http}/v2/health/ready",
                  f"  metrics             {self.http}/metrics",
-                 f"  admin state         {self.http}/admin/state"]
+                 f"  admin state         {self.admin_base}/admin/state"]
         lines += [f"  app {a.name:<16} POST {self.http}/{a.name}/predict"
                   for a in config.applications]
         lines += [f"  model {m.name:<14} POST {self.http}/v2/models/{m.name}/infer"
@@ -53,34 +60,72 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def auth_policy(config: ServingConfig, token: ResolvedToken | None) -> AuthPolicy:
+    """The frontend's policy: the resolved token, or open when the config turned it off."""
+    s = config.server
+    return AuthPolicy(token=token.token if token else None, protect_metrics=s.protect_metrics,
+                      protect_inference=s.protect_inference, serve_admin=s.admin_host is None)
+
+
+def resolve_admin_token(config: ServingConfig, base_dir: Path | None) -> ResolvedToken | None:
+    """The token to serve with (generated if none exists), or None when turned off."""
+    if not config.server.require_admin_token:
+        return None
+    return resolve_token(config.server, base_dir)
+
+
+def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None) -> uvicorn.Server:
+    tls, base = config.server.tls, base_dir or Path.cwd()
+    ssl = {} if tls is None else {"ssl_certfile": str(base / tls.cert),
+                                  "ssl_keyfile": str(base / tls.key)}
+    uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,  # type: ignore[arg-type]
+                                       access_log=False, lifespan="off", http="httptools",
+                                       **ssl))  # type: ignore[arg-type]
+    # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
+    # after its shutdown and kill this process before the workers are stopped in order.
+    uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    return uv
+
+
+def _url(config: ServingConfig, sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{'https' if config.server.tls else 'http'}://{host}:{port}"
+
+
 async def _run(config: ServingConfig, system: ServingSystem,
                on_ready: Callable[[ServerUrls], None], install_signals: bool,
-               stop: asyncio.Event | None = None, tune_gc: bool = False) -> None:
+               stop: asyncio.Event | None = None, tune_gc: bool = False,
+               token: ResolvedToken | None = None, base_dir: Path | None = None) -> None:
     stop = asyncio.Event() if stop is None else stop
     if install_signals:
         _stop_on_signals(stop)
-    sock = _bind(config.server.host, config.server.http_port)
+    s = config.server
+    socks = [_bind(s.host, s.http_port)]
+    if s.admin_host is not None and s.admin_port is not None:
+        socks.append(_bind(s.admin_host, s.admin_port))
     try:
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
-        app = create_app(system, metrics=system.metrics,
-                         max_body_bytes=config.server.max_body_bytes)
-        uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
-                                           access_log=False, lifespan="off", http="httptools"))
-        # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
-        # after its shutdown and kill this process before the workers are stopped in order.
-        uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-        host, port = sock.getsockname()[:2]
-        task = asyncio.create_task(uv.serve(sockets=[sock]))
-        while not uv.started and not task.done():
+        policy = auth_policy(config, token)
+        apps: list[object] = [create_app(system, metrics=system.metrics, auth=policy,
+                                         max_body_bytes=s.max_body_bytes)]
+        if len(socks) > 1:
+            apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
+                                         max_body_bytes=s.max_body_bytes))
+        servers = [_uvicorn(app, config, base_dir) for app in apps]
+        tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
+                 for uv, sock in zip(servers, socks, strict=True)]
+        while not all(uv.started for uv in servers) and not any(t.done() for t in tasks):
             await asyncio.sleep(0.01)
         if tune_gc:
             _tune_gc_for_serving()
-        on_ready(ServerUrls(f"http://{host}:{port}", system.rpc_address))
-        await _wait_stop(task, uv, stop)
+        admin = _url(config, socks[1]) if len(socks) > 1 else None
+        on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin))
+        await _wait_stop(tasks, servers, stop)
     finally:
         await system.close()
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 # Young-generation collections every this many net allocations instead of CPython's 700.
@@ -125,11 +170,14 @@ async def _unless_stopped(starting: Coroutine[object, object, None], stop: async
     return True
 
 
-async def _wait_stop(task: asyncio.Task[None], uv: uvicorn.Server, stop: asyncio.Event) -> None:
+async def _wait_stop(tasks: list[asyncio.Task[None]], servers: list[uvicorn.Server],
+                     stop: asyncio.Event) -> None:
+    """Until ``stop`` (or a listener ends): then each listener, public first, stops in turn."""
     waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-    uv.should_exit = True
-    await task
+    await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    for uv, task in zip(servers, tasks, strict=True):
+        uv.should_exit = True
+        await task
     waiter.cancel()
 
 
@@ -144,11 +192,17 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path | None = None,
           on_ready: Callable[[ServerUrls], None] = lambda urls: None,
-          log_dir: Path | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; workers are stopped before this returns."""
+          log_dir: Path | None = None, token: ResolvedToken | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; workers are stopped before this returns.
+
+    ``token``: the admin token already resolved (``parityserve start`` does so to say where
+    it is); when None and the config requires one, it is resolved here.
+    """
+    token = token or resolve_admin_token(config, base_dir)
     system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_run(config, system, on_ready, install_signals=True, tune_gc=True))
+        runner.run(_run(config, system, on_ready, install_signals=True, tune_gc=True,
+                        token=token, base_dir=base_dir))
 
 
 class RunningServer:
@@ -157,6 +211,10 @@ class RunningServer:
     def __init__(self, config: ServingConfig, *, base_dir: Path | None = None,
                  data_dir: Path | None = None, log_dir: Path | None = None) -> None:
         self.config = config
+        self.base_dir = base_dir
+        self.auth = resolve_admin_token(config, base_dir)
+        # The admin token this server accepts (None when require_admin_token is false).
+        self.token: str | None = self.auth.token if self.auth else None
         self.system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
         self.urls: ServerUrls | None = None
         self._loop = (_loop_factory() or asyncio.new_event_loop)()
@@ -170,10 +228,17 @@ class RunningServer:
         assert self.urls is not None
         return self.urls.http
 
+    @property
+    def admin_url(self) -> str:
+        """Where /admin is served: the admin listener, or the main one."""
+        assert self.urls is not None
+        return self.urls.admin_base
+
     def _main(self) -> None:
         try:
             self._loop.run_until_complete(
-                _run(self.config, self.system, self._on_ready, False, self._stop))
+                _run(self.config, self.system, self._on_ready, False, self._stop,
+                     token=self.auth, base_dir=self.base_dir))
         except BaseException as exc:  # surfaced to the starting thread by start()
             self._error = exc
             self._ready.set()

@@ -208,7 +208,8 @@ def test_unknown_replica_index_is_invalid_input(client) -> None:
     {"replica": "0", "faults": {"burst": {"every_ms": 100}}},
 ])
 def test_invalid_fault_body_is_a_400_and_changes_nothing(served, client, body) -> None:
-    r = httpx.post(f"{served.url}/admin/models/delayed/faults", json=body)
+    r = httpx.post(f"{served.url}/admin/models/delayed/faults", json=body,
+                   headers={"Authorization": f"Bearer {served.token}"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_input" and r.json()["error"]
     with pytest.raises(InvalidInput):
         client.set_faults("delayed", body["replica"], **body["faults"])

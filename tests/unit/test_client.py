@@ -15,6 +15,7 @@ from parityserve import errors
 from parityserve.client import Client
 from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
 from parityserve.runtime.api import ModelMetadata, Prediction
+from parityserve.runtime.auth import AuthPolicy
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 
@@ -114,8 +115,9 @@ def system() -> FakeSystem:
 
 @pytest.fixture
 def client(system: FakeSystem) -> Client:
-    app = create_app(system, metrics=Metrics(), max_body_bytes=4096)
-    return Client(http=TestClient(app))
+    app = create_app(system, metrics=Metrics(), auth=AuthPolicy(token="t0ken"),
+                     max_body_bytes=4096)
+    return Client(http=TestClient(app), token="t0ken")
 
 
 def test_predict(client):

@@ -20,6 +20,7 @@ from parityserve.errors import Conflict, InvalidInput, UnknownApplication, Unkno
 from parityserve.runtime import http as http_module
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, Prediction
+from parityserve.runtime.auth import AuthPolicy
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 
@@ -31,6 +32,8 @@ with warnings.catch_warnings():
 
 BUILD = triton.InferenceServerClient.generate_request_body
 PARSE = triton.InferenceServerClient.parse_response_body
+TOKEN = "unit-test-token"
+AUTH = AuthPolicy(token=TOKEN)  # admin behind a token, as served; the client sends it
 
 
 class FakeSystem:
@@ -148,7 +151,8 @@ def metrics() -> Metrics:
 
 @pytest.fixture
 def client(system: FakeSystem, metrics: Metrics) -> TestClient:
-    return TestClient(create_app(system, metrics=metrics, max_body_bytes=4096))
+    return TestClient(create_app(system, metrics=metrics, auth=AUTH, max_body_bytes=4096),
+                      headers={"Authorization": f"Bearer {TOKEN}"})
 
 
 def assert_error(response, status: int, code: str, message: str = "") -> None:
@@ -160,7 +164,8 @@ def assert_error(response, status: int, code: str, message: str = "") -> None:
 
 
 def test_public_names_are_pinned():
-    assert sorted(http_module.__all__) == ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+    assert sorted(http_module.__all__) == ["DEFAULT_MAX_BODY_BYTES", "create_admin_app",
+                                          "create_app"]
 
 
 # ---------------------------------------------------------------- health and metadata
@@ -407,7 +412,7 @@ def asgi_post_raw(app, path: str, chunks: list[bytes], headers: list[tuple[bytes
 
 
 def test_body_that_lies_about_its_length(system, metrics):
-    app = create_app(system, metrics=metrics, max_body_bytes=2048)
+    app = create_app(system, metrics=metrics, auth=AUTH, max_body_bytes=2048)
     status, body = asgi_post(app, "/calc/predict", [b"x" * 1500] * 3,
                              [(b"content-length", b"10")])
     assert (status, body["code"]) == (413, "payload_too_large")
@@ -569,7 +574,7 @@ _PREDICT_BODY = orjson.dumps({"input": [1, 2, 3]})
     ("/calc/update", None), ("/metrics", None),
 ])
 def test_hot_paths_match_what_starlette_would(system, metrics, path, expected):
-    app = create_app(system, metrics=metrics)
+    app = create_app(system, metrics=metrics, auth=AUTH)
     found = app.match(path)
     if expected is None:
         assert found is None
@@ -587,7 +592,7 @@ def test_hot_paths_answer_exactly_as_the_starlette_routes(system, metrics, path)
     """The same request through the front door and through Starlette alone: same answer."""
     body = _PREDICT_BODY if path.endswith("predict") else _V2_BODY
     headers = [(b"content-type", b"application/json")]
-    app = create_app(system, metrics=metrics)
+    app = create_app(system, metrics=metrics, auth=AUTH)
     through_front_door = asgi_post_raw(app, path, [body], headers)
     starlette_only = asgi_post_raw(app.app, path, [body], headers)
     assert through_front_door == starlette_only
