@@ -45,6 +45,7 @@ from parityserve.errors import (
     UnknownApplication,
     UnknownModel,
 )
+from parityserve.models.sources import SourcePolicy
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, ServingSystem
 from parityserve.runtime.metrics import Metrics
@@ -71,9 +72,14 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def create_app(system: ServingSystem, *, metrics: Metrics,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> HotPaths:
-    """The ASGI application serving ``system``: hot paths first, Starlette for the rest."""
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               sources: SourcePolicy | None = None) -> HotPaths:
+    """The ASGI application serving ``system``: hot paths first, Starlette for the rest.
+
+    ``sources`` is what the admin API may deploy; the default allows zoo models only.
+    """
     front = _Frontend(system, metrics, max_body_bytes)
+    front.sources = sources or SourcePolicy()
     app = Starlette(routes=front.routes(), exception_handlers={HTTPException: front.http_error})
     return HotPaths(front, app)
 
@@ -368,6 +374,7 @@ class _Frontend:
         self.system = system
         self.metrics = metrics
         self.limit = max_body_bytes
+        self.sources = SourcePolicy()
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
@@ -521,6 +528,7 @@ class _Frontend:
 
     async def add_application(self, request: Request) -> tuple[Response, Outcome]:
         app = _validate(Application, await self._body(request), "application")
+        self.sources.check_application(app)
         await self.system.add_application(app)
         return _json(app.model_dump(mode="json"), 201), "ok"
 
@@ -537,6 +545,7 @@ class _Frontend:
 
     async def deploy(self, request: Request) -> tuple[Response, Outcome]:
         deployment = _validate(Deployment, await self._body(request), "deployment")
+        self.sources.check_deployment(deployment)
         await self.system.deploy(deployment)
         return _json(deployment.model_dump(mode="json"), 201), "ok"
 
@@ -549,6 +558,8 @@ class _Frontend:
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")
         model = request.path_params["model"]
+        if body.parity is not None:
+            self.sources.check_parity(body.parity)
         await self.system.set_redundancy(model, body.redundancy, body.parity)
         return _json({"model": model, **body.model_dump(mode="json")}), "ok"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 
 from parityserve.config import ServingConfig
+from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.http import create_app
 from parityserve.runtime.system import ServingSystem
 
@@ -64,7 +65,8 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         app = create_app(system, metrics=system.metrics,
-                         max_body_bytes=config.server.max_body_bytes)
+                         max_body_bytes=config.server.max_body_bytes,
+                         sources=SourcePolicy.for_server(config.server, system.base_dir))
         uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
                                            access_log=False, lifespan="off", http="httptools"))
         # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
