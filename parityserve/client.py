@@ -19,6 +19,7 @@ from parityserve.config import Deployment
 from parityserve.errors import (
     Conflict,
     DeadlineExceeded,
+    Forbidden,
     InvalidInput,
     MalformedRequest,
     ParityServeError,
@@ -38,7 +39,7 @@ __all__ = ["Client"]
 _ERRORS: dict[str, type[ParityServeError]] = {
     cls.code: cls for cls in (MalformedRequest, InvalidInput, UnknownModel, UnknownApplication,
                               UnknownQuery, Conflict, PayloadTooLarge, Unavailable,
-                              DeadlineExceeded, RequestError)
+                              DeadlineExceeded, Forbidden, RequestError)
 }
 _DUMP = orjson.OPT_SERIALIZE_NUMPY
 

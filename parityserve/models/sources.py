@@ -85,7 +85,8 @@ class SourcePolicy:
                 self.check_weights(weights)
 
     def check_application(self, app: Application) -> None:
-        if app.policy in POLICIES or self.allow_code_sources:
+        # make_policy imports any "mod:attr" name; a plain unknown name is a 400 from there.
+        if ":" not in app.policy or self.allow_code_sources:
             return
         raise Forbidden(f"policy {app.policy!r} is not a built-in policy "
                         f"({', '.join(sorted(POLICIES))}): a custom policy runs code in the "
