@@ -33,7 +33,6 @@ from parityserve.config import Application, Deployment, ParityConfig, Server
 from parityserve.core.selection import POLICIES
 from parityserve.errors import Forbidden, InvalidInput
 from parityserve.models.loader import SCHEMES
-from parityserve.models.zoo import ZOO_NAMES
 
 __all__ = ["CODE_SCHEMES", "FILE_SCHEMES", "SourcePolicy", "scrub_paths"]
 
@@ -97,9 +96,6 @@ class SourcePolicy:
         if scheme not in SCHEMES or not target:
             raise InvalidInput(f"model source {source!r}: expected SCHEME:TARGET with SCHEME "
                                f"one of {', '.join(SCHEMES)}")
-        if scheme == "zoo" and target not in ZOO_NAMES:
-            raise InvalidInput(f"model source {source!r}: no zoo model {target!r}; the zoo "
-                               f"has {', '.join(ZOO_NAMES)}")
         if scheme in CODE_SCHEMES and not self.allow_code_sources:
             raise Forbidden(f"model source {source!r} runs code on the server "
                             f"({CODE_SCHEMES[scheme]}), so the admin API refuses it; "
