@@ -376,8 +376,8 @@ class Server(_Frozen):
         (), description="folders the admin API may deploy model files from (default: the "
         "config file's folder)")
     allow_code_sources: bool = Field(
-        False, description="let the admin API deploy python:, torch: and pickle (sklearn:) "
-        "sources and python: policies, which run code on this host")
+        False, description="let the admin API deploy python:, torch:, torchscript: and pickle "
+        "(sklearn:) sources, non-.npz weights and python: policies, which run code on this host")
     tls: TLSConfig | None = None
     worker_auth: bool = Field(
         True, description="workers authenticate with ZeroMQ CURVE keys; false accepts any peer "

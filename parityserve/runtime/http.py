@@ -46,6 +46,7 @@ from parityserve.errors import (
     UnknownApplication,
     UnknownModel,
 )
+from parityserve.models.sources import SourcePolicy
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, ServingSystem
 from parityserve.runtime.auth import AuthPolicy, authorized
@@ -73,23 +74,26 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def create_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> HotPaths:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               sources: SourcePolicy | None = None) -> HotPaths:
     """The ASGI application serving ``system``: hot paths first, Starlette for the rest.
 
     ``auth`` has no default on purpose: pass ``AuthPolicy(token=...)`` (admin behind the
     token, the safe choice) or, knowingly, ``AuthPolicy.open()``. With
     ``auth.serve_admin=False`` the /admin routes are absent (404): see ``create_admin_app``.
+    ``sources`` is what the admin API may deploy; the default allows zoo models only.
     """
-    front = _Frontend(system, metrics, max_body_bytes, auth)
+    front = _Frontend(system, metrics, max_body_bytes, auth, sources)
     routes = front.routes() + (front.admin_routes() if auth.serve_admin else [])
     app = Starlette(routes=routes, exception_handlers={HTTPException: front.http_error})
     return HotPaths(front, app)
 
 
 def create_admin_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
-                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                     sources: SourcePolicy | None = None) -> Starlette:
     """Only the /admin routes, for a listener of their own (``server.admin_host``)."""
-    front = _Frontend(system, metrics, max_body_bytes, auth)
+    front = _Frontend(system, metrics, max_body_bytes, auth, sources)
     return Starlette(routes=front.admin_routes(),
                      exception_handlers={HTTPException: front.http_error})
 
@@ -381,11 +385,12 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
 
 class _Frontend:
     def __init__(self, system: ServingSystem, metrics: Metrics, max_body_bytes: int,
-                 auth: AuthPolicy) -> None:
+                 auth: AuthPolicy, sources: SourcePolicy | None = None) -> None:
         self.system = system
         self.metrics = metrics
         self.limit = max_body_bytes
         self.auth = auth
+        self.sources = sources or SourcePolicy()
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
@@ -566,6 +571,7 @@ class _Frontend:
 
     async def add_application(self, request: Request) -> tuple[Response, Outcome]:
         app = _validate(Application, await self._body(request), "application")
+        self.sources.check_application(app)
         await self.system.add_application(app)
         return _json(app.model_dump(mode="json"), 201), "ok"
 
@@ -582,6 +588,7 @@ class _Frontend:
 
     async def deploy(self, request: Request) -> tuple[Response, Outcome]:
         deployment = _validate(Deployment, await self._body(request), "deployment")
+        self.sources.check_deployment(deployment)
         await self.system.deploy(deployment)
         return _json(deployment.model_dump(mode="json"), 201), "ok"
 
@@ -594,6 +601,8 @@ class _Frontend:
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")
         model = request.path_params["model"]
+        if body.parity is not None:
+            self.sources.check_parity(body.parity)
         await self.system.set_redundancy(model, body.redundancy, body.parity)
         return _json({"model": model, **body.model_dump(mode="json")}), "ok"
 

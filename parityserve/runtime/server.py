@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 
 from parityserve.config import ServingConfig
+from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
 from parityserve.runtime.http import create_admin_app, create_app
 from parityserve.runtime.system import ServingSystem
@@ -107,11 +108,12 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         policy = auth_policy(config, token)
+        sources = SourcePolicy.for_server(s, system.base_dir)
         apps: list[object] = [create_app(system, metrics=system.metrics, auth=policy,
-                                         max_body_bytes=s.max_body_bytes)]
+                                         max_body_bytes=s.max_body_bytes, sources=sources)]
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
-                                         max_body_bytes=s.max_body_bytes))
+                                         max_body_bytes=s.max_body_bytes, sources=sources))
         servers = [_uvicorn(app, config, base_dir) for app in apps]
         tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
                  for uv, sock in zip(servers, socks, strict=True)]

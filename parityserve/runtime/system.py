@@ -29,8 +29,10 @@ from parityserve.config import (
 )
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.restarts import RestartPolicy, restart_delay
 from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
 from parityserve.errors import (
+    ConfigError,
     Conflict,
     DeadlineExceeded,
     InvalidInput,
@@ -43,6 +45,7 @@ from parityserve.errors import (
     UnknownModel,
     WorkerError,
 )
+from parityserve.models.sources import scrub_paths
 from parityserve.runtime import wire
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.applications import (
@@ -66,7 +69,7 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-core box is slow
 _SUPERVISE_EVERY_S = 0.05
 _ONE_SHOT_FAULTS = ("crash_after_batches", "hang_after_batches")
-_RESTART_BACKOFF_S = (0.25, 4.0)  # first delay, cap; doubles per failure in a row
+_RESTARTS = RestartPolicy()  # back off while a slot keeps failing, give up after a few
 
 
 class ServingSystem:
@@ -103,8 +106,9 @@ class ServingSystem:
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._load_errors: dict[tuple[str, int], str] = {}  # (model, version) -> why
-        # replica slot -> failures in a row
+        # replica slot -> failures in a row; slots given up on until an operator asks again
         self._failures: dict[tuple[str, int, int | str], int] = {}
+        self._gave_up: set[tuple[str, int, int | str]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
@@ -351,17 +355,35 @@ class ServingSystem:
     def _relaunch_later(self, path: ModelPath, index: int, faults: dict[str, Any],
                         pool: str = DATA_POOL) -> None:
         """Restart at once after a first failure; back off exponentially while it keeps failing
-        without ever becoming ready (a model that cannot load must not spin)."""
+        without ever becoming ready, and give up after a few (a model that cannot load must
+        not spin, nor run a load-time payload again and again)."""
         slot = (path.name, path.version, _slot_name(index, pool))
         failures = self._failures[slot] = self._failures.get(slot, 0) + 1
-        first, cap = _RESTART_BACKOFF_S
-        delay = 0.0 if failures == 1 else min(cap, first * 2 ** (failures - 2))
+        delay = restart_delay(failures, _RESTARTS)
+        if delay is None:
+            self._give_up(path, slot, failures)
+            return
         if delay == 0.0:
             self._launch(path, index, faults, pool)
             return
         log.warning("restarting replica %d of %s in %.2fs (%d failures in a row)",
                     index, path.name, delay, failures)
         asyncio.get_running_loop().call_later(delay, self._relaunch, path, index, faults, pool)
+
+    def _give_up(self, path: ModelPath, slot: tuple[str, int, int | str], failures: int) -> None:
+        self._gave_up.add(slot)
+        error = self._load_errors.setdefault(
+            (path.name, path.version),
+            f"model {path.name!r}: replica {slot[2]} failed {failures} times in a row")
+        log.error("giving up on replica %s of %s v%d after %d failures in a row without "
+                  "becoming ready (%s); set its replicas or deploy a new version to try again",
+                  slot[2], path.name, path.version, failures, error)
+
+    def _forgive(self, path: ModelPath) -> None:
+        """An operator asked again: slots given up on get their full number of tries."""
+        for slot in [s for s in self._failures if s[:2] == (path.name, path.version)]:
+            del self._failures[slot]
+        self._gave_up = {s for s in self._gave_up if s[:2] != (path.name, path.version)}
 
     def _relaunch(self, path: ModelPath, index: int, faults: dict[str, Any],
                   pool: str = DATA_POOL) -> None:
@@ -598,10 +620,18 @@ class ServingSystem:
         return ModelMetadata(path.name, (str(path.version),), path.platform, inputs, outputs)
 
     def is_ready(self) -> bool:
-        return all(p.ready_replicas() for p in self.models.values() if p.deployment.replicas)
+        return all(self._live_replicas(p) for p in self.models.values() if p.deployment.replicas)
 
     def model_ready(self, model: str, version: int | None) -> bool:
-        return bool(self._model(model, version).ready_replicas())
+        return bool(self._live_replicas(self._model(model, version)))
+
+    def _live_replicas(self, path: ModelPath) -> list[Replica]:
+        """Replicas that can answer now: ready, heartbeating, process alive, and running the
+        model itself (a parity model alone cannot answer). Judged at the moment of asking, not
+        from the supervisor's last verdict, which trails a kill or a hang."""
+        now, timeout = self.clock(), self.config.server.heartbeat_timeout_ms / 1000
+        return [r for r in path.ready_replicas()
+                if r.pool == DATA_POOL and _failure(r, now, timeout) is None]
 
     # ---- admin -----------------------------------------------------------------------------
     async def add_application(self, app: Application) -> None:
@@ -609,7 +639,11 @@ class ServingSystem:
             raise Conflict(f"application {app.name!r} already exists")
         for model in app.models:
             self._model(model)
-        self.apps[app.name] = AppRuntime.build(app)
+        try:
+            runtime = AppRuntime.build(app)
+        except ConfigError as exc:  # an unknown policy, module or option: the caller's mistake
+            raise InvalidInput(f"application {app.name!r}: {exc}") from exc
+        self.apps[app.name] = runtime
         self._refresh_slos()
 
     async def remove_application(self, name: str) -> None:
@@ -659,7 +693,8 @@ class ServingSystem:
             error = self._load_errors.get((path.name, path.version))
             if error is not None:
                 self._stop_replicas(path, list(path.replicas.values()))
-                raise Unavailable(f"version {path.version} of {path.name!r} not deployed: {error}")
+                raise Unavailable(f"version {path.version} of {path.name!r} not deployed: "
+                                  f"{scrub_paths(error)}")
             if self.clock() > deadline:
                 raise Unavailable(f"new version of {path.name!r} did not start")
             await asyncio.sleep(0.05)
@@ -668,6 +703,7 @@ class ServingSystem:
         path = self._model(model)
         if not 0 <= replicas <= 256:
             raise InvalidInput("replicas must be between 0 and 256")
+        self._forgive(path)
         self._reconcile(path, _revalidated(path.deployment, replicas=replicas))
 
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
@@ -732,7 +768,8 @@ class ServingSystem:
             "slo_ms": path.slo_s * 1000,
             "queue": _record(path.queue.statistics()),
             "replicas": [_record(s) for s in path.replica_stats()],
-            "load_error": self._load_errors.get((path.name, path.version)),
+            "load_error": _scrubbed(self._load_errors.get((path.name, path.version))),
+            "failed": any(s[:2] == (path.name, path.version) for s in self._gave_up),
         }
 
 
@@ -744,6 +781,10 @@ def _revalidated(deployment: Deployment, **changes: Any) -> Deployment:
     except ValidationError as exc:
         reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise InvalidInput(reasons) from None
+
+
+def _scrubbed(error: str | None) -> str | None:
+    return None if error is None else scrub_paths(error)
 
 
 def _slot_name(index: int, pool: str) -> str:

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def served(server_factory, digits_model: Path):
     config = {
-        "server": {"http_port": 0, "max_body_bytes": 64 * 1024, "heartbeat_timeout_ms": 1500},
+        # test_admin_api_round_trip redeploys the sklearn (pickle) model through the API.
+        "server": {"http_port": 0, "max_body_bytes": 64 * 1024, "heartbeat_timeout_ms": 1500,
+                   "allow_code_sources": True, "model_roots": [str(digits_model.parent)]},
         "models": [
             {"name": "digits", "source": f"sklearn:{digits_model}", "replicas": 2,
              "batching": {"max_batch_size": 16}},
