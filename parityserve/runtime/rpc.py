@@ -206,7 +206,8 @@ class WorkerLink:
 
 def _peer(ident: bytes) -> str:
     """A peer's identity, printable whatever bytes it chose."""
-    return wire._short(ident.decode(errors="backslashreplace"))
+    text = ident.decode(errors="backslashreplace")
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _handle(handler: MessageHandler, frames: list[Any], reject: RejectHandler) -> None:
