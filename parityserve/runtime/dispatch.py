@@ -353,13 +353,14 @@ class ModelPath:
         self.pump()
         return refused
 
-    def refuse_batch(self, replica: Replica, bid: Any, why: str) -> bool:
-        """A malformed result naming the batch ``replica`` holds: fail that batch (its queries
-        get the error, so the default), rather than leave the replica busy forever."""
+    def refuse_batch(self, replica: Replica, why: str) -> bool:
+        """A malformed result from ``replica``: fail the batch it holds (its queries get the
+        error, so the default), rather than leave the replica busy forever. A worker runs one
+        batch at a time, so any result it sends is about that batch, whatever bid it names."""
         batch = replica.batch
-        if batch is None or type(bid) is not int or batch.bid != bid:
+        if batch is None:
             return False
-        self.accept_result(replica, messages.Result(bid, False, error=why))
+        self.accept_result(replica, messages.Result(batch.bid, False, error=why))
         return True
 
     def _deliver(self, batch: InflightBatch, result: messages.Result) -> tuple[str, str] | None:

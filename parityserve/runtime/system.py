@@ -284,7 +284,7 @@ class ServingSystem:
             message = messages.parse(header, buffers)
         except ProtocolError as exc:
             if found is not None and header.get("t") == wire.RESULT:
-                found[0].refuse_batch(found[1], header.get("bid"), f"malformed result: {exc}")
+                found[0].refuse_batch(found[1], f"malformed result: {exc}")
             self._reject(rid, "malformed", str(exc))
             return
         if found is None:

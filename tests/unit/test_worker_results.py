@@ -28,7 +28,8 @@ def _path(**deployment: Any) -> ModelPath:
 
 
 def _replica(path: ModelPath, rid: str) -> Replica:
-    replica = Replica(rid, len(path.replicas), AIMDController(8, 0.1, initial=8), 0.0, state="ready")
+    aimd = AIMDController(8, 0.1, initial=8)
+    replica = Replica(rid, len(path.replicas), aimd, 0.0, state="ready")
     path.replicas[rid] = replica
     return replica
 
@@ -118,14 +119,14 @@ def test_float64_outputs_fit_an_fp32_signature() -> None:
     asyncio.run(body())
 
 
-def test_a_malformed_result_naming_the_held_batch_fails_it_instead_of_leaving_it_stuck() -> None:
+def test_a_malformed_result_fails_the_held_batch_instead_of_leaving_it_stuck() -> None:
     async def body() -> None:
         path = _path()
         replica = _replica(path, "r")
+        assert not path.refuse_batch(replica, "nothing held")
         futures = _submit(path, 1)
-        assert not path.refuse_batch(replica, "not-a-bid", "bad")
-        assert not path.refuse_batch(replica, 10**9, "bad")
-        assert path.refuse_batch(replica, _bid(path, replica), "malformed result")
+        assert path.refuse_batch(replica, "malformed result")
         assert isinstance(futures[0].exception(), PredictError) and replica.idle
+        assert not path.inflight
 
     asyncio.run(body())
