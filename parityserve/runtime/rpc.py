@@ -108,6 +108,7 @@ class WorkerLink:
         self.keys = keys
         self._reject: RejectHandler = on_reject or RejectLog()
         self._bound: dict[bytes, bytes] = {}  # replica id -> the public key it speaks with
+        self._owner: dict[bytes, bytes] = {}  # a launched replica's key -> its only id
         self._auth = self._secure(keys) if keys is not None else None
         self.address = self._bind(host, port)
         self._fd = int(self._sock.getsockopt(zmq.FD))
@@ -133,12 +134,16 @@ class WorkerLink:
         return auth
 
     def expect(self, replica_id: str, public_key: bytes) -> None:
-        """Only ``public_key`` may speak as ``replica_id`` (set before launching it)."""
+        """Only ``public_key`` may speak as ``replica_id``, and that key under no other id
+        (set before launching it)."""
         self._bound[replica_id.encode()] = public_key
+        self._owner[public_key] = replica_id.encode()
 
     def forget(self, replica_id: str) -> None:
         """The replica is gone: its id and key binding go too."""
-        self._bound.pop(replica_id.encode(), None)
+        key = self._bound.pop(replica_id.encode(), None)
+        if key is not None and self._owner.get(key) == replica_id.encode():
+            del self._owner[key]
 
     def start(self, handler: MessageHandler) -> None:
         self._loop = asyncio.get_running_loop()
@@ -187,7 +192,8 @@ class WorkerLink:
             key = frames[-1].get("User-Id").encode()
         except (zmq.ZMQError, AttributeError):
             key = b""
-        bound = self._bound.setdefault(ident, key) if key else None
+        owner = self._owner.get(key, ident)
+        bound = self._bound.setdefault(ident, key) if key and owner == ident else None
         if bound is None or bound != key:
             self._reject(_peer(ident), "wrong_key",
                          "sent under a replica id bound to another CURVE key")

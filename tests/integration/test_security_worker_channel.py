@@ -156,6 +156,16 @@ def test_an_unauthenticated_peer_gets_no_query_and_cannot_inject_an_answer(
     assert len(served.system.models["echo"].replicas) == 1
 
 
+def test_local_workers_get_their_keys_outside_argv(served) -> None:
+    rid, replica = next(iter(served.system.models["echo"].replicas.items()))
+    public = served.system._replica_keys[rid]
+    cmdline = Path(f"/proc/{replica.pid}/cmdline").read_bytes()
+    assert public not in cmdline and b"KEYS" not in cmdline and b"secret" not in cmdline
+    environ = Path(f"/proc/{replica.pid}/environ")
+    assert b"PARITYSERVE_WORKER_KEYS=" in environ.read_bytes()  # readable by its user only
+    assert environ.stat().st_mode & 0o077 == 0
+
+
 def test_a_spoofed_failed_does_not_block_a_new_version(served, client, ctx, keys_dir) -> None:
     address = served.system.rpc_address
     admitted = _dealer(ctx, address, b"spoofer", _remote_keys(keys_dir))

@@ -102,7 +102,12 @@ def test_an_admitted_peer_cannot_speak_under_another_replicas_id() -> None:
         joined = peers.dealer(b"ext-1", other_keys)
         joined.send_multipart(wire.encode({"t": wire.HEARTBEAT}))
         await _until(lambda: len(peers.got) == 2)
-        await peers.close(owner, joined)
+        # A launched replica's key speaks under its own id only.
+        moonlight = peers.dealer(b"ext-2", owner_keys)
+        moonlight.send_multipart(wire.encode({"t": wire.HELLO}))
+        await _until(lambda: len(peers.rejected) == 2)
+        assert peers.rejected[1] == ("ext-2", "wrong_key") and len(peers.got) == 2
+        await peers.close(owner, joined, moonlight)
 
     asyncio.run(scenario())
 
