@@ -274,3 +274,24 @@ def test_bad_frames_from_an_admitted_worker_lose_no_query_and_crash_nothing(
     for reason in ("malformed", "wrong_shape", "wrong_dtype", "nonfinite", "unknown_batch"):
         assert _rejected(served, reason) > 0, reason
     assert all(a["default"] is False for _, a in _ask(client, "victim", 5, offset=5000))
+
+
+def test_a_refused_worker_is_not_told_what_is_served(served, ctx, keys_dir) -> None:
+    sock = _dealer(ctx, served.system.rpc_address, b"prober", _remote_keys(keys_dir))
+    sock.send_multipart(wire.encode({"t": wire.HELLO, "replica": "p", "model": "guess",
+                                     "version": 1}))
+    assert sock.poll(10_000)
+    header, _ = wire.decode(sock.recv_multipart())
+    assert header["t"] == wire.STOP and "guess" in header["error"]
+    assert not any(name in header["error"] for name in ("echo", "victim", "rolled"))
+
+
+def test_with_worker_auth_off_on_loopback_local_workers_still_serve(server_factory) -> None:
+    server = server_factory({
+        "server": {"http_port": 0, "cache_bytes": 0, "worker_auth": False},
+        "models": [{"name": "open", "source": "zoo:echo", "replicas": 1, "input": VECTOR}],
+        "applications": [_app("open")],
+    })
+    assert server.system._keys is None
+    with Client(server.url) as c:
+        assert all(a["output"] == x for x, a in _ask(c, "open", 5))
