@@ -61,7 +61,11 @@ class ServerKeys:
     def from_dir(cls, folder: str | Path) -> ServerKeys:
         """The server keypair in ``folder`` and every other ``*.key`` there as an allowed worker."""
         root = Path(folder)
-        public, secret = _load(root / f"{SERVER_NAME}.key_secret", need_secret=True)
+        server = root / f"{SERVER_NAME}.key_secret"
+        if not server.is_file():
+            raise ConfigError(f"server.worker_keys_dir {root} has no {server.name}; make one "
+                              f"with `parityserve keys generate --dir {root}`")
+        public, secret = _load(server, need_secret=True)
         assert secret is not None
         allowed = {_load(p, need_secret=False)[0] for p in sorted(root.glob("*.key"))
                    if p.stem != SERVER_NAME}

@@ -32,6 +32,31 @@ _desc = st.fixed_dictionaries({"k": st.sampled_from(["nd", "obj", "x"])}, option
 _headers = st.dictionaries(_fields, st.one_of(_values, _desc), max_size=8).flatmap(
     lambda h: st.builds(lambda t: {**h, "t": t}, _kinds))
 _buffers = st.lists(st.binary(max_size=64), max_size=wire.MAX_FRAMES + 2)
+# Valid messages of each type; the property test below breaks one to three fields of them.
+_VALID = [
+    ({"t": wire.RESULT, "bid": 1, "ok": True, "out": {"k": "nd", "dtype": "<f4",
+                                                       "shape": [1, 2]}, "ms": 1.0}, 1),
+    ({"t": wire.RESULT, "bid": 1, "ok": True, "out": {"k": "obj", "v": [1]}}, 0),
+    ({"t": wire.RESULT, "bid": 1, "ok": False, "error": "x"}, 0),
+    ({"t": wire.HELLO, "replica": "r", "model": "m", "version": 1, "pid": 3,
+      "input": {"name": "i", "datatype": "FP32", "shape": [2]}, "output": None}, 0),
+    ({"t": wire.HEARTBEAT, "served": 3}, 0),
+    ({"t": wire.FAILED, "error": "x"}, 0),
+    ({"t": wire.BYE}, 0),
+]
+_spec_like = st.dictionaries(st.sampled_from(["name", "datatype", "shape", "x"]),
+                             _values, max_size=4)
+
+
+@st.composite
+def _broken(draw: st.DrawFn) -> tuple[dict, list[bytes]]:
+    header, frames = draw(st.sampled_from(_VALID))
+    keys = st.sampled_from([*header, "out", "input", "extra"])
+    changes = draw(st.dictionaries(keys, st.one_of(_values, _desc, _spec_like), max_size=3))
+    count = draw(st.one_of(st.just(frames), st.integers(0, 3)))
+    buffers = draw(st.lists(st.sampled_from([b"", b"\0" * 8, b"\0" * 7]), min_size=count,
+                            max_size=count))
+    return {**header, **changes}, buffers
 
 
 def _decodes_or_refuses(frames: list) -> None:
@@ -57,6 +82,13 @@ def test_random_msgpack_values_decode_or_raise_protocol_error(value, buffers) ->
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 @given(_headers, _buffers)
 def test_random_headers_with_random_frames_decode_or_raise(header, buffers) -> None:
+    _decodes_or_refuses([msgpack.packb(header, use_bin_type=True), *buffers])
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(_broken())
+def test_valid_messages_with_broken_fields_decode_or_raise(case) -> None:
+    header, buffers = case
     _decodes_or_refuses([msgpack.packb(header, use_bin_type=True), *buffers])
 
 
