@@ -8,6 +8,7 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from parityserve.errors import ParityServeError
 
@@ -20,6 +21,9 @@ _EPILOG = textwrap.dedent("""\
       parityserve token                            where the admin token is (--show prints it)
       parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
                                                    join a running frontend from another machine
+                                                   (with --server-key/--client-key: CURVE keys)
+      parityserve keys generate --dir keys [--name N]
+                                                   CURVE keypairs for remote workers
       parityserve demo                             train a digits model, serve it, load-test it,
                                                    then slow a replica: with and without ParM
       parityserve train-parity --dataset digits --k 2 --epochs 10
@@ -65,7 +69,37 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--options", default="{}", help="model options as JSON")
     p.add_argument("--data-dir", type=Path)
+    p.add_argument("--server-key", type=Path,
+                   help="the frontend's public key file (server.key from `parityserve keys "
+                        "generate`); with --client-key, the channel is CURVE-encrypted")
+    p.add_argument("--client-key", type=Path,
+                   help="this worker's secret key file (NAME.key_secret); the frontend must "
+                        "have NAME.key in its server.worker_keys_dir")
     p.set_defaults(func=_cmd_worker)
+
+
+def _add_keys(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("keys", help="CURVE keys for workers started on other hosts")
+    keys = p.add_subparsers(dest="keys_command", required=True, metavar="COMMAND")
+    g = keys.add_parser(
+        "generate", help="write a keypair (the frontend's, or a worker's)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent("""\
+            Write NAME.key (public) and NAME.key_secret (secret, mode 0600) into --dir.
+            Which file goes where:
+              server.key_secret  stays on the frontend host, in server.worker_keys_dir
+              server.key         copied to each worker host: `worker --server-key server.key`
+              NAME.key           stays in server.worker_keys_dir: the frontend admits it
+              NAME.key_secret    moved to that worker's host only: `--client-key`
+            Local workers that `parityserve start` launches need none of this.
+            Remove NAME.key from the folder (and restart) to shut a worker out."""),
+        epilog="example: parityserve keys generate --dir keys && "
+               "parityserve keys generate --dir keys --name gpu-host-1")
+    g.add_argument("--dir", required=True, type=Path, help="the keys folder")
+    g.add_argument("--name", default="server",
+                   help="'server' (default) for the frontend's keypair, else a worker's name")
+    g.add_argument("--force", action="store_true", help="overwrite an existing keypair")
+    g.set_defaults(func=_cmd_keys_generate)
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -262,8 +296,33 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keys_generate(args: argparse.Namespace) -> int:
+    from parityserve.runtime.keys import generate
+
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise ParityServeError(f"--name must be a plain file name, not {args.name!r}")
+    existing = args.dir / f"{args.name}.key_secret"
+    if existing.exists() and not args.force:
+        raise ParityServeError(f"{existing} exists; pass --force to replace it")
+    public, secret = generate(args.dir, args.name)
+    print(f"wrote {public} (public) and {secret} (secret, 0600)")
+    return 0
+
+
+def _worker_keys(args: argparse.Namespace) -> Any:
+    """CURVE keys from --server-key/--client-key; both or neither."""
+    if (args.server_key is None) != (args.client_key is None):
+        raise ParityServeError("--server-key and --client-key go together")
+    if args.server_key is None:
+        return None
+    from parityserve.runtime.keys import ClientKeys
+
+    return ClientKeys.from_files(args.server_key, args.client_key)
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     import os
+    import secrets
     import socket
 
     import orjson
@@ -275,7 +334,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except orjson.JSONDecodeError as exc:
         raise ParityServeError(f"--options is not valid JSON: {exc}") from exc
     data_dir = _data_dir(args.data_dir)
-    rid = f"{args.model}/v{args.version}/ext-{socket.gethostname()}-{os.getpid()}"
+    keys = _worker_keys(args)
+    # Random, so that no other peer can take this worker's id before it connects.
+    rid = (f"{args.model}/v{args.version}/ext-{socket.gethostname()}-{os.getpid()}-"
+           f"{secrets.token_hex(8)}")
     spec = WorkerSpec(rid, args.model, args.version, args.source, weights=args.weights,
                       options=options, threads=args.threads, base_dir=os.getcwd(),
                       data_dir=str(data_dir) if data_dir else None)
@@ -284,7 +346,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     print(f"parityserve worker {rid}: loading {args.source} as model {args.model!r} "
           f"v{args.version}, then joining {args.connect}", file=sys.stderr, flush=True)
     try:
-        return run_worker(spec, args.connect)
+        return run_worker(spec, args.connect, keys)
     finally:  # leaving anyway: a late SIGTERM must not raise inside interpreter shutdown
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -334,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "slow, fail or lie.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_start, _add_validate, _add_worker, _add_demo, _add_bench,
+    for add in (_add_start, _add_validate, _add_worker, _add_keys, _add_demo, _add_bench,
                 _add_train_parity, _add_token):
         add(sub)
     return parser

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ from parityserve.core.batching import AIMDController, decide_batch
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.redundancy import Decoded
-from parityserve.errors import PredictError, WorkerError
-from parityserve.runtime import wire
+from parityserve.errors import InvalidInput, PredictError, WorkerError
+from parityserve.runtime import messages, wire
 from parityserve.runtime.coding import GroupRun, make_redundancy
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import Link
 from parityserve.runtime.tensors import coerce_item
+from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats", "Task"]
 
@@ -323,37 +325,71 @@ class ModelPath:
 
     # ---- results -------------------------------------------------------------------------
     def on_result(self, replica: Replica, header: dict[str, Any], buffers: list[Any]) -> None:
-        batch = self.inflight.pop(header.get("bid", -1), None)
-        if replica.batch is batch:
-            replica.batch = None
-            self.metrics.set_inflight(self.name, replica.rid, 0)
-        if batch is None:
-            return  # a late answer for a batch already re-dispatched elsewhere
+        """A RESULT as the wire carries it (raises ProtocolError); see ``accept_result``."""
+        result = messages.parse({**header, "t": wire.RESULT}, buffers)
+        assert isinstance(result, messages.Result)
+        self.accept_result(replica, result)
+
+    def accept_result(self, replica: Replica,
+                      result: messages.Result) -> tuple[str, str] | None:
+        """Take a replica's result for a batch sent to *that* replica; anything else (a batch it
+        was never sent, or one already answered) changes nothing. Returns (reason, detail)
+        when the result was refused or unusable, for the caller to count and log."""
+        batch = self.inflight.get(result.bid)
+        if batch is None or batch.replica is not replica:
+            return "unknown_batch", f"result for batch {result.bid}, not in flight on this replica"
+        del self.inflight[result.bid]
+        replica.batch = None
+        self.metrics.set_inflight(self.name, replica.rid, 0)
         batch.task.running -= 1
         replica.served += 1
         round_trip = self.clock() - batch.sent_at
         replica.round_trip_s += round_trip
-        worker_ms = header.get("ms")
-        if isinstance(worker_ms, int | float):  # a worker of another version may not say
-            replica.worker_s += worker_ms / 1000
+        if result.ms is not None:  # a worker of another version may not say
+            replica.worker_s += result.ms / 1000
         # AIMD learns from the rows the replica computed (a coded task answers no query itself).
         replica.aimd.observe(_rows(batch.task.payload), round_trip)
-        self._deliver(batch, header, buffers)
+        refused = self._deliver(batch, result)
         self.pump()
+        return refused
 
-    def _deliver(self, batch: InflightBatch, header: dict[str, Any], buffers: list[Any]) -> None:
-        if not header.get("ok"):
-            error = PredictError(f"model {self.name!r} failed: {header.get('error')}")
+    def refuse_batch(self, replica: Replica, why: str) -> bool:
+        """A malformed result from ``replica``: fail the batch it holds (its queries get the
+        error, so the default), rather than leave the replica busy forever. A worker runs one
+        batch at a time, so any result it sends is about that batch, whatever bid it names."""
+        batch = replica.batch
+        if batch is None:
+            return False
+        self.accept_result(replica, messages.Result(batch.bid, False, error=why))
+        return True
+
+    def _deliver(self, batch: InflightBatch, result: messages.Result) -> tuple[str, str] | None:
+        if not result.ok:
+            error = PredictError(f"model {self.name!r} failed: {result.error}")
             batch.task.via.on_error(batch, error)
-            return
-        outputs = wire.unpack_payload(header["out"], buffers)
-        rows = _rows(batch.task.payload)
+            return None
+        refused = self._check_outputs(result.outputs, _rows(batch.task.payload))
+        if refused is not None:
+            error = PredictError(f"model {self.name!r} returned unusable outputs: {refused[1]}")
+            batch.task.via.on_error(batch, error)
+            return refused
+        batch.task.via.on_output(batch, result.outputs)
+        return None
+
+    def _check_outputs(self, outputs: Any, rows: int) -> tuple[str, str] | None:
+        """(reason, detail) when a batch's outputs cannot be served, else None."""
+        if isinstance(outputs, np.ndarray) and outputs.ndim == 0 or not isinstance(
+                outputs, np.ndarray | list):
+            return "wrong_shape", f"outputs are a {type(outputs).__name__}, not one row per input"
         if len(outputs) != rows:
-            error = PredictError(f"model {self.name!r} returned {len(outputs)} outputs "
-                                 f"for {rows} inputs")
-            batch.task.via.on_error(batch, error)
-            return
-        batch.task.via.on_output(batch, outputs)
+            return "wrong_shape", f"{len(outputs)} outputs for {rows} inputs"
+        spec = self.output_spec
+        if isinstance(outputs, np.ndarray) and spec is not None and not _dtype_fits(
+                outputs.dtype, spec.datatype):
+            return "wrong_dtype", f"{outputs.dtype} outputs, the model declares {spec.datatype}"
+        if not self.deployment.allow_nonfinite and not _finite(outputs):
+            return "nonfinite", "NaN or infinity in the outputs"
+        return None
 
     def settle(self, entries: list[Entry[Query]], outputs: list[Any], *, late: bool) -> None:
         """Answer queries with their own predictions. A prediction arriving after its query
@@ -436,6 +472,40 @@ class ModelPath:
 
 def _rows(payload: Any) -> int:
     return len(payload) if hasattr(payload, "__len__") else 1
+
+
+# Which array kinds a declared V2 datatype accepts (float64 from an "FP32" model is fine;
+# strings, or floats from an integer model, are not).
+_KINDS = {"f": "f", "i": "iu", "u": "iu", "b": "b", "c": "c"}
+
+
+def _dtype_fits(dtype: np.dtype[Any], datatype: str) -> bool:
+    if datatype == "BYTES":
+        return dtype.kind in "USO"
+    try:
+        expected = datatype_to_dtype(datatype).kind
+    except InvalidInput:
+        return True  # a signature this frontend does not know is not checked
+    return dtype.kind in _KINDS.get(expected, expected)
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in the outputs (arrays, or numbers nested in lists/maps).
+    Iterative: a peer chooses the nesting depth."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, np.ndarray):
+            if item.dtype.kind in "fc" and not np.isfinite(item).all():
+                return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return True
 
 
 def _pools(deployment: Deployment) -> set[str]:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.worker import WorkerSpec
 
 __all__ = ["LocalLauncher", "WorkerProcess"]
@@ -54,11 +55,16 @@ class LocalLauncher:
         self.connect = connect
         self.log_dir = log_dir
 
-    def start(self, spec: WorkerSpec) -> WorkerProcess:
+    def start(self, spec: WorkerSpec, keys: ClientKeys | None = None) -> WorkerProcess:
+        """Start a worker; its CURVE keys (if any) go in its environment, which only its own
+        user can read, never on the command line, which ``ps`` shows to everyone."""
         cmd = [sys.executable, "-m", "parityserve.runtime.worker", "--connect", self.connect,
                "--spec", spec.to_json(), "--die-with-parent", "--parent-pid", str(os.getpid())]
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads),
                "MKL_NUM_THREADS": str(spec.threads)}
+        env.pop(ENV_VAR, None)
+        if keys is not None:
+            env[ENV_VAR] = keys.to_env()
         stderr = self._stderr(spec)
         try:
             popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,

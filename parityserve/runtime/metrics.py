@@ -79,6 +79,13 @@ class Metrics:
         self._byzantine = Counter("parityserve_byzantine_located",
                                   "Coded results the error locator excluded", labels,
                                   registry=reg)
+        self._worker_rejected = Counter(
+            "parityserve_worker_messages_rejected", "Worker messages dropped, and CURVE keys "
+            "refused, by reason", ["reason"], registry=reg)
+
+    def worker_rejected(self, reason: str) -> None:
+        """A worker message dropped (malformed, unknown batch, wrong key...) or a key refused."""
+        self._worker_rejected.labels(reason).inc()
 
     def redundant_task(self, model: str, kind: str) -> None:
         self._tasks.labels(model, kind).inc()

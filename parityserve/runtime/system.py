@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -25,7 +26,6 @@ from parityserve.config import (
     ParityConfig,
     RedundancyConfig,
     ServingConfig,
-    TensorSpec,
 )
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
@@ -38,6 +38,7 @@ from parityserve.errors import (
     InvalidInput,
     ModelLoadError,
     PredictError,
+    ProtocolError,
     QueueFull,
     ServiceError,
     Unavailable,
@@ -46,7 +47,7 @@ from parityserve.errors import (
     WorkerError,
 )
 from parityserve.models.sources import scrub_paths
-from parityserve.runtime import wire
+from parityserve.runtime import messages, wire
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.applications import (
     AppRuntime,
@@ -56,9 +57,10 @@ from parityserve.runtime.applications import (
 )
 from parityserve.runtime.coding import parity_pool
 from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+from parityserve.runtime.keys import ClientKeys, ServerKeys
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.rpc import RejectLog, WorkerLink
 from parityserve.runtime.state_store import MemoryStore, StateStore, open_store
 from parityserve.runtime.worker import WorkerSpec
 
@@ -102,6 +104,9 @@ class ServingSystem:
         self._query_ids = itertools.count(1)
         self._incarnations = itertools.count(1)
         self._link: WorkerLink | None = None
+        self._keys: ServerKeys | None = None  # None: worker_auth is off
+        self._replica_keys: dict[str, bytes] = {}  # launched replica id -> its public key
+        self._reject = RejectLog(self.metrics.worker_rejected)
         self._launcher: LocalLauncher | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
@@ -123,7 +128,9 @@ class ServingSystem:
         # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.
         self.store = await asyncio.to_thread(open_store, server.state_store,
                                              base_dir=self.base_dir)
-        self._link = WorkerLink(server.host, server.rpc_port)
+        self._keys = self._worker_keys()
+        self._link = WorkerLink(server.host, server.rpc_port, keys=self._keys,
+                                on_reject=self._reject)
         self._link.start(self._on_message)
         self._launcher = LocalLauncher(self._link.address, log_dir=self.log_dir)
         for deployment in self.config.models:
@@ -131,6 +138,19 @@ class ServingSystem:
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
         if wait_ready:
             await self.wait_ready(timeout_s)
+
+    def _worker_keys(self) -> ServerKeys | None:
+        """The CURVE keys workers must present: from ``worker_keys_dir`` (for workers started
+        elsewhere), else made now in memory (local workers get theirs at launch)."""
+        server = self.config.server
+        if not server.worker_auth:
+            return None
+        if server.worker_keys_dir is None:
+            return ServerKeys.in_memory()
+        folder = Path(server.worker_keys_dir)
+        if not folder.is_absolute() and self.base_dir is not None:
+            folder = self.base_dir / folder
+        return ServerKeys.from_dir(folder)
 
     async def wait_ready(self, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
         """Wait until every replica has said hello (or raise Unavailable naming the laggards)."""
@@ -206,7 +226,8 @@ class ServingSystem:
         assert self._launcher is not None
         dep = path.deployment
         slot = _slot_name(index, pool)
-        rid = f"{dep.name}/v{dep.version}/{slot}#{next(self._incarnations)}"
+        # The random part makes ids unguessable: nobody can claim a replica's id before it does.
+        rid = f"{dep.name}/v{dep.version}/{slot}#{next(self._incarnations)}-{secrets.token_hex(8)}"
         source, weights, options = _pool_model(dep, pool)
         spec = WorkerSpec(
             replica_id=rid,
@@ -221,7 +242,7 @@ class ServingSystem:
             faults=_worker_faults(faults),
             heartbeat_interval_s=self.config.server.heartbeat_interval_ms / 1000,
         )
-        process = self._launcher.start(spec)
+        process = self._launcher.start(spec, self._client_keys(rid))
         replica = Replica(
             rid,
             index,
@@ -244,39 +265,70 @@ class ServingSystem:
             b.max_batch_size, path.slo_s, additive_step=b.additive_step, backoff=b.backoff
         )
 
+    def _client_keys(self, rid: str) -> ClientKeys | None:
+        """A fresh keypair for one launched replica, admitted and bound to its id."""
+        if self._keys is None or self._link is None:
+            return None
+        keys = self._keys.client()
+        self._replica_keys[rid] = keys.public
+        self._link.expect(rid, keys.public)
+        return keys
+
+    def _release(self, rid: str) -> None:
+        """A replica left: its id and its key stop being accepted."""
+        public = self._replica_keys.pop(rid, None)
+        if public is not None and self._keys is not None:
+            self._keys.revoke(public)
+        if self._link is not None:
+            self._link.forget(rid)
+
     def _on_message(self, rid: str, header: dict[str, Any], buffers: list[Any]) -> None:
-        kind = header["t"]
-        if kind == wire.FAILED:
-            self._load_failed(rid, header)
         found = self._by_rid.get(rid)
+        try:
+            message = messages.parse(header, buffers)
+        except ProtocolError as exc:
+            if found is not None and header.get("t") == wire.RESULT:
+                found[0].refuse_batch(found[1], f"malformed result: {exc}")
+            self._reject(rid, "malformed", str(exc))
+            return
         if found is None:
-            if kind == wire.HELLO:
-                self._join(rid, header)
+            if isinstance(message, messages.Hello):
+                self._join(rid, message)
+            else:
+                self._reject(rid, "unknown_replica", f"{type(message).__name__} from no replica")
             return
         path, replica = found
         replica.last_seen = self.clock()
-        if kind == wire.RESULT:
-            path.on_result(replica, header, buffers)
-        elif kind == wire.HELLO:
-            self._ready(path, replica, header)
-        elif kind == wire.BYE:
+        if isinstance(message, messages.Result):
+            refused = path.accept_result(replica, message)
+            if refused is not None:
+                self._reject(rid, *refused)
+        elif isinstance(message, messages.Hello):
+            self._ready(path, replica, message)
+        elif isinstance(message, messages.Bye):
             self._forget(path, replica)
+        elif isinstance(message, messages.Failed):
+            self._load_failed(path, replica, message)
 
-    def _load_failed(self, rid: str, header: dict[str, Any]) -> None:
-        error = str(header.get("error") or "unknown error")
-        log.error("replica %s could not load its model: %s", rid, error)
-        self._load_errors[(str(header.get("model")), int(header.get("version", 0)))] = error
+    def _load_failed(self, path: ModelPath, replica: Replica, message: messages.Failed) -> None:
+        """Only a replica this frontend launched, still starting, can say its model failed to
+        load, and only for the model and version it was launched with."""
+        if replica.process is None or replica.state != "starting":
+            self._reject(replica.rid, "unexpected_failed", f"FAILED while {replica.state}")
+            return
+        log.error("replica %s could not load its model: %s", replica.rid, message.error)
+        self._load_errors[(path.name, path.version)] = message.error
 
-    def _ready(self, path: ModelPath, replica: Replica, header: dict[str, Any]) -> None:
+    def _ready(self, path: ModelPath, replica: Replica, hello: messages.Hello) -> None:
         if replica.state == "starting":
             self._sync_faults(replica)
         replica.state = "ready" if replica.state == "starting" else replica.state
         self._load_errors.pop((path.name, path.version), None)
         self._failures.pop((path.name, path.version, _slot_of(replica)), None)
-        replica.pid = header.get("pid", replica.pid)
-        path.platform = header.get("platform") or path.platform
-        path.input_spec = path.input_spec or _spec(header.get("input"))
-        path.output_spec = path.output_spec or _spec(header.get("output"))
+        replica.pid = hello.pid if hello.pid is not None else replica.pid
+        path.platform = hello.platform or path.platform
+        path.input_spec = path.input_spec or hello.input
+        path.output_spec = path.output_spec or hello.output
         self.metrics.set_replica_up(path.name, str(replica.index), True)
         path.pump()
 
@@ -287,30 +339,25 @@ class ServingSystem:
         if launched is not None and launched != wanted:
             self._send_quietly(replica, {"t": wire.FAULT, "spec": wanted})
 
-    def _join(self, rid: str, header: dict[str, Any]) -> None:
+    def _join(self, rid: str, hello: messages.Hello) -> None:
         """A worker started elsewhere (``parityserve worker --connect``) joins a model."""
-        path = self.models.get(header.get("model", ""))
-        if path is None or header.get("version") != path.version:
-            log.warning(
-                "rejecting worker %s for unknown model %s v%s",
-                rid,
-                header.get("model"),
-                header.get("version"),
-            )
-            served = sorted(f"{p.name} v{p.version}" for p in self.models.values())
-            error = (f"no model {header.get('model')!r} version {header.get('version')} here; "
-                     f"serving: {', '.join(served) or 'nothing'}")
+        path = self.models.get(hello.model)
+        if path is None or hello.version != path.version:
+            self._reject(rid, "unknown_model", f"hello for model {hello.model!r} v{hello.version}")
+            # Says what it asked for, never what is served: a stranger learns nothing here.
+            error = f"no model {hello.model!r} version {hello.version} here"
             self._send_quietly_rid(rid, {"t": wire.STOP, "error": error})
             return
         replica = Replica(rid, -1, self._aimd(path), self.clock(), started_at=self.clock())
         path.replicas[rid] = replica
         self._by_rid[rid] = (path, replica)
-        self._ready(path, replica, header)
+        self._ready(path, replica, hello)
 
     def _forget(self, path: ModelPath, replica: Replica) -> None:
         path.take_back(replica)
         path.replicas.pop(replica.rid, None)
         self._by_rid.pop(replica.rid, None)
+        self._release(replica.rid)
         path.pump()
 
     async def _supervise(self) -> None:
@@ -337,6 +384,7 @@ class ServingSystem:
         )
         path.replicas.pop(replica.rid, None)
         self._by_rid.pop(replica.rid, None)
+        self._release(replica.rid)
         if replica.process is not None:
             replica.process.kill()
         self.metrics.set_replica_up(path.name, str(replica.index), False)
@@ -408,6 +456,7 @@ class ServingSystem:
             self._send_quietly(replica, {"t": wire.STOP})
             path.replicas.pop(replica.rid, None)
             self._by_rid.pop(replica.rid, None)
+            self._release(replica.rid)
             if replica.process is not None:
                 asyncio.get_running_loop().run_in_executor(None, replica.process.terminate)
         path.pump()
@@ -847,14 +896,6 @@ def _failure(replica: Replica, now: float, timeout_s: float) -> str | None:
 def _worker_faults(faults: dict[str, Any]) -> dict[str, Any]:
     """The fault spec a worker gets: empty when it injects nothing."""
     return {} if FaultConfig.model_validate(faults).is_noop else faults
-
-
-def _spec(raw: dict[str, Any] | None) -> TensorSpec | None:
-    return (
-        None
-        if raw is None
-        else TensorSpec(name=raw["name"], datatype=raw["datatype"], shape=tuple(raw["shape"]))
-    )
 
 
 def _record(stats: Any) -> dict[str, Any]:

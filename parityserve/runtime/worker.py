@@ -26,8 +26,9 @@ import zmq
 from parityserve.core.faults import FaultPlan, FaultSpec
 from parityserve.errors import ModelLoadError, WorkerError
 from parityserve.runtime import wire
+from parityserve.runtime.keys import ENV_VAR, ClientKeys
 
-__all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "main", "run_worker"]
+__all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "keys_from_env", "main", "run_worker"]
 
 EXIT_LOAD_FAILED = 3  # exit status of a launched worker whose model did not load
 
@@ -136,10 +137,12 @@ class _Worker:
         reply[0]["ms"] = (time.perf_counter() - started) * 1000
         self.served += 1
         try:
-            self.send(*reply)
-        except TypeError as exc:  # outputs msgpack cannot carry: report, keep serving
+            frames = wire.encode(*reply)
+        except Exception as exc:  # outputs msgpack cannot carry (any error): report, keep serving
             self.send({"t": wire.RESULT, "bid": header["bid"], "ok": False,
-                       "error": f"model outputs cannot be sent: {exc}"})
+                       "error": f"model outputs cannot be sent: {type(exc).__name__}: {exc}"})
+            return
+        self.sock.send_multipart(frames, copy=False)
 
     def run_batch(
         self, header: dict[str, Any], buffers: list[Any]
@@ -219,18 +222,34 @@ def _load(spec: WorkerSpec) -> Any:
         ) from exc
 
 
-def run_worker(spec: WorkerSpec, connect: str) -> int:
+def _socket(spec: WorkerSpec, connect: str, keys: ClientKeys | None) -> zmq.Socket[bytes]:
+    """A DEALER to the frontend; with keys, a CURVE client that also checks the server's key."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
+    if keys is not None:
+        sock.curve_serverkey = keys.server_public
+        sock.curve_publickey = keys.public
+        sock.curve_secretkey = keys.secret
+    sock.connect(connect)
+    return sock
+
+
+def keys_from_env() -> ClientKeys | None:
+    """The keys a launcher handed over, removed from the environment so that nothing this
+    worker starts (a user model may run subprocesses) inherits them."""
+    text = os.environ.pop(ENV_VAR, None)
+    return ClientKeys.from_env(text) if text else None
+
+
+def run_worker(spec: WorkerSpec, connect: str, keys: ClientKeys | None = None) -> int:
     """Load the model, connect, say hello, and serve until told to stop.
 
     Raises ModelLoadError (before connecting) when the model cannot be loaded.
     """
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     model = _load(spec)
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
+    sock = _socket(spec, connect, keys)
     sock.setsockopt(zmq.LINGER, 500)
-    sock.connect(connect)
     worker = _Worker(spec, model, sock)
     worker.hello()
     worker.beat()
@@ -245,12 +264,11 @@ def run_worker(spec: WorkerSpec, connect: str) -> int:
     return 0
 
 
-def _report_load_failure(spec: WorkerSpec, connect: str, error: ModelLoadError) -> None:
+def _report_load_failure(spec: WorkerSpec, connect: str, error: ModelLoadError,
+                         keys: ClientKeys | None = None) -> None:
     """Tell the frontend why this worker will never say hello (it then fails fast)."""
     print(f"parityserve worker {spec.replica_id}: {error}", file=sys.stderr, flush=True)
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
-    sock.connect(connect)
+    sock = _socket(spec, connect, keys)
     header = {"t": wire.FAILED, "model": spec.model, "version": spec.version, "error": str(error)}
     with contextlib.suppress(zmq.ZMQError):
         sock.send_multipart(wire.encode(header), flags=zmq.NOBLOCK)
@@ -268,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         _die_with_parent(args.parent_pid)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     spec = WorkerSpec.from_json(args.spec)
+    keys = keys_from_env()
     try:
-        return run_worker(spec, args.connect)
+        return run_worker(spec, args.connect, keys)
     except ModelLoadError as exc:
-        _report_load_failure(spec, args.connect, exc)
+        _report_load_failure(spec, args.connect, exc, keys)
         return EXIT_LOAD_FAILED
     finally:  # leaving anyway: a late SIGTERM must not raise inside interpreter shutdown
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

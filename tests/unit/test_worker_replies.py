@@ -1,0 +1,45 @@
+"""The worker's reply to a batch whose outputs cannot be sent: an error result, whatever the
+packer raises (a fake socket records what would be sent; no process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parityserve.runtime import messages, wire
+from parityserve.runtime.worker import WorkerSpec, _Worker
+
+
+class _Sock:
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    def send_multipart(self, frames: list[Any], **_: Any) -> None:
+        self.sent.append([bytes(f) for f in frames])
+
+
+class _Model:
+    def __init__(self, outputs: Any) -> None:
+        self.outputs = outputs
+
+    def predict(self, batch: Any) -> Any:
+        return self.outputs
+
+
+@pytest.mark.parametrize("outputs", [
+    [object()],  # msgpack: TypeError
+    [2**70],  # msgpack: OverflowError
+    ["x" * 10, {1: set()}],  # nested: TypeError from the default hook
+])
+def test_unsendable_outputs_become_an_error_result(outputs: Any) -> None:
+    sock = _Sock()
+    worker = _Worker(WorkerSpec("m/v1/0#1-ab", "m", 1, "zoo:echo"), _Model(outputs), sock)
+    desc, frames = wire.pack_payload(np.zeros((1, 2), np.float32))
+    worker.predict({"t": wire.PREDICT, "bid": 9, "in": desc}, [bytes(f) for f in frames])
+    (reply,) = sock.sent
+    result = messages.decode(reply)
+    assert isinstance(result, messages.Result)
+    assert (result.bid, result.ok) == (9, False)
+    assert "cannot be sent" in result.error
