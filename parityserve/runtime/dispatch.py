@@ -169,7 +169,8 @@ class ModelPath:
     # ---- queries -------------------------------------------------------------------------
     def coerce(self, item: Any) -> Any:
         """Check one input against the model's signature (raises InvalidInput)."""
-        return coerce_item(item, self.input_spec, where=f"model {self.name!r}")
+        return coerce_item(item, self.input_spec, where=f"model {self.name!r}",
+                           allow_nonfinite=self.deployment.allow_nonfinite)
 
     def submit(self, item: Any, deadline: float) -> tuple[asyncio.Future[Any], bool]:
         """Queue one input; returns (future, from_cache).

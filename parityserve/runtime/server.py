@@ -64,7 +64,9 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         app = create_app(system, metrics=system.metrics,
-                         max_body_bytes=config.server.max_body_bytes)
+                         max_body_bytes=config.server.max_body_bytes,
+                         limits=config.server.limits,
+                         overload_status=config.server.overload_status)
         uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
                                            access_log=False, lifespan="off", http="httptools"))
         # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM

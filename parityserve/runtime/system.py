@@ -35,6 +35,7 @@ from parityserve.errors import (
     DeadlineExceeded,
     InvalidInput,
     ModelLoadError,
+    Overloaded,
     PredictError,
     QueueFull,
     ServiceError,
@@ -52,7 +53,7 @@ from parityserve.runtime.applications import (
     read_state,
 )
 from parityserve.runtime.coding import parity_pool
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+from parityserve.runtime.dispatch import DATA_POOL, ModelPath, QueryExpired, Replica
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import WorkerLink
@@ -182,7 +183,7 @@ class ServingSystem:
             cache=self.cache,
             clock=self.clock,
             slo_s=self._slo_for(deployment.name, deployment),
-            max_queue=self.config.server.max_queue or 100_000,
+            max_queue=self.config.server.max_queue,  # None: derived (core/admission.py)
         )
         self.models[deployment.name] = path
         for index in range(deployment.data_replicas()):
@@ -426,6 +427,7 @@ class ServingSystem:
         inputs = [self._coerce_for(paths, item) for item in items]  # validated before queueing
         state = await self._read_state(runtime, context)
         deadline = self.clock() + runtime.config.slo_ms / 1000
+        _shed_if_all_overloaded(paths.values(), len(inputs), deadline)
         plans = [self._plan(runtime, state, context, paths, x, deadline) for x in inputs]
         pending = [f for _, fs in plans for f, _ in fs.values()
                    if isinstance(f, asyncio.Future) and not f.done()]
@@ -464,9 +466,13 @@ class ServingSystem:
         return selected, futures
 
     def _submit(self, path: ModelPath, item: Any, deadline: float) -> tuple[Any, bool]:
+        """Queue one item; a model that sheds it counts as not answering (the reason)."""
         try:
             return path.submit(item, deadline)
+        except Overloaded as exc:
+            return f"overloaded: {exc}", False
         except QueueFull:
+            path.shed += 1
             return f"queue full: model {path.name!r} has {len(path.queue)} queries waiting", False
 
     def _answer(self, runtime: AppRuntime, state: dict[str, Any], context: str,
@@ -511,6 +517,8 @@ class ServingSystem:
         if isinstance(future, str):
             return future  # decided before queueing: queue full or no replica
         if future.done():
+            if isinstance(future.exception(), QueryExpired):
+                return f"deadline: {future.exception()}"
             return f"error: {future.exception()}"
         if not path.has_capacity():
             return _no_replica(path)
@@ -542,8 +550,9 @@ class ServingSystem:
         for name, path in paths.items():
             if path.has_capacity():
                 deadline = self.clock() + path.deployment.timeout_ms / 1000
-                with contextlib.suppress(QueueFull):
-                    futures[name] = self._submit(path, inputs[name], deadline)[0]
+                future = self._submit(path, inputs[name], deadline)[0]
+                if isinstance(future, asyncio.Future):  # not shed
+                    futures[name] = future
         waiting = [f for f in futures.values() if not f.done()]
         if waiting:
             timeout = max(p.deployment.timeout_ms for p in paths.values()) / 1000
@@ -574,18 +583,18 @@ class ServingSystem:
         path = self._model(model, version)
         if not path.has_capacity():
             raise Unavailable(f"model {model!r} has no running replica")
+        if len(batch) == 0:
+            raise InvalidInput(f"model {model!r}: the input tensor has zero rows; send at "
+                               "least one")
+        _check_finite(batch, path)
         deadline = self.clock() + path.deployment.timeout_ms / 1000
-        futures = [path.submit(row, deadline)[0] for row in batch]
+        path.admit(len(batch), deadline)  # all rows or none: a request is shed whole
+        futures = [_submit_row(path, row, deadline) for row in batch]
         pending = [f for f in futures if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
         for future in futures:
-            if not future.done():
-                raise DeadlineExceeded(
-                    f"model {model!r} did not answer within {path.deployment.timeout_ms:g} ms"
-                )
-            if future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+            _raise_failure(future, path)
         rebuilt = {i: m for i, f in enumerate(futures)
                    if (m := path.reconstruction(f)) is not None}
         return np.stack([np.asarray(f.result()) for f in futures]), rebuilt
@@ -734,6 +743,60 @@ class ServingSystem:
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": self._load_errors.get((path.name, path.version)),
         }
+
+
+def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: float) -> None:
+    """Refuse an application's request when every model it links would shed it.
+
+    With several models, one that is overloaded counts as not answering (the policy combines
+    the others, or the default answers); only when none could take the request is it shed
+    with Overloaded (429/503). The first model's error is the one reported.
+    """
+    first: Overloaded | None = None
+    for path in paths:
+        try:
+            path.admit(count, deadline)
+        except Overloaded as exc:
+            first = first or exc
+            continue
+        return
+    if first is not None:
+        raise first
+
+
+def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[Any]:
+    try:
+        return path.submit(row, deadline)[0]
+    except QueueFull as exc:  # an explicit server.max_queue is full
+        path.shed += 1
+        raise Overloaded(f"model {path.name!r} is overloaded: {exc}", model=path.name,
+                         depth=len(path.queue), retry_after_s=1.0) from exc
+
+
+def _raise_failure(future: asyncio.Future[Any], path: ModelPath) -> None:
+    """The V2 answer for a row that did not succeed: 504 past the deadline, 503 when a
+    worker failed, the model's own error otherwise."""
+    timeout = path.deployment.timeout_ms
+    if not future.done():
+        raise DeadlineExceeded(f"model {path.name!r} did not answer within {timeout:g} ms")
+    error = future.exception()
+    if isinstance(error, QueryExpired):
+        raise DeadlineExceeded(f"{error} (timeout {timeout:g} ms)") from error
+    if isinstance(error, WorkerError):
+        raise Unavailable(f"model {path.name!r}: {error}") from error
+    if error is not None:
+        raise error
+
+
+def _check_finite(batch: np.ndarray, path: ModelPath) -> None:
+    """NaN and infinity are refused unless the deployment sets ``allow_nonfinite``."""
+    if path.deployment.allow_nonfinite or batch.dtype.kind not in "fc":
+        return
+    if not np.isfinite(batch).all():
+        bad = int(np.count_nonzero(~np.isfinite(batch)))
+        raise InvalidInput(f"model {path.name!r}: the input holds {bad} non-finite values "
+                           "(NaN or infinity); set allow_nonfinite: true on the deployment "
+                           "to accept them")
 
 
 def _revalidated(deployment: Deployment, **changes: Any) -> Deployment:
