@@ -41,6 +41,10 @@ def scan(value: Any, *, max_depth: int, max_elements: int, depth: int = 1) -> Le
     Raises LimitExceeded when a container sits deeper than ``max_depth`` or the leaves number
     more than ``max_elements``.
     """
+    return _scan(value, max_depth, max_elements, max_elements, depth)
+
+
+def _scan(value: Any, max_depth: int, limit: int, budget: int, depth: int) -> Leaves:
     kind = type(value)
     if kind is not list and kind is not dict:
         return Leaves(frozenset((kind,)), 1)
@@ -49,29 +53,21 @@ def scan(value: Any, *, max_depth: int, max_elements: int, depth: int = 1) -> Le
     items = value.values() if kind is dict else value
     types = set(map(type, items))
     if list not in types and dict not in types:
-        count = len(value)
-        _check_count(count, max_elements)
-        return Leaves(frozenset(types), count)
-    return _scan_nested(items, types, max_depth, max_elements, depth)
-
-
-def _scan_nested(items: Any, types: set[type], max_depth: int, max_elements: int,
-                 depth: int) -> Leaves:
-    leaf_types: set[type] = set(types) - {list, dict}
-    ragged = bool(leaf_types)  # scalars beside lists
-    count = len(leaf_types) and sum(1 for x in items if type(x) not in _CONTAINERS)
+        _check_count(len(value), budget, limit)
+        return Leaves(frozenset(types), len(value))
+    leaf_types = types - {list, dict}
+    ragged = bool(leaf_types)  # scalars beside lists: not a rectangular array
+    count = sum(1 for x in items if type(x) not in _CONTAINERS) if ragged else 0
     for item in items:
         if type(item) in _CONTAINERS:
-            inner = scan(item, max_depth=max_depth, max_elements=max_elements - count,
-                         depth=depth + 1)
+            inner = _scan(item, max_depth, limit, budget - count, depth + 1)
             leaf_types |= inner.types
             count += inner.count
             ragged = ragged or inner.ragged
-    _check_count(count, max_elements)
+    _check_count(count, budget, limit)
     return Leaves(frozenset(leaf_types), count, ragged)
 
 
-def _check_count(count: int, max_elements: int) -> None:
-    if count > max_elements:
-        raise LimitExceeded(f"more than max_input_elements = {max_elements} values in one "
-                            "input")
+def _check_count(count: int, budget: int, limit: int) -> None:
+    if count > budget:
+        raise LimitExceeded(f"more than max_input_elements = {limit} values in one input")
