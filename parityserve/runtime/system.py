@@ -458,18 +458,24 @@ class ServingSystem:
               ) -> tuple[tuple[str, ...], dict[str, tuple[Any, bool]]]:
         selected = tuple(runtime.policy.select(state, runtime.query_info(context), self._rng))
         futures = {}
+        shed: list[Overloaded] = []
         for model in selected:
             self.metrics.selection(runtime.config.name, model)
             path = paths[model]
-            futures[model] = (self._submit(path, x[model], deadline) if path.has_capacity()
-                              else (_no_replica(path), False))
+            futures[model] = (self._submit(path, x[model], deadline, shed)
+                              if path.has_capacity() else (_no_replica(path), False))
+        if selected and len(shed) == len(selected):
+            raise shed[0]  # every model asked refused it: the query is shed (429/503)
         return selected, futures
 
-    def _submit(self, path: ModelPath, item: Any, deadline: float) -> tuple[Any, bool]:
+    def _submit(self, path: ModelPath, item: Any, deadline: float,
+                shed: list[Overloaded] | None = None) -> tuple[Any, bool]:
         """Queue one item; a model that sheds it counts as not answering (the reason)."""
         try:
             return path.submit(item, deadline)
         except Overloaded as exc:
+            if shed is not None:
+                shed.append(exc)
             return f"overloaded: {exc}", False
         except QueueFull:
             path.shed += 1
@@ -748,9 +754,12 @@ class ServingSystem:
 def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: float) -> None:
     """Refuse an application's request when every model it links would shed it.
 
-    With several models, one that is overloaded counts as not answering (the policy combines
-    the others, or the default answers); only when none could take the request is it shed
-    with Overloaded (429/503). The first model's error is the one reported.
+    The rule for applications: a request is shed (Overloaded, 429/503) before anything is
+    queued when no linked model can take all its queries, and a query is shed when every
+    model the policy asks for it refuses it. A model that refuses while another asked model
+    accepts counts as not answering: the policy combines the others, or the default answers.
+    (When a later query of a batch is shed, earlier ones already queued are still computed
+    and cached, not answered.)
     """
     first: Overloaded | None = None
     for path in paths:
