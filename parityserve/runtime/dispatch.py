@@ -23,6 +23,7 @@ from parityserve.core.admission import ServiceEstimate
 from parityserve.core.batching import AIMDController, decide_batch
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
+from parityserve.core.inputs import Leaves
 from parityserve.core.redundancy import Decoded
 from parityserve.errors import Overloaded, PredictError, WorkerError
 from parityserve.runtime import wire
@@ -167,10 +168,11 @@ class ModelPath:
             weakref.WeakKeyDictionary())
 
     # ---- queries -------------------------------------------------------------------------
-    def coerce(self, item: Any) -> Any:
-        """Check one input against the model's signature (raises InvalidInput)."""
+    def coerce(self, item: Any, leaves: Leaves | None = None) -> Any:
+        """Check one input against the model's signature (raises InvalidInput); ``leaves``
+        is the JSON scan already made of it, if any."""
         return coerce_item(item, self.input_spec, where=f"model {self.name!r}",
-                           allow_nonfinite=self.deployment.allow_nonfinite)
+                           allow_nonfinite=self.deployment.allow_nonfinite, leaves=leaves)
 
     def submit(self, item: Any, deadline: float) -> tuple[asyncio.Future[Any], bool]:
         """Queue one input; returns (future, from_cache).

@@ -343,7 +343,7 @@ def _predict_items(body: dict[str, Any], limits: Limits) -> tuple[list[Any], boo
     has_one, has_batch = "input" in body, "input_batch" in body
     if has_one == has_batch:
         raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
-    _check_body(body, limits, skip="input_batch")
+    _check_body(body, limits)
     if has_one:
         return [body["input"]], False
     batch = body["input_batch"]
@@ -352,16 +352,20 @@ def _predict_items(body: dict[str, Any], limits: Limits) -> tuple[list[Any], boo
     if len(batch) > limits.max_batch_items:
         raise LimitExceeded(f"'input_batch' has {len(batch)} queries, more than "
                             f"max_batch_items = {limits.max_batch_items}")
-    for item in batch:  # each query at depth 3: body, input_batch, item
-        scan(item, max_depth=limits.max_json_depth,
-             max_elements=limits.max_input_elements, depth=3)
     return batch, True
 
 
-def _check_body(body: dict[str, Any], limits: Limits, skip: str = "") -> None:
-    """Depth and element limits over a body's values (each value is one input's worth)."""
+_INPUTS = ("input", "input_batch")
+
+
+def _check_body(body: dict[str, Any], limits: Limits) -> None:
+    """Depth and element limits over a body's other values (a label, unknown keys).
+
+    Inputs are scanned once, by the system, where the same pass checks them against the
+    model's signature (runtime/system.py ``_coerce_for``).
+    """
     for key, value in body.items():
-        if key != skip:
+        if key not in _INPUTS:
             scan(value, max_depth=limits.max_json_depth,
                  max_elements=limits.max_input_elements, depth=2)
 

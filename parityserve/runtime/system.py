@@ -29,6 +29,7 @@ from parityserve.config import (
 )
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.inputs import scan
 from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
 from parityserve.errors import (
     Conflict,
@@ -437,12 +438,18 @@ class ServingSystem:
                 for x, (selected, futures) in zip(inputs, plans, strict=True)]
 
     def _coerce_for(self, paths: dict[str, ModelPath], item: Any) -> dict[str, Any]:
-        """The item checked against each linked model's signature (once per distinct one)."""
+        """The item checked against the request limits, then against each linked model's
+        signature (once per distinct one). One pass over the JSON serves both."""
+        limits = self.config.server.limits
+        # An input counts from depth 3 (body, input_batch, item) however it was sent, so one
+        # query may nest max_json_depth - 2 levels in either form.
+        leaves = scan(item, max_depth=limits.max_json_depth,
+                      max_elements=limits.max_input_elements, depth=3)
         by_spec: dict[Any, Any] = {}
         out = {}
         for name, path in paths.items():
             if path.input_spec not in by_spec:
-                by_spec[path.input_spec] = path.coerce(item)
+                by_spec[path.input_spec] = path.coerce(item, leaves)
             out[name] = by_spec[path.input_spec]
         return out
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import TensorSpec
-from parityserve.core.inputs import scan
+from parityserve.core.inputs import Leaves, scan
 from parityserve.errors import InvalidInput
 from parityserve.runtime.v2 import datatype_to_dtype
 
@@ -29,7 +29,7 @@ def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
 
 
 def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
-                allow_nonfinite: bool = False) -> Any:
+                allow_nonfinite: bool = False, leaves: Leaves | None = None) -> Any:
     """One query's input as an array of the model's dtype and shape, or InvalidInput.
 
     Models that declare no signature receive the decoded JSON value unchanged (a python:
@@ -43,7 +43,7 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
         return item
     dtype = datatype_to_dtype(spec.datatype)
     if not isinstance(item, np.ndarray):
-        _check_leaves(item, dtype, spec.datatype, where)
+        _check_leaves(leaves or _leaves(item), dtype, spec.datatype, where)
     try:
         with np.errstate(over="ignore"):  # 1e39 as FP32 is infinity: refused just below
             array = np.asarray(item, dtype=dtype)
@@ -59,9 +59,12 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
     return array
 
 
-def _check_leaves(item: Any, dtype: np.dtype[Any], datatype: str, where: str) -> None:
+def _leaves(item: Any) -> Leaves:
     # Limits were enforced where the body was read; this pass only reads leaf types.
-    leaves = scan(item, max_depth=sys.maxsize, max_elements=sys.maxsize)
+    return scan(item, max_depth=sys.maxsize, max_elements=sys.maxsize)
+
+
+def _check_leaves(leaves: Leaves, dtype: np.dtype[Any], datatype: str, where: str) -> None:
     wrong = leaves.types - _LEAVES.get(dtype.kind, leaves.types)
     if wrong or leaves.ragged:
         names = sorted(_NAMES.get(t, t.__name__) for t in wrong) or ["lists beside numbers"]

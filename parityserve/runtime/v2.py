@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from parityserve.config import Limits, TensorSpec
-from parityserve.core.inputs import depth_error, scan
+from parityserve.core.inputs import Leaves, depth_error, scan
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
 
 __all__ = [
@@ -206,8 +206,7 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
         raise InvalidInput(f"{kind} {name!r}: unknown datatype {datatype!r}; expected one of "
                            f"{', '.join(DATATYPES)}")
     shape = _shape(obj.get("shape"), name)
-    if limits is not None:
-        _check_limits(name, shape, obj.get("data"), limits)
+    leaves = None if limits is None else _check_limits(name, shape, obj.get("data"), limits)
     size = _parameters(obj, f"{kind} {name!r}").get("binary_data_size")
     if size is not None:
         if "data" in obj:
@@ -215,11 +214,13 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
         return Tensor(name, datatype, shape, _from_binary(name, datatype, shape, size, buffers))
     if "data" not in obj:
         raise MalformedRequest(f"{kind} {name!r} has neither 'data' nor binary_data_size")
-    return Tensor(name, datatype, shape, _from_json(name, datatype, shape, obj["data"]))
+    return Tensor(name, datatype, shape, _from_json(name, datatype, shape, obj["data"], leaves))
 
 
-def _check_limits(name: str, shape: tuple[int, ...], data: Any, limits: Limits) -> None:
-    """Rows per request and values per row from the shape (O(1)); JSON depth from ``data``."""
+def _check_limits(name: str, shape: tuple[int, ...], data: Any, limits: Limits
+                  ) -> Leaves | None:
+    """Rows per request and values per row from the shape (O(1)); JSON depth from ``data``,
+    whose scan is returned for the type checks (one pass over the JSON)."""
     rows = shape[0] if shape else 1
     if rows > limits.max_batch_items:
         raise LimitExceeded(f"tensor {name!r} has {rows} rows, more than max_batch_items = "
@@ -228,9 +229,10 @@ def _check_limits(name: str, shape: tuple[int, ...], data: Any, limits: Limits) 
     if per_row > limits.max_input_elements:
         raise LimitExceeded(f"tensor {name!r} has {per_row} values per row, more than "
                             f"max_input_elements = {limits.max_input_elements}")
-    if isinstance(data, list):  # the body, inputs, the tensor and its data: depth 4
-        scan(data, max_depth=limits.max_json_depth,
-             max_elements=max(1, rows) * limits.max_input_elements, depth=4)
+    if not isinstance(data, list):
+        return None
+    return scan(data, max_depth=limits.max_json_depth,  # body, inputs, tensor, data: 4
+                max_elements=max(1, rows) * limits.max_input_elements, depth=4)
 
 
 def _shape(shape: Any, name: str) -> tuple[int, ...]:
@@ -320,7 +322,8 @@ def _unpack_bytes(chunk: memoryview, count: int, name: str) -> np.ndarray:
     return out
 
 
-def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any,
+               leaves: Leaves | None = None) -> np.ndarray:
     if datatype == "BYTES":
         return _json_bytes(name, shape, data)
     try:
@@ -330,7 +333,7 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> n
                            f"({exc})") from exc
     _check_count(name, shape, arr.size)
     dtype = _DTYPES[datatype]
-    if dtype.kind != "b" and arr.dtype.kind in "iuf" and _has_bools(data):
+    if dtype.kind != "b" and arr.dtype.kind in "iuf" and _has_bools(data, leaves):
         raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
                            "booleans among the numbers")
     if arr.size and arr.dtype.kind not in _JSON_KINDS[dtype.kind]:
@@ -341,10 +344,13 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> n
         return arr.astype(dtype, copy=False).reshape(shape)
 
 
-def _has_bools(data: Any) -> bool:
+def _has_bools(data: Any, leaves: Leaves | None) -> bool:
     # numpy turns [true, 1.5] into [1.0, 1.5]; only the JSON leaves can tell.
-    return isinstance(data, list) and bool in scan(
-        data, max_depth=1 << 30, max_elements=1 << 62).types
+    if leaves is None:
+        if not isinstance(data, list):
+            return False
+        leaves = scan(data, max_depth=1 << 30, max_elements=1 << 62)
+    return bool in leaves.types
 
 
 def _check_count(name: str, shape: tuple[int, ...], count: int) -> None:

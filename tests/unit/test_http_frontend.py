@@ -663,9 +663,10 @@ def _nest(depth: int) -> Any:
     return value
 
 
+# Inputs themselves are scanned by the system, in the same pass as the signature check
+# (tests/unit/test_system_overload.py); the frontend scans every other value.
 @pytest.mark.parametrize(("route", "body"), [
-    ("/calc/predict", {"input": _nest(6)}),                  # body 1, input list 2..7
-    ("/calc/predict", {"input_batch": [_nest(5)]}),          # batch 2, item lists 3..7
+    ("/calc/predict", {"input": [1, 2, 3], "extra": _nest(6)}),  # body 1, lists 2..7
     ("/calc/update", {"uid": "u", "input": [1, 2, 3], "label": _nest(6)}),
     ("/v2/models/double/infer", _infer_body(_nest(4), [1, 1, 1, 1])),  # data lists 4..7
 ])
@@ -677,7 +678,7 @@ def test_json_deeper_than_the_limit_is_refused_naming_it(system, metrics, route,
 
 def test_json_within_the_depth_limit_is_served(system, metrics):
     client = _limited(system, metrics, max_json_depth=6)
-    response = client.post("/calc/predict", json={"input": _nest(5)})
+    response = client.post("/calc/predict", json={"input": _nest(5), "extra": _nest(5)})
     assert_error(response, 400, "invalid_input", "expected shape")  # the fake's check, not ours
 
 
@@ -708,8 +709,7 @@ def test_v2_rows_past_the_batch_limit_are_refused(system, metrics):
 
 
 @pytest.mark.parametrize(("route", "body"), [
-    ("/calc/predict", {"input": [1.0] * 5}),
-    ("/calc/predict", {"input_batch": [[1.0, 2.0], [[1.0, 2.0], [3.0, 4.0, 5.0]]]}),
+    ("/calc/update", {"uid": "u", "input": [1, 2, 3], "label": [1.0] * 5}),
     ("/v2/models/double/infer", _infer_body([1.0] * 10, [2, 5])),
 ])
 def test_inputs_with_more_elements_than_the_limit_are_refused(system, metrics, route, body):

@@ -16,7 +16,7 @@ from dispatch_fakes import FakeClock, FakeLink
 from parityserve.config import ServingConfig
 from parityserve.core.admission import ServiceEstimate
 from parityserve.core.batching import AIMDController
-from parityserve.errors import DeadlineExceeded, InvalidInput, Overloaded
+from parityserve.errors import DeadlineExceeded, InvalidInput, LimitExceeded, Overloaded
 from parityserve.runtime import wire
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.system import ServingSystem
@@ -29,11 +29,13 @@ BOUND = 9
 
 class Rig:
     def __init__(self, models: list[str], policy: str = "single",
-                 allow_nonfinite: bool = False) -> None:
+                 allow_nonfinite: bool = False, limits: dict[str, int] | None = None,
+                 spec: dict[str, object] | None = VECTOR) -> None:
         self.clock = FakeClock()
         self.link = FakeLink()
         config = ServingConfig.model_validate({
-            "models": [{"name": m, "source": "zoo:echo", "input": VECTOR, "timeout_ms": 500,
+            "server": {"limits": limits or {}},
+            "models": [{"name": m, "source": "zoo:echo", "input": spec, "timeout_ms": 500,
                         "batching": {"max_batch_size": 1},
                         "allow_nonfinite": allow_nonfinite} for m in models],
             "applications": [{"name": "app", "models": models, "slo_ms": 500,
@@ -212,3 +214,49 @@ def test_a_queued_query_that_can_no_longer_finish_is_answered_not_sent() -> None
     run(body)
 
 
+
+
+def _nest(depth: int) -> object:
+    value: object = 1.0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("spec", [VECTOR, None])
+@pytest.mark.parametrize(("items", "ok"), [
+    ([_nest(4)], True),            # an input counts from depth 3: lists at 3..6
+    ([_nest(5)], False),
+    ([[1.0, 2.0], _nest(5)], False),
+])
+def test_inputs_deeper_than_the_limit_are_refused_with_or_without_a_spec(
+        spec: dict[str, object] | None, items: list[object], ok: bool) -> None:
+    async def body() -> None:
+        rig = Rig(["a"], limits={"max_json_depth": 6}, spec=spec)
+        if ok and spec is None:  # past the limits; no replica, so the default answers
+            (prediction,) = await rig.system.predict("app", items)
+            assert prediction.default and "no running replica" in str(
+                prediction.default_explanation)
+            return
+        if ok:  # past the limits, then the signature check refuses the shape
+            with pytest.raises(InvalidInput, match="shape"):
+                await rig.system.predict("app", items)
+            return
+        with pytest.raises(LimitExceeded, match="max_json_depth = 6"):
+            await rig.system.predict("app", items)
+        assert len(rig.path("a").queue) == 0
+
+    run(body)
+
+
+@pytest.mark.parametrize("spec", [VECTOR, None])
+def test_inputs_with_more_elements_than_the_limit_are_refused(
+        spec: dict[str, object] | None) -> None:
+    async def body() -> None:
+        rig = Rig(["a"], limits={"max_input_elements": 4}, spec=spec)
+        for items in ([[1.0] * 5], [[1.0, 2.0], [[1.0, 2.0], [3.0, 4.0, 5.0]]]):
+            with pytest.raises(LimitExceeded, match="max_input_elements = 4"):
+                await rig.system.predict("app", items)
+        assert len(rig.path("a").queue) == 0
+
+    run(body)
