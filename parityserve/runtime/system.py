@@ -596,6 +596,9 @@ class ServingSystem:
         path = self._model(model, version)
         if not path.has_capacity():
             raise Unavailable(f"model {model!r} has no running replica")
+        if batch.ndim == 0:
+            raise InvalidInput(f"model {model!r}: the input tensor is a scalar (shape []); "
+                               "its first axis is the batch, so send shape [1, ...]")
         if len(batch) == 0:
             raise InvalidInput(f"model {model!r}: the input tensor has zero rows; send at "
                                "least one")

@@ -88,6 +88,10 @@ def test_v2_tensor_with_zero_rows_is_a_400(served) -> None:
     _assert_400(response, "zero rows")
 
 
+def test_v2_scalar_tensor_on_a_model_without_a_spec_is_a_400(served) -> None:
+    _assert_400(_json_infer(served.url, "free", 1.0, []), "scalar")
+
+
 def test_v2_deadline_passed_is_a_504_with_a_json_error(served) -> None:
     response = _json_infer(served.url, "sleepy", [1.0, 2.0, 3.0, 4.0], [1, 4])
     assert response.status_code == 504, response.text

@@ -158,6 +158,16 @@ def test_v2_zero_rows_is_invalid_input() -> None:
     run(body)
 
 
+def test_v2_scalar_tensor_without_a_spec_is_invalid_input() -> None:
+    async def body() -> None:
+        rig = Rig(["a"], spec=None)
+        rig.add("a")
+        with pytest.raises(InvalidInput, match="scalar"):
+            await rig.system.infer_detailed("a", None, np.array(1.0, np.float32))
+
+    run(body)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_v2_nonfinite_rows_are_refused_unless_allowed(bad: float) -> None:
     async def body() -> None:
