@@ -210,6 +210,14 @@ class ModelPath:
         return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
                                      self.deployment.batching.max_batch_size)
 
+    def admission_state(self) -> dict[str, Any]:
+        """What admission sees now (for /admin/state): bound, depth, service, shed."""
+        return {"bound": self.queue_bound(), "depth": len(self.queue),
+                "max_queue": self.queue.statistics().capacity,
+                "measured": self.service.measured,
+                "service_ms_per_query": self.service.per_query_s * 1000,
+                "batch_ms": self.service.batch_s * 1000, "shed": self.shed}
+
     def serving_replicas(self) -> int:
         return sum(1 for r in self.replicas.values()
                    if r.state == "ready" and r.pool == DATA_POOL)
@@ -489,7 +497,8 @@ class ModelPath:
             for task in tasks:
                 for entry in task.entries:
                     _fail(entry.item.future, error)
-        self._expire(self.queue.drop_expired(float("inf")))
+        for entry in self.queue.drop_expired(float("inf")):
+            _fail(entry.item.future, error)  # not a deadline: the server is going away
         if self._wake is not None:
             self._wake.cancel()
 

@@ -756,6 +756,7 @@ class ServingSystem:
             "platform": path.platform,
             "slo_ms": path.slo_s * 1000,
             "queue": _record(path.queue.statistics()),
+            "admission": path.admission_state(),
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": self._load_errors.get((path.name, path.version)),
         }

@@ -16,7 +16,13 @@ from dispatch_fakes import FakeClock, FakeLink
 from parityserve.config import ServingConfig
 from parityserve.core.admission import ServiceEstimate
 from parityserve.core.batching import AIMDController
-from parityserve.errors import DeadlineExceeded, InvalidInput, LimitExceeded, Overloaded
+from parityserve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    LimitExceeded,
+    Overloaded,
+    Unavailable,
+)
 from parityserve.runtime import wire
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.system import ServingSystem
@@ -268,5 +274,34 @@ def test_inputs_with_more_elements_than_the_limit_are_refused(
             with pytest.raises(LimitExceeded, match="max_input_elements = 4"):
                 await rig.system.predict("app", items)
         assert len(rig.path("a").queue) == 0
+
+    run(body)
+
+
+def test_admin_state_shows_what_admission_sees() -> None:
+    async def body() -> None:
+        rig = Rig(["a"])
+        rig.flood("a")
+        with pytest.raises(Overloaded):
+            await rig.system.predict("app", [[1.0, 2.0]])
+        (model,) = rig.system.state()["models"]
+        assert model["admission"] == {
+            "bound": BOUND, "depth": BOUND, "max_queue": 1 << 20, "measured": True,
+            "service_ms_per_query": pytest.approx(50.0), "batch_ms": pytest.approx(50.0),
+            "shed": 1}
+
+    run(body)
+
+
+def test_shutdown_answers_queued_queries_as_unavailable_not_as_late() -> None:
+    async def body() -> None:
+        rig = Rig(["a"])
+        rig.add("a", state="starting")
+        task = asyncio.ensure_future(
+            rig.system.infer_detailed("a", None, np.ones((1, 2), np.float32)))
+        await asyncio.sleep(0)
+        rig.path("a").fail_all("server shutting down")
+        with pytest.raises(Unavailable, match="shutting down"):
+            await task
 
     run(body)
