@@ -300,6 +300,8 @@ class ModelPath:
         for entry in entries:
             fits = admission.can_finish(self.service, now, entry.deadline)
             (keep if fits else doomed).append(entry)
+        if not keep and not self.queue:
+            return entries  # nothing else waits: a probe, which refreshes the estimate
         if doomed:
             self.shed += len(doomed)
             self._expire(doomed, "cannot finish before its deadline")

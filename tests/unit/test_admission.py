@@ -51,6 +51,8 @@ def test_queue_bound(estimate: ServiceEstimate, slo_s: float, replicas: int, max
     (90, 20, 0.55, False, "holds 90 of the 100"),  # a batch request is admitted whole or not
     (10, 1, 0.09, False, "past the deadline"),      # 10*5 ms + 50 ms > 90 ms
     (8, 1, 0.09, True, ""),                         # 8*5 ms + 50 ms = 90 ms: just in time
+    (0, 1, 0.01, True, ""),                         # an empty queue always takes a probe
+    (1, 1, 0.01, False, "past the deadline"),
 ])
 def test_admit_measured(depth: int, count: int, deadline_in: float, admitted: bool,
                         why: str) -> None:

@@ -220,12 +220,14 @@ def test_a_queued_query_that_can_no_longer_finish_is_answered_not_sent() -> None
             rig.system.infer_detailed("a", None, np.ones((1, 2), np.float32)))
         await asyncio.sleep(0)
         rig.clock.advance(0.46)  # 40 ms left, one batch takes 50 ms
+        fresh, _ = path.submit(np.array([5.0, 5.0], np.float32), rig.clock() + 10)
         replica.state = "ready"
         path.pump()
-        assert not rig.link.sent
+        assert len(rig.link.sent) == 1  # only the query that can still make it
+        assert rig.link.batch(0).tolist() == [[5.0, 5.0]]
         with pytest.raises(DeadlineExceeded, match="cannot finish before its deadline"):
             await task
-        assert path.shed == 1
+        assert path.shed == 1 and not fresh.done()
 
     run(body)
 
@@ -303,5 +305,24 @@ def test_shutdown_answers_queued_queries_as_unavailable_not_as_late() -> None:
         rig.path("a").fail_all("server shutting down")
         with pytest.raises(Unavailable, match="shutting down"):
             await task
+
+    run(body)
+
+
+def test_an_inflated_estimate_never_starves_the_model() -> None:
+    """One very slow batch (a warm-up) must not make the model refuse everything: a query
+    that finds the queue empty is admitted and sent, and its result refreshes the estimate."""
+    async def body() -> None:
+        rig = Rig(["a"])
+        path = rig.path("a")
+        replica = rig.add("a")
+        path.service = ServiceEstimate(batch_s=2.0, rows=1.0, batches=1)  # > the 500 ms SLO
+        task = asyncio.ensure_future(
+            rig.system.infer_detailed("a", None, np.ones((1, 2), np.float32)))
+        await rig.answer_all("a")
+        out, _ = await task
+        assert out.tolist() == [[1.0, 1.0]]
+        assert path.service.batches == 2 and path.service.batch_s < 2.0
+        assert replica.served == 1
 
     run(body)
