@@ -13,7 +13,7 @@ The rule (the default when ``server.max_queue`` is not set):
 * A query is **admitted** when the queue holds fewer than ``bound`` queries and, once measured,
   the expected wait (``depth * per_query_s / c``) plus one batch still ends before the query's
   own deadline. Otherwise it is shed with ``retry_after_s``: the time the queue needs to drain,
-  in whole seconds, at least 1. A query that finds the queue empty is always admitted: it is
+  in whole seconds, at least 1. A single query that finds the queue empty is admitted: it is
   the probe that keeps the measurement fresh, so one slow batch (a warm-up, a pause) cannot
   make the model refuse everything forever.
 * A queued query is **not dispatched** when one batch (``batch_s``) can no longer finish before
@@ -98,7 +98,7 @@ def admit(estimate: ServiceEstimate, *, depth: int, count: int, now: float, dead
     if depth + count > bound:
         return Admission(False, bound, retry_after(estimate, depth, replicas),
                          f"the queue holds {depth} of the {bound} it can serve in time")
-    if estimate.measured and depth > 0:  # an empty queue always takes a probe
+    if estimate.measured and (depth > 0 or count > 1):  # an empty queue takes one probe
         # The last of the ``count`` waits behind everything queued, then rides one batch.
         finish = now + _drain_s(estimate, depth + count - 1, replicas) + estimate.batch_s
         if finish > deadline:

@@ -174,17 +174,20 @@ class ModelPath:
         return coerce_item(item, self.input_spec, where=f"model {self.name!r}",
                            allow_nonfinite=self.deployment.allow_nonfinite, leaves=leaves)
 
-    def submit(self, item: Any, deadline: float) -> tuple[asyncio.Future[Any], bool]:
+    def submit(self, item: Any, deadline: float, *, admitted: bool = False
+               ) -> tuple[asyncio.Future[Any], bool]:
         """Queue one input; returns (future, from_cache).
 
-        Raises Overloaded when admission sheds it, QueueFull at an explicit ``max_queue``.
+        Raises Overloaded when admission sheds it (unless the caller ``admitted`` it already,
+        with the rest of its request), QueueFull at an explicit ``max_queue``.
         """
         key = self._key(item)
         if key is not None:
             found = self._lookup(key, deadline)
             if found is not None:
                 return found
-        self.admit(1, deadline)
+        if not admitted:
+            self.admit(1, deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.queue.try_put(Query(item, key, future), deadline=deadline, enqueued_at=self.clock())
         if key is not None:

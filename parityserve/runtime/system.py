@@ -786,7 +786,7 @@ def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: 
 
 def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[Any]:
     try:
-        return path.submit(row, deadline)[0]
+        return path.submit(row, deadline, admitted=True)[0]
     except QueueFull as exc:  # an explicit server.max_queue is full
         path.shed += 1
         raise Overloaded(f"model {path.name!r} is overloaded: {exc}", model=path.name,

@@ -53,6 +53,7 @@ def test_queue_bound(estimate: ServiceEstimate, slo_s: float, replicas: int, max
     (8, 1, 0.09, True, ""),                         # 8*5 ms + 50 ms = 90 ms: just in time
     (0, 1, 0.01, True, ""),                         # an empty queue always takes a probe
     (1, 1, 0.01, False, "past the deadline"),
+    (0, 2, 0.01, False, "past the deadline"),      # a batch is no probe
 ])
 def test_admit_measured(depth: int, count: int, deadline_in: float, admitted: bool,
                         why: str) -> None:

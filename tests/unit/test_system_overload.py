@@ -326,3 +326,18 @@ def test_an_inflated_estimate_never_starves_the_model() -> None:
         assert replica.served == 1
 
     run(body)
+
+
+def test_v2_batch_that_fits_is_queued_whole() -> None:
+    async def body() -> None:
+        rig = Rig(["a"])
+        rig.flood("a", BOUND - 3)
+        task = asyncio.ensure_future(
+            rig.system.infer_detailed("a", None, np.arange(100, 106, dtype=np.float32)
+                                      .reshape(3, 2)))  # distinct: the cache shares equals
+        await asyncio.sleep(0)
+        assert not task.done(), task
+        assert len(rig.path("a").queue) == BOUND and rig.path("a").shed == 0
+        task.cancel()
+
+    run(body)
