@@ -24,6 +24,7 @@ from parityserve.errors import (
     Forbidden,
     InvalidInput,
     MalformedRequest,
+    Overloaded,
     ParityServeError,
     PayloadTooLarge,
     ProtocolError,
@@ -67,8 +68,21 @@ def _error_from(response: httpx.Response) -> ParityServeError:
         message, code = str(body["error"]), body.get("code")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         message, code = response.text or response.reason_phrase, None
+    if code == Overloaded.code:  # 429 or 503: shed at admission, with when to retry
+        return _overloaded(message, body, response)
     fallback = RequestError if response.status_code < 500 else ServiceError
     return _ERRORS.get(code, fallback)(message)
+
+
+def _overloaded(message: str, body: Any, response: httpx.Response) -> Overloaded:
+    try:
+        retry = float(response.headers.get("retry-after", "1"))
+    except ValueError:
+        retry = 1.0
+    depth = body.get("queue_depth") if isinstance(body, dict) else None
+    model = body.get("model") if isinstance(body, dict) else None
+    return Overloaded(message, model=str(model or ""),
+                      depth=depth if isinstance(depth, int) else 0, retry_after_s=retry)
 
 
 def _with_uid(body: dict[str, Any], uid: str | None) -> dict[str, Any]:

@@ -19,11 +19,14 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import Deployment, TensorSpec
+from parityserve.core import admission
+from parityserve.core.admission import ServiceEstimate
 from parityserve.core.batching import AIMDController, decide_batch
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
+from parityserve.core.inputs import Leaves
 from parityserve.core.redundancy import Decoded
-from parityserve.errors import InvalidInput, PredictError, WorkerError
+from parityserve.errors import InvalidInput, Overloaded, PredictError, WorkerError
 from parityserve.runtime import messages, wire
 from parityserve.runtime.coding import GroupRun, make_redundancy
 from parityserve.runtime.metrics import Metrics
@@ -35,6 +38,14 @@ __all__ = ["DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "Repli
 
 _batch_ids = itertools.count(1)
 DATA_POOL = "data"
+# The queue's own capacity when ``server.max_queue`` is unset: a backstop only, since
+# admission (core/admission.py) sheds long before it on the model's measured service rate.
+_BACKSTOP_QUEUE = 1 << 20
+
+
+class QueryExpired(WorkerError):
+    """A queued query's deadline passed, or it could no longer finish in time: it was not
+    computed. The V2 route answers it 504; an application answers it with its default."""
 
 
 @dataclass(eq=False, slots=True)
@@ -130,7 +141,7 @@ class ModelPath:
 
     def __init__(self, deployment: Deployment, *, link: Link, metrics: Metrics,
                  cache: ClockCache[tuple[str, int, bytes], Any], clock: Callable[[], float],
-                 slo_s: float, max_queue: int) -> None:
+                 slo_s: float, max_queue: int | None) -> None:
         self.deployment = deployment
         self.name = deployment.name
         self.version = deployment.version
@@ -139,7 +150,9 @@ class ModelPath:
         self.cache = cache
         self.clock = clock
         self.slo_s = slo_s
-        self.queue: DeadlineQueue[Query] = DeadlineQueue(max_queue)
+        self.queue: DeadlineQueue[Query] = DeadlineQueue(max_queue or _BACKSTOP_QUEUE)
+        self.service = ServiceEstimate()  # measured from completed data batches
+        self.shed = 0  # queries refused at admission or not dispatched (too late to finish)
         self.replicas: dict[str, Replica] = {}
         self.inflight: dict[int, InflightBatch] = {}
         self.pending: dict[tuple[str, int, bytes], asyncio.Future[Any]] = {}
@@ -157,23 +170,62 @@ class ModelPath:
             weakref.WeakKeyDictionary())
 
     # ---- queries -------------------------------------------------------------------------
-    def coerce(self, item: Any) -> Any:
-        """Check one input against the model's signature (raises InvalidInput)."""
-        return coerce_item(item, self.input_spec, where=f"model {self.name!r}")
+    def coerce(self, item: Any, leaves: Leaves | None = None) -> Any:
+        """Check one input against the model's signature (raises InvalidInput); ``leaves``
+        is the JSON scan already made of it, if any."""
+        return coerce_item(item, self.input_spec, where=f"model {self.name!r}",
+                           allow_nonfinite=self.deployment.allow_nonfinite, leaves=leaves)
 
-    def submit(self, item: Any, deadline: float) -> tuple[asyncio.Future[Any], bool]:
-        """Queue one input; returns (future, from_cache). Raises QueueFull."""
+    def submit(self, item: Any, deadline: float, *, admitted: bool = False
+               ) -> tuple[asyncio.Future[Any], bool]:
+        """Queue one input; returns (future, from_cache).
+
+        Raises Overloaded when admission sheds it (unless the caller ``admitted`` it already,
+        with the rest of its request), QueueFull at an explicit ``max_queue``.
+        """
         key = self._key(item)
         if key is not None:
             found = self._lookup(key, deadline)
             if found is not None:
                 return found
+        if not admitted:
+            self.admit(1, deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.queue.try_put(Query(item, key, future), deadline=deadline, enqueued_at=self.clock())
         if key is not None:
             self._track_pending(key, future)
         self.pump()
         return future, False
+
+    def admit(self, count: int, deadline: float) -> None:
+        """Raise Overloaded unless ``count`` more queries can still be served by ``deadline``."""
+        depth = len(self.queue)
+        decision = admission.admit(
+            self.service, depth=depth, count=count, now=self.clock(), deadline=deadline,
+            slo_s=self.slo_s, replicas=self.serving_replicas(),
+            max_batch_size=self.deployment.batching.max_batch_size)
+        if not decision.admitted:
+            self.shed += count
+            raise Overloaded(f"model {self.name!r} is overloaded: {decision.reason}; "
+                             f"retry in {decision.retry_after_s:g}s",
+                             model=self.name, depth=depth, retry_after_s=decision.retry_after_s)
+
+    def queue_bound(self) -> int:
+        """The derived queue bound now (``server.max_queue`` caps it further)."""
+        return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
+                                     self.deployment.batching.max_batch_size)
+
+    def admission_state(self) -> dict[str, Any]:
+        """What admission sees now (for /admin/state): bound, depth, service, shed."""
+        return {"bound": self.queue_bound(), "depth": len(self.queue),
+                "max_queue": self.queue.statistics().capacity,
+                "measured": self.service.measured,
+                "service_ms_per_query": self.service.per_query_s * 1000,
+                "batch_ms": self.service.batch_s * 1000, "shed": self.shed}
+
+    def serving_replicas(self) -> int:
+        return sum(1 for r in self.replicas.values()
+                   if r.state == "ready" and r.pool == DATA_POOL)
 
     def _key(self, item: Any) -> tuple[str, int, bytes] | None:
         if not self._caching:
@@ -235,12 +287,30 @@ class ModelPath:
             return False
         entries, expired = self.queue.pop_batch(now, decision.size)
         self._expire(expired)
+        entries = self._drop_doomed(entries, now)
         live = [e for e in entries if not e.item.future.done()]
         if live:
             self.redundancy.dispatch(replica, live, now)
         elif self.queue:  # all it popped expired (some perhaps requeued for a later sharer)
             return self._dispatch_to(replica)
         return True
+
+    def _drop_doomed(self, entries: list[Entry[Query]], now: float) -> list[Entry[Query]]:
+        """Answer at once the queries one batch can no longer finish in time (see
+        core/admission.py): computing them would only be thrown away."""
+        if not self.service.measured:
+            return entries
+        keep: list[Entry[Query]] = []
+        doomed: list[Entry[Query]] = []
+        for entry in entries:
+            fits = admission.can_finish(self.service, now, entry.deadline)
+            (keep if fits else doomed).append(entry)
+        if not keep and not self.queue:
+            return entries  # nothing else waits: a probe, which refreshes the estimate
+        if doomed:
+            self.shed += len(doomed)
+            self._expire(doomed, "cannot finish before its deadline")
+        return keep
 
     def new_task(self, entries: list[Entry[Query]], *, payload: Any = None,
                  pool: str = DATA_POOL, kind: str = "data") -> Task:
@@ -299,7 +369,8 @@ class ModelPath:
         self._wake = None
         self.pump()
 
-    def _expire(self, expired: list[Entry[Query]]) -> None:
+    def _expire(self, expired: list[Entry[Query]],
+                reason: str = "deadline passed while queued") -> None:
         """Queued work whose deadline passed is dropped, not computed; its waiter has answered.
 
         Work that a later query shares (same input, later deadline) goes back in the queue
@@ -311,7 +382,7 @@ class ModelPath:
             if later is not None and later > entry.deadline and not query.future.done():
                 self.queue.try_put(query, deadline=later, enqueued_at=entry.enqueued_at)
                 continue
-            _fail(query.future, WorkerError("deadline passed while queued"))
+            _fail(query.future, QueryExpired(f"model {self.name!r}: {reason}"))
 
     def expire_stale(self, now: float) -> None:
         """Drop queued work whose deadline passed even while no replica is pulling."""
@@ -349,6 +420,8 @@ class ModelPath:
             replica.worker_s += result.ms / 1000
         # AIMD learns from the rows the replica computed (a coded task answers no query itself).
         replica.aimd.observe(_rows(batch.task.payload), round_trip)
+        if batch.task.kind == "data" and result.ok:  # the model's own service rate
+            self.service = self.service.observe(round_trip, _rows(batch.task.payload))
         refused = self._deliver(batch, result)
         self.pump()
         return refused
@@ -465,7 +538,8 @@ class ModelPath:
             for task in tasks:
                 for entry in task.entries:
                     _fail(entry.item.future, error)
-        self._expire(self.queue.drop_expired(float("inf")))
+        for entry in self.queue.drop_expired(float("inf")):
+            _fail(entry.item.future, error)  # not a deadline: the server is going away
         if self._wake is not None:
             self._wake.cancel()
 

@@ -10,6 +10,7 @@ bodies read straight off the ASGI channel.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
@@ -30,13 +31,17 @@ from parityserve.config import (
     Application,
     Deployment,
     FaultConfig,
+    Limits,
     ParityConfig,
     RedundancyConfig,
     TensorSpec,
 )
+from parityserve.core.inputs import depth_error, scan
 from parityserve.errors import (
     InvalidInput,
+    LimitExceeded,
     MalformedRequest,
+    Overloaded,
     ParityServeError,
     PayloadTooLarge,
     QueueFull,
@@ -75,7 +80,8 @@ _M = TypeVar("_M", bound=BaseModel)
 
 def create_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               sources: SourcePolicy | None = None) -> HotPaths:
+               sources: SourcePolicy | None = None, limits: Limits | None = None,
+               overload_status: int = 503) -> HotPaths:
     """The ASGI application serving ``system``: hot paths first, Starlette for the rest.
 
     ``auth`` has no default on purpose: pass ``AuthPolicy(token=...)`` (admin behind the
@@ -83,7 +89,8 @@ def create_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
     ``auth.serve_admin=False`` the /admin routes are absent (404): see ``create_admin_app``.
     ``sources`` is what the admin API may deploy; the default allows zoo models only.
     """
-    front = _Frontend(system, metrics, max_body_bytes, auth, sources)
+    front = _Frontend(system, metrics, max_body_bytes, auth, sources=sources,
+                      limits=limits or Limits(), overload_status=overload_status)
     routes = front.routes() + (front.admin_routes() if auth.serve_admin else [])
     app = Starlette(routes=routes, exception_handlers={HTTPException: front.http_error})
     return HotPaths(front, app)
@@ -93,7 +100,7 @@ def create_admin_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolic
                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                      sources: SourcePolicy | None = None) -> Starlette:
     """Only the /admin routes, for a listener of their own (``server.admin_host``)."""
-    front = _Frontend(system, metrics, max_body_bytes, auth, sources)
+    front = _Frontend(system, metrics, max_body_bytes, auth, sources=sources)
     return Starlette(routes=front.admin_routes(),
                      exception_handlers={HTTPException: front.http_error})
 
@@ -171,15 +178,17 @@ def _error(status: int, code: str, message: str,
     return Response(body, status, headers=headers, media_type=_JSON)
 
 
-def _loads(body: bytes) -> Any:
+def _loads(body: bytes, limits: Limits | None = None) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if limits is not None and str(exc).startswith("depth limit exceeded"):
+            raise depth_error(limits.max_json_depth) from exc  # orjson's own cap, 1024
         raise MalformedRequest(f"invalid JSON body: {exc}") from exc
 
 
-def _object(body: bytes) -> dict[str, Any]:
-    data = _loads(body)
+def _object(body: bytes, limits: Limits | None = None) -> dict[str, Any]:
+    data = _loads(body, limits)
     if not isinstance(data, dict):
         raise MalformedRequest(f"the body must be a JSON object, got {type(data).__name__}")
     return data
@@ -350,17 +359,36 @@ def _output_name(request: v2.InferRequest, meta: ModelMetadata) -> str:
 # ---------------------------------------------------------------- Clipper documents
 
 
-def _predict_items(body: dict[str, Any]) -> tuple[list[Any], bool]:
-    """The queries in a predict body, and whether it was a batch."""
+def _predict_items(body: dict[str, Any], limits: Limits) -> tuple[list[Any], bool]:
+    """The queries in a predict body, and whether it was a batch (limits checked)."""
     has_one, has_batch = "input" in body, "input_batch" in body
     if has_one == has_batch:
         raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
+    _check_body(body, limits)
     if has_one:
         return [body["input"]], False
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
         raise MalformedRequest("'input_batch' must be a non-empty list")
+    if len(batch) > limits.max_batch_items:
+        raise LimitExceeded(f"'input_batch' has {len(batch)} queries, more than "
+                            f"max_batch_items = {limits.max_batch_items}")
     return batch, True
+
+
+_INPUTS = ("input", "input_batch")
+
+
+def _check_body(body: dict[str, Any], limits: Limits) -> None:
+    """Depth and element limits over a body's other values (a label, unknown keys).
+
+    Inputs are scanned once, by the system, where the same pass checks them against the
+    model's signature (runtime/system.py ``_coerce_for``).
+    """
+    for key, value in body.items():
+        if key not in _INPUTS:
+            scan(value, max_depth=limits.max_json_depth,
+                 max_elements=limits.max_input_elements, depth=2)
 
 
 def _optional_str(body: dict[str, Any], key: str) -> str | None:
@@ -385,12 +413,15 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
 
 class _Frontend:
     def __init__(self, system: ServingSystem, metrics: Metrics, max_body_bytes: int,
-                 auth: AuthPolicy, sources: SourcePolicy | None = None) -> None:
+                 auth: AuthPolicy, *, sources: SourcePolicy | None = None,
+                 limits: Limits | None = None, overload_status: int = 503) -> None:
         self.system = system
         self.metrics = metrics
         self.limit = max_body_bytes
         self.auth = auth
         self.sources = sources or SourcePolicy()
+        self.limits = limits or Limits()
+        self.overload_status = overload_status
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
@@ -482,6 +513,8 @@ class _Frontend:
         return endpoint
 
     def _fail(self, exc: Exception, route: str) -> Response:
+        if isinstance(exc, Overloaded):
+            return self._overloaded(exc)
         if isinstance(exc, RequestError):
             self.metrics.bad_request(exc.code)
             headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
@@ -489,12 +522,22 @@ class _Frontend:
         if isinstance(exc, ServiceError):
             return _error(exc.status_code, exc.code, str(exc))
         if isinstance(exc, QueueFull):  # overload is the server's state, like no replica
-            return _error(503, "unavailable", str(exc) or "queue full")
+            return _error(self.overload_status, "overloaded", str(exc) or "queue full",
+                          {"Retry-After": "1"})
         if isinstance(exc, ClientDisconnect):
             return Response(status_code=499)  # nobody reads it; nothing to log
         logger.exception("unexpected error on route %s", route)
         message = str(exc) if isinstance(exc, ParityServeError) else "internal server error"
         return _error(500, "internal_error", message)
+
+    def _overloaded(self, exc: Overloaded) -> Response:
+        """Shed at admission: 503 or 429, when to retry, and which queue is full."""
+        wait = exc.retry_after_s if math.isfinite(exc.retry_after_s) else 1.0
+        retry = str(max(1, math.ceil(wait)))
+        body = orjson.dumps({"error": str(exc), "code": exc.code, "model": exc.model,
+                             "queue_depth": exc.depth, "retry_after_s": int(retry)})
+        return Response(body, self.overload_status, headers={"Retry-After": retry},
+                        media_type=_JSON)
 
     async def http_error(self, request: Request, exc: Exception) -> Response:
         """Routing errors (unknown path, wrong method) as JSON, like every other error."""
@@ -534,7 +577,7 @@ class _Frontend:
         model, version = request.path_params["model"], _version(request)
         body = await _read_body(request, self.limit)
         meta = self.system.model_metadata(model, version)
-        decoded = v2.decode_infer_request(body, _header_length(request))
+        decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
         name = _output_name(decoded, meta)
         result, rebuilt = await self.system.infer_detailed(model, version,
                                                            _the_input(decoded, meta))
@@ -548,8 +591,8 @@ class _Frontend:
     # ------------------------------------------------------------ Clipper handlers
 
     async def predict(self, request: Request) -> tuple[Response, Outcome]:
-        body = _object(await _read_body(request, self.limit))
-        items, batched = _predict_items(body)
+        body = _object(await _read_body(request, self.limit), self.limits)
+        items, batched = _predict_items(body, self.limits)
         predictions = await self.system.predict(request.path_params["app"], items,
                                                 _optional_str(body, "uid"))
         outcome = "default" if any(p.default for p in predictions) else "ok"
@@ -558,7 +601,8 @@ class _Frontend:
         return _json(predictions[0].to_json()), outcome
 
     async def update(self, request: Request) -> tuple[Response, Outcome]:
-        body = _object(await _read_body(request, self.limit))
+        body = _object(await _read_body(request, self.limit), self.limits)
+        _check_body(body, self.limits)
         uid, item, label = _update_fields(body)
         result = await self.system.update(request.path_params["app"], uid, item, label,
                                           _optional_str(body, "query_id"))

@@ -110,7 +110,8 @@ async def _run(config: ServingConfig, system: ServingSystem,
         policy = auth_policy(config, token)
         sources = SourcePolicy.for_server(s, system.base_dir)
         apps: list[object] = [create_app(system, metrics=system.metrics, auth=policy,
-                                         max_body_bytes=s.max_body_bytes, sources=sources)]
+                                         max_body_bytes=s.max_body_bytes, sources=sources,
+                                         limits=s.limits, overload_status=s.overload_status)]
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources))

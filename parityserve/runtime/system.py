@@ -29,6 +29,7 @@ from parityserve.config import (
 )
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.inputs import scan
 from parityserve.core.restarts import RestartPolicy, restart_delay
 from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
 from parityserve.errors import (
@@ -37,6 +38,7 @@ from parityserve.errors import (
     DeadlineExceeded,
     InvalidInput,
     ModelLoadError,
+    Overloaded,
     PredictError,
     ProtocolError,
     QueueFull,
@@ -56,7 +58,7 @@ from parityserve.runtime.applications import (
     read_state,
 )
 from parityserve.runtime.coding import parity_pool
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+from parityserve.runtime.dispatch import DATA_POOL, ModelPath, QueryExpired, Replica
 from parityserve.runtime.keys import ClientKeys, ServerKeys
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
@@ -206,7 +208,7 @@ class ServingSystem:
             cache=self.cache,
             clock=self.clock,
             slo_s=self._slo_for(deployment.name, deployment),
-            max_queue=self.config.server.max_queue or 100_000,
+            max_queue=self.config.server.max_queue,  # None: derived (core/admission.py)
         )
         self.models[deployment.name] = path
         for index in range(deployment.data_replicas()):
@@ -497,6 +499,7 @@ class ServingSystem:
         inputs = [self._coerce_for(paths, item) for item in items]  # validated before queueing
         state = await self._read_state(runtime, context)
         deadline = self.clock() + runtime.config.slo_ms / 1000
+        _shed_if_all_overloaded(paths.values(), len(inputs), deadline)
         plans = [self._plan(runtime, state, context, paths, x, deadline) for x in inputs]
         pending = [f for _, fs in plans for f, _ in fs.values()
                    if isinstance(f, asyncio.Future) and not f.done()]
@@ -506,12 +509,18 @@ class ServingSystem:
                 for x, (selected, futures) in zip(inputs, plans, strict=True)]
 
     def _coerce_for(self, paths: dict[str, ModelPath], item: Any) -> dict[str, Any]:
-        """The item checked against each linked model's signature (once per distinct one)."""
+        """The item checked against the request limits, then against each linked model's
+        signature (once per distinct one). One pass over the JSON serves both."""
+        limits = self.config.server.limits
+        # An input counts from depth 3 (body, input_batch, item) however it was sent, so one
+        # query may nest max_json_depth - 2 levels in either form.
+        leaves = scan(item, max_depth=limits.max_json_depth,
+                      max_elements=limits.max_input_elements, depth=3)
         by_spec: dict[Any, Any] = {}
         out = {}
         for name, path in paths.items():
             if path.input_spec not in by_spec:
-                by_spec[path.input_spec] = path.coerce(item)
+                by_spec[path.input_spec] = path.coerce(item, leaves)
             out[name] = by_spec[path.input_spec]
         return out
 
@@ -527,17 +536,27 @@ class ServingSystem:
               ) -> tuple[tuple[str, ...], dict[str, tuple[Any, bool]]]:
         selected = tuple(runtime.policy.select(state, runtime.query_info(context), self._rng))
         futures = {}
+        shed: list[Overloaded] = []
         for model in selected:
             self.metrics.selection(runtime.config.name, model)
             path = paths[model]
-            futures[model] = (self._submit(path, x[model], deadline) if path.has_capacity()
-                              else (_no_replica(path), False))
+            futures[model] = (self._submit(path, x[model], deadline, shed)
+                              if path.has_capacity() else (_no_replica(path), False))
+        if selected and len(shed) == len(selected):
+            raise shed[0]  # every model asked refused it: the query is shed (429/503)
         return selected, futures
 
-    def _submit(self, path: ModelPath, item: Any, deadline: float) -> tuple[Any, bool]:
+    def _submit(self, path: ModelPath, item: Any, deadline: float,
+                shed: list[Overloaded] | None = None) -> tuple[Any, bool]:
+        """Queue one item; a model that sheds it counts as not answering (the reason)."""
         try:
             return path.submit(item, deadline)
+        except Overloaded as exc:
+            if shed is not None:
+                shed.append(exc)
+            return f"overloaded: {exc}", False
         except QueueFull:
+            path.shed += 1
             return f"queue full: model {path.name!r} has {len(path.queue)} queries waiting", False
 
     def _answer(self, runtime: AppRuntime, state: dict[str, Any], context: str,
@@ -582,6 +601,8 @@ class ServingSystem:
         if isinstance(future, str):
             return future  # decided before queueing: queue full or no replica
         if future.done():
+            if isinstance(future.exception(), QueryExpired):
+                return f"deadline: {future.exception()}"
             return f"error: {future.exception()}"
         if not path.has_capacity():
             return _no_replica(path)
@@ -613,8 +634,9 @@ class ServingSystem:
         for name, path in paths.items():
             if path.has_capacity():
                 deadline = self.clock() + path.deployment.timeout_ms / 1000
-                with contextlib.suppress(QueueFull):
-                    futures[name] = self._submit(path, inputs[name], deadline)[0]
+                future = self._submit(path, inputs[name], deadline)[0]
+                if isinstance(future, asyncio.Future):  # not shed
+                    futures[name] = future
         waiting = [f for f in futures.values() if not f.done()]
         if waiting:
             timeout = max(p.deployment.timeout_ms for p in paths.values()) / 1000
@@ -645,18 +667,21 @@ class ServingSystem:
         path = self._model(model, version)
         if not path.has_capacity():
             raise Unavailable(f"model {model!r} has no running replica")
+        if batch.ndim == 0:
+            raise InvalidInput(f"model {model!r}: the input tensor is a scalar (shape []); "
+                               "its first axis is the batch, so send shape [1, ...]")
+        if len(batch) == 0:
+            raise InvalidInput(f"model {model!r}: the input tensor has zero rows; send at "
+                               "least one")
+        _check_finite(batch, path)
         deadline = self.clock() + path.deployment.timeout_ms / 1000
-        futures = [path.submit(row, deadline)[0] for row in batch]
+        path.admit(len(batch), deadline)  # all rows or none: a request is shed whole
+        futures = [_submit_row(path, row, deadline) for row in batch]
         pending = [f for f in futures if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
         for future in futures:
-            if not future.done():
-                raise DeadlineExceeded(
-                    f"model {model!r} did not answer within {path.deployment.timeout_ms:g} ms"
-                )
-            if future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+            _raise_failure(future, path)
         rebuilt = {i: m for i, f in enumerate(futures)
                    if (m := path.reconstruction(f)) is not None}
         return np.stack([np.asarray(f.result()) for f in futures]), rebuilt
@@ -816,10 +841,68 @@ class ServingSystem:
             "platform": path.platform,
             "slo_ms": path.slo_s * 1000,
             "queue": _record(path.queue.statistics()),
+            "admission": path.admission_state(),
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": _scrubbed(self._load_errors.get((path.name, path.version))),
             "failed": any(s[:2] == (path.name, path.version) for s in self._gave_up),
         }
+
+
+def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: float) -> None:
+    """Refuse an application's request when every model it links would shed it.
+
+    The rule for applications: a request is shed (Overloaded, 429/503) before anything is
+    queued when no linked model can take all its queries, and a query is shed when every
+    model the policy asks for it refuses it. A model that refuses while another asked model
+    accepts counts as not answering: the policy combines the others, or the default answers.
+    (When a later query of a batch is shed, earlier ones already queued are still computed
+    and cached, not answered.)
+    """
+    first: Overloaded | None = None
+    for path in paths:
+        try:
+            path.admit(count, deadline)
+        except Overloaded as exc:
+            first = first or exc
+            continue
+        return
+    if first is not None:
+        raise first
+
+
+def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[Any]:
+    try:
+        return path.submit(row, deadline, admitted=True)[0]
+    except QueueFull as exc:  # an explicit server.max_queue is full
+        path.shed += 1
+        raise Overloaded(f"model {path.name!r} is overloaded: {exc}", model=path.name,
+                         depth=len(path.queue), retry_after_s=1.0) from exc
+
+
+def _raise_failure(future: asyncio.Future[Any], path: ModelPath) -> None:
+    """The V2 answer for a row that did not succeed: 504 past the deadline, 503 when a
+    worker failed, the model's own error otherwise."""
+    timeout = path.deployment.timeout_ms
+    if not future.done():
+        raise DeadlineExceeded(f"model {path.name!r} did not answer within {timeout:g} ms")
+    error = future.exception()
+    if isinstance(error, QueryExpired):
+        raise DeadlineExceeded(f"{error} (timeout {timeout:g} ms)") from error
+    if isinstance(error, WorkerError):
+        raise Unavailable(f"model {path.name!r}: {error}") from error
+    if error is not None:
+        raise error
+
+
+def _check_finite(batch: np.ndarray, path: ModelPath) -> None:
+    """NaN and infinity are refused unless the deployment sets ``allow_nonfinite``."""
+    if path.deployment.allow_nonfinite or batch.dtype.kind not in "fc":
+        return
+    if not np.isfinite(batch).all():
+        bad = int(np.count_nonzero(~np.isfinite(batch)))
+        raise InvalidInput(f"model {path.name!r}: the input holds {bad} non-finite values "
+                           "(NaN or infinity); set allow_nonfinite: true on the deployment "
+                           "to accept them")
 
 
 def _revalidated(deployment: Deployment, **changes: Any) -> Deployment:

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
 from parityserve.config import TensorSpec
+from parityserve.core.inputs import Leaves, scan
 from parityserve.errors import InvalidInput
 from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["coerce_item", "shape_matches"]
+
+# Which JSON leaf types each numeric kind accepts: never strings, null or (outside BOOL)
+# booleans, which numpy would otherwise turn into 1.0, NaN or a parsed number.
+_LEAVES = {"f": frozenset((float, int)), "c": frozenset((float, int)), "i": frozenset((int,)),
+           "u": frozenset((int,)), "b": frozenset((bool,))}
+_NAMES = {bool: "booleans", str: "strings", type(None): "null", float: "floats", int: "integers",
+          dict: "objects"}
+
 
 def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
     """Shapes match when ranks agree and every non-wildcard (-1) dimension is equal."""
@@ -18,20 +28,46 @@ def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
         e == -1 or s == e for s, e in zip(shape, expected, strict=True))
 
 
-def coerce_item(item: Any, spec: TensorSpec | None, *, where: str) -> Any:
+def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
+                allow_nonfinite: bool = False, leaves: Leaves | None = None) -> Any:
     """One query's input as an array of the model's dtype and shape, or InvalidInput.
 
-    Models that declare no signature receive the decoded JSON value unchanged.
+    Models that declare no signature receive the decoded JSON value unchanged (a python:
+    model may take strings or objects). A declared numeric signature means a rectangular
+    array of JSON numbers (booleans for BOOL), finite for float types unless the deployment
+    sets ``allow_nonfinite``.
     """
     if spec is None:
         return item
     if spec.datatype == "BYTES":
         return item
+    dtype = datatype_to_dtype(spec.datatype)
+    if not isinstance(item, np.ndarray):
+        _check_leaves(leaves or _leaves(item), dtype, spec.datatype, where)
     try:
-        array = np.asarray(item, dtype=datatype_to_dtype(spec.datatype))
+        with np.errstate(over="ignore"):  # 1e39 as FP32 is infinity: refused just below
+            array = np.asarray(item, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"{where}: input is not a {spec.datatype} tensor ({exc})") from exc
     if not shape_matches(array.shape, spec.shape):
         raise InvalidInput(f"{where}: expected input shape {list(spec.shape)}, "
                            f"got {list(array.shape)}")
+    if dtype.kind in "fc" and not allow_nonfinite and not np.isfinite(array).all():
+        raise InvalidInput(f"{where}: the input holds non-finite values (NaN, infinity, or a "
+                           f"number too large for {spec.datatype}); set allow_nonfinite: true "
+                           "on the deployment to accept NaN and infinity")
     return array
+
+
+def _leaves(item: Any) -> Leaves:
+    # Limits were enforced where the body was read; this pass only reads leaf types.
+    return scan(item, max_depth=sys.maxsize, max_elements=sys.maxsize)
+
+
+def _check_leaves(leaves: Leaves, dtype: np.dtype[Any], datatype: str, where: str) -> None:
+    wrong = leaves.types - _LEAVES.get(dtype.kind, leaves.types)
+    if wrong or leaves.ragged:
+        names = sorted(_NAMES.get(t, t.__name__) for t in wrong) or ["lists beside numbers"]
+        raise InvalidInput(f"{where}: a {datatype} input takes only "
+                           f"{'booleans' if dtype.kind == 'b' else 'numbers'}, got "
+                           f"{', '.join(names)}")

@@ -20,8 +20,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from parityserve.config import TensorSpec
-from parityserve.errors import InvalidInput, MalformedRequest
+from parityserve.config import Limits, TensorSpec
+from parityserve.core.inputs import Leaves, depth_error, scan
+from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
 
 __all__ = [
     "DATATYPES",
@@ -142,10 +143,11 @@ class _Buffers:
                                    "tensor are not claimed by any binary_data_size")
 
 
-def decode_infer_request(body: bytes, header_length: int | None) -> InferRequest:
-    """Parse and validate a V2 inference request body."""
-    header, buffers = _split(body, header_length)
-    inputs = _tensors(header, "inputs", buffers, required=True)
+def decode_infer_request(body: bytes, header_length: int | None,
+                         limits: Limits | None = None) -> InferRequest:
+    """Parse and validate a V2 inference request body (within ``limits``, when given)."""
+    header, buffers = _split(body, header_length, limits)
+    inputs = _tensors(header, "inputs", buffers, required=True, limits=limits)
     return InferRequest(
         id=_request_id(header),
         inputs=inputs,
@@ -160,7 +162,8 @@ def decode_infer_response(body: bytes, header_length: int | None) -> dict[str, n
     return {t.name: t.array for t in _tensors(header, "outputs", buffers, required=False)}
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], _Buffers | None]:
+def _split(body: bytes, header_length: int | None, limits: Limits | None = None
+           ) -> tuple[dict[str, Any], _Buffers | None]:
     view = memoryview(body)
     end = len(view) if header_length is None else header_length
     if not 0 <= end <= len(view):
@@ -169,6 +172,8 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], _Buf
     try:
         header = orjson.loads(view[:end])
     except orjson.JSONDecodeError as exc:
+        if limits is not None and str(exc).startswith("depth limit exceeded"):
+            raise depth_error(limits.max_json_depth) from exc  # orjson's own cap, 1024
         raise MalformedRequest(f"invalid JSON in inference header: {exc}") from exc
     if not isinstance(header, dict):
         raise MalformedRequest("the inference header must be a JSON object")
@@ -177,19 +182,20 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], _Buf
 
 
 def _tensors(header: dict[str, Any], key: str, buffers: _Buffers | None,
-             *, required: bool) -> tuple[Tensor, ...]:
+             *, required: bool, limits: Limits | None = None) -> tuple[Tensor, ...]:
     items = header.get(key)
     if items is None and not required:
         items = []
     if not isinstance(items, list) or (required and not items):
         raise MalformedRequest(f"{key!r} must be a non-empty list of tensors")
-    tensors = tuple(_tensor(item, key[:-1], i, buffers) for i, item in enumerate(items))
+    tensors = tuple(_tensor(item, key[:-1], i, buffers, limits) for i, item in enumerate(items))
     if buffers is not None:
         buffers.finish()
     return tensors
 
 
-def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None) -> Tensor:
+def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
+            limits: Limits | None = None) -> Tensor:
     if not isinstance(obj, dict):
         raise MalformedRequest(f"{kind} #{index} must be a JSON object")
     name = obj.get("name")
@@ -200,6 +206,7 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None) -> Tensor
         raise InvalidInput(f"{kind} {name!r}: unknown datatype {datatype!r}; expected one of "
                            f"{', '.join(DATATYPES)}")
     shape = _shape(obj.get("shape"), name)
+    leaves = None if limits is None else _check_limits(name, shape, obj.get("data"), limits)
     size = _parameters(obj, f"{kind} {name!r}").get("binary_data_size")
     if size is not None:
         if "data" in obj:
@@ -207,7 +214,25 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None) -> Tensor
         return Tensor(name, datatype, shape, _from_binary(name, datatype, shape, size, buffers))
     if "data" not in obj:
         raise MalformedRequest(f"{kind} {name!r} has neither 'data' nor binary_data_size")
-    return Tensor(name, datatype, shape, _from_json(name, datatype, shape, obj["data"]))
+    return Tensor(name, datatype, shape, _from_json(name, datatype, shape, obj["data"], leaves))
+
+
+def _check_limits(name: str, shape: tuple[int, ...], data: Any, limits: Limits
+                  ) -> Leaves | None:
+    """Rows per request and values per row from the shape (O(1)); JSON depth from ``data``,
+    whose scan is returned for the type checks (one pass over the JSON)."""
+    rows = shape[0] if shape else 1
+    if rows > limits.max_batch_items:
+        raise LimitExceeded(f"tensor {name!r} has {rows} rows, more than max_batch_items = "
+                            f"{limits.max_batch_items}")
+    per_row = math.prod(shape[1:])
+    if per_row > limits.max_input_elements:
+        raise LimitExceeded(f"tensor {name!r} has {per_row} values per row, more than "
+                            f"max_input_elements = {limits.max_input_elements}")
+    if not isinstance(data, list):
+        return None
+    return scan(data, max_depth=limits.max_json_depth,  # body, inputs, tensor, data: 4
+                max_elements=max(1, rows) * limits.max_input_elements, depth=4)
 
 
 def _shape(shape: Any, name: str) -> tuple[int, ...]:
@@ -297,7 +322,8 @@ def _unpack_bytes(chunk: memoryview, count: int, name: str) -> np.ndarray:
     return out
 
 
-def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any,
+               leaves: Leaves | None = None) -> np.ndarray:
     if datatype == "BYTES":
         return _json_bytes(name, shape, data)
     try:
@@ -307,11 +333,24 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> n
                            f"({exc})") from exc
     _check_count(name, shape, arr.size)
     dtype = _DTYPES[datatype]
+    if dtype.kind != "b" and arr.dtype.kind in "iuf" and _has_bools(data, leaves):
+        raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
+                           "booleans among the numbers")
     if arr.size and arr.dtype.kind not in _JSON_KINDS[dtype.kind]:
         raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
                            f"{_describe_kind(arr.dtype)}")
     _check_range(name, datatype, arr, dtype)
-    return arr.astype(dtype, copy=False).reshape(shape)
+    with np.errstate(over="ignore"):  # 1e39 as FP32 is infinity: the server refuses it
+        return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _has_bools(data: Any, leaves: Leaves | None) -> bool:
+    # numpy turns [true, 1.5] into [1.0, 1.5]; only the JSON leaves can tell.
+    if leaves is None:
+        if not isinstance(data, list):
+            return False
+        leaves = scan(data, max_depth=1 << 30, max_elements=1 << 62)
+    return bool in leaves.types
 
 
 def _check_count(name: str, shape: tuple[int, ...], count: int) -> None:

@@ -601,3 +601,161 @@ def test_hot_paths_answer_exactly_as_the_starlette_routes(system, metrics, path)
 def test_hot_paths_leave_other_methods_to_starlette(client):
     response = client.put("/v2/models/double/infer", content=_V2_BODY)
     assert_error(response, 405, "method_not_allowed")
+
+
+# ---------------------------------------------------------------- overload and limits
+
+
+class OverloadedSystem(FakeSystem):
+    """Every query is shed, as by core/admission.py."""
+
+    def _shed(self, model: str) -> None:
+        from parityserve.errors import Overloaded
+
+        raise Overloaded(f"model {model!r} is overloaded", model=model, depth=42,
+                         retry_after_s=2.2)
+
+    async def predict(self, app: str, items: Sequence[Any],
+                      uid: str | None = None) -> list[Prediction]:
+        self._shed("double")
+        return []
+
+    async def infer_detailed(self, model: str, version: int | None,
+                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+        self._shed(model)
+        return batch, {}
+
+
+def _infer_body(data: Any, shape: list[int]) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": data}]}
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_shed_query_gets_the_overload_status_retry_after_and_its_queue(status, metrics):
+    client = TestClient(create_app(OverloadedSystem(), metrics=metrics, overload_status=status))
+    for response in (client.post("/calc/predict", json={"input": [1, 2, 3]}),
+                     client.post("/v2/models/double/infer", json=_infer_body([1, 2, 3], [1, 3]))):
+        assert_error(response, status, "overloaded", "'double' is overloaded")
+        assert response.headers["retry-after"] == "3"  # whole seconds, rounded up
+        body = response.json()
+        assert (body["model"], body["queue_depth"], body["retry_after_s"]) == ("double", 42, 3)
+
+
+def test_an_explicit_max_queue_when_full_answers_like_an_overload(metrics):
+    from parityserve.errors import QueueFull
+
+    class Full(FakeSystem):
+        async def predict(self, app, items, uid=None):
+            raise QueueFull("queue is at its capacity of 2 entries")
+
+    client = TestClient(create_app(Full(), metrics=metrics, overload_status=429))
+    response = client.post("/calc/predict", json={"input": [1, 2, 3]})
+    assert_error(response, 429, "overloaded", "capacity of 2")
+    assert response.headers["retry-after"] == "1"
+
+
+def _limited(system: FakeSystem, metrics: Metrics, **limits: int) -> TestClient:
+    from parityserve.config import Limits
+
+    return TestClient(create_app(system, metrics=metrics, max_body_bytes=1 << 20,
+                                 limits=Limits(**limits)))
+
+
+def _nest(depth: int) -> Any:
+    value: Any = 1.0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Inputs themselves are scanned by the system, in the same pass as the signature check
+# (tests/unit/test_system_overload.py); the frontend scans every other value.
+@pytest.mark.parametrize(("route", "body"), [
+    ("/calc/predict", {"input": [1, 2, 3], "extra": _nest(6)}),  # body 1, lists 2..7
+    ("/calc/update", {"uid": "u", "input": [1, 2, 3], "label": _nest(6)}),
+    ("/v2/models/double/infer", _infer_body(_nest(4), [1, 1, 1, 1])),  # data lists 4..7
+])
+def test_json_deeper_than_the_limit_is_refused_naming_it(system, metrics, route, body):
+    client = _limited(system, metrics, max_json_depth=6)
+    assert_error(client.post(route, json=body), 400, "limit_exceeded", "max_json_depth = 6")
+    assert not system.updates and not system.infer_calls
+
+
+def test_json_within_the_depth_limit_is_served(system, metrics):
+    client = _limited(system, metrics, max_json_depth=6)
+    response = client.post("/calc/predict", json={"input": _nest(5), "extra": _nest(5)})
+    assert_error(response, 400, "invalid_input", "expected shape")  # the fake's check, not ours
+
+
+def test_orjsons_own_depth_limit_is_reported_as_ours(system, metrics):
+    client = _limited(system, metrics)
+    deep = b'{"input": ' + b"[" * 1100 + b"]" * 1100 + b"}"
+    for route in ("/calc/predict", "/v2/models/double/infer"):
+        response = client.post(route, content=deep)
+        assert_error(response, 400, "limit_exceeded", "max_json_depth = 32")
+
+
+def test_input_batch_longer_than_the_limit_is_refused(system, metrics):
+    client = _limited(system, metrics, max_batch_items=2)
+    response = client.post("/calc/predict", json={"input_batch": [[1, 2, 3]] * 3})
+    assert_error(response, 400, "limit_exceeded", "3 queries, more than max_batch_items = 2")
+    ok = client.post("/calc/predict", json={"input_batch": [[1, 2, 3]] * 2})
+    assert ok.status_code == 200
+
+
+def test_v2_rows_past_the_batch_limit_are_refused(system, metrics):
+    client = _limited(system, metrics, max_batch_items=2)
+    response = client.post("/v2/models/double/infer", json=_infer_body([1.0] * 9, [3, 3]))
+    assert_error(response, 400, "limit_exceeded", "3 rows, more than max_batch_items = 2")
+    binary, headers = v2.encode_infer_request([("x", np.ones((3, 3), np.float32))], binary=True)
+    response = client.post("/v2/models/double/infer", content=binary, headers=headers)
+    assert_error(response, 400, "limit_exceeded", "max_batch_items = 2")
+    assert not system.infer_calls
+
+
+@pytest.mark.parametrize(("route", "body"), [
+    ("/calc/update", {"uid": "u", "input": [1, 2, 3], "label": [1.0] * 5}),
+    ("/v2/models/double/infer", _infer_body([1.0] * 10, [2, 5])),
+])
+def test_inputs_with_more_elements_than_the_limit_are_refused(system, metrics, route, body):
+    client = _limited(system, metrics, max_input_elements=4)
+    assert_error(client.post(route, json=body), 400, "limit_exceeded",
+                 "max_input_elements = 4")
+
+
+def test_v2_binary_rows_are_limited_by_shape_not_by_reading(system, metrics):
+    client = _limited(system, metrics, max_input_elements=4)
+    binary, headers = v2.encode_infer_request([("x", np.ones((1, 5), np.float32))], binary=True)
+    response = client.post("/v2/models/double/infer", content=binary, headers=headers)
+    assert_error(response, 400, "limit_exceeded", "5 values per row")
+
+
+def test_v2_deadline_exceeded_is_a_504_json_error(metrics):
+    from parityserve.errors import DeadlineExceeded
+
+    class Late(FakeSystem):
+        async def infer_detailed(self, model, version, batch):
+            raise DeadlineExceeded(f"model {model!r} did not answer within 100 ms")
+
+    client = TestClient(create_app(Late(), metrics=metrics))
+    response = client.post("/v2/models/double/infer", json=_infer_body([1, 2, 3], [1, 3]))
+    assert_error(response, 504, "deadline_exceeded", "within 100 ms")
+
+
+@pytest.mark.parametrize(("route", "body", "code"), [
+    ("/calc/predict", {"input": [1, 2, 3], "uid": 7}, "malformed_request"),
+    ("/calc/predict", {"input_batch": {"a": 1}}, "malformed_request"),
+    ("/calc/update", {"uid": "", "input": [1, 2, 3], "label": 1}, "malformed_request"),
+    ("/calc/update", {"uid": "u", "input": [1, 2, 3]}, "malformed_request"),
+    ("/calc/update", [1, 2], "malformed_request"),
+    ("/v2/models/double/infer", {"inputs": [{"name": "x", "datatype": "FP32",
+                                             "shape": [1, -3], "data": [1]}]},
+     "malformed_request"),
+    ("/v2/models/double/infer", {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
+                                             "data": [[1, 2], [3]]}]}, "invalid_input"),
+    ("/v2/models/double/infer", {"inputs": "x"}, "malformed_request"),
+])
+def test_bad_bodies_on_the_query_routes_are_4xx_not_500(client, route, body, code):
+    response = client.post(route, json=body)
+    assert 400 <= response.status_code < 500, response.text
+    assert response.json()["code"] == code

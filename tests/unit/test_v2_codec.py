@@ -339,3 +339,45 @@ def test_check_against_spec_accepts_wildcards_and_any_batch():
 def test_check_against_spec_says_expected_and_got(array, message):
     with pytest.raises(InvalidInput, match=message):
         v2.check_against_spec(array, SPEC)
+
+
+# ---------------------------------------------------------------- numbers and limits
+
+
+def _fp(data, shape, datatype="FP32") -> dict:
+    return {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": data}]}
+
+
+@pytest.mark.parametrize(("data", "datatype"), [
+    ([True, 1.5], "FP32"),
+    ([[1, False]], "INT32"),
+    ([1.0, [True]], "FP64"),
+])
+def test_json_booleans_among_numbers_are_refused(data, datatype):
+    shape = list(np.shape(np.array(data, dtype=object))) if datatype != "FP64" else [2]
+    with pytest.raises(InvalidInput, match="booleans|rectangular"):
+        decode_one(_fp(data, shape, datatype))
+
+
+def test_json_booleans_still_fill_bool_tensors():
+    assert decode_one(_fp([True, False], [2], "BOOL")).array.tolist() == [True, False]
+
+
+def test_fp32_overflow_decodes_to_infinity_without_a_warning():
+    # The server refuses it (runtime/system.py); the codec only must not warn or wrap.
+    assert np.isinf(decode_one(_fp([1e39, 1.0], [2])).array[0])
+
+
+def test_limits_are_only_checked_when_given():
+    from parityserve.config import Limits
+    from parityserve.errors import LimitExceeded
+
+    body = raw_body(_fp([[1.0, 2.0, 3.0]] * 3, [3, 3]))
+    assert v2.decode_infer_request(*body).inputs[0].array.shape == (3, 3)
+    with pytest.raises(LimitExceeded, match="max_batch_items = 2"):
+        v2.decode_infer_request(*body, Limits(max_batch_items=2))
+    with pytest.raises(LimitExceeded, match="max_input_elements = 2"):
+        v2.decode_infer_request(*body, Limits(max_input_elements=2))
+    with pytest.raises(LimitExceeded, match="max_json_depth = 4"):
+        v2.decode_infer_request(*body, Limits(max_json_depth=4))  # data's rows sit at 5
+    v2.decode_infer_request(*body, Limits(max_json_depth=5))
