@@ -632,7 +632,8 @@ def _infer_body(data: Any, shape: list[int]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_a_shed_query_gets_the_overload_status_retry_after_and_its_queue(status, metrics):
-    client = TestClient(create_app(OverloadedSystem(), metrics=metrics, overload_status=status))
+    client = TestClient(create_app(OverloadedSystem(), metrics=metrics, auth=AUTH,
+                                   overload_status=status))
     for response in (client.post("/calc/predict", json={"input": [1, 2, 3]}),
                      client.post("/v2/models/double/infer", json=_infer_body([1, 2, 3], [1, 3]))):
         assert_error(response, status, "overloaded", "'double' is overloaded")
@@ -648,7 +649,7 @@ def test_an_explicit_max_queue_when_full_answers_like_an_overload(metrics):
         async def predict(self, app, items, uid=None):
             raise QueueFull("queue is at its capacity of 2 entries")
 
-    client = TestClient(create_app(Full(), metrics=metrics, overload_status=429))
+    client = TestClient(create_app(Full(), metrics=metrics, auth=AUTH, overload_status=429))
     response = client.post("/calc/predict", json={"input": [1, 2, 3]})
     assert_error(response, 429, "overloaded", "capacity of 2")
     assert response.headers["retry-after"] == "1"
@@ -657,7 +658,7 @@ def test_an_explicit_max_queue_when_full_answers_like_an_overload(metrics):
 def _limited(system: FakeSystem, metrics: Metrics, **limits: int) -> TestClient:
     from parityserve.config import Limits
 
-    return TestClient(create_app(system, metrics=metrics, max_body_bytes=1 << 20,
+    return TestClient(create_app(system, metrics=metrics, auth=AUTH, max_body_bytes=1 << 20,
                                  limits=Limits(**limits)))
 
 
@@ -737,7 +738,7 @@ def test_v2_deadline_exceeded_is_a_504_json_error(metrics):
         async def infer_detailed(self, model, version, batch):
             raise DeadlineExceeded(f"model {model!r} did not answer within 100 ms")
 
-    client = TestClient(create_app(Late(), metrics=metrics))
+    client = TestClient(create_app(Late(), metrics=metrics, auth=AUTH))
     response = client.post("/v2/models/double/infer", json=_infer_body([1, 2, 3], [1, 3]))
     assert_error(response, 504, "deadline_exceeded", "within 100 ms")
 
