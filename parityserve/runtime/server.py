@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 
 from parityserve.config import ServingConfig
+from parityserve.runtime.connection import uvicorn_settings
 from parityserve.runtime.http import create_app
 from parityserve.runtime.system import ServingSystem
 
@@ -66,7 +67,9 @@ async def _run(config: ServingConfig, system: ServingSystem,
         app = create_app(system, metrics=system.metrics,
                          max_body_bytes=config.server.max_body_bytes)
         uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,
-                                           access_log=False, lifespan="off", http="httptools"))
+                                           access_log=False, lifespan="off",
+                                           **uvicorn_settings(config.server.limits,
+                                                              system.metrics.connection_refused)))
         # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
         # after its shutdown and kill this process before the workers are stopped in order.
         uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
