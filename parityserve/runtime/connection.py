@@ -19,6 +19,7 @@ read timeouts. ``uvicorn[standard]``, a dependency, installs httptools.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import functools
 import logging
@@ -159,14 +160,14 @@ def _refusal_app(refusal: Refusal) -> Callable[..., Any]:
     return app
 
 
-def _httptools_protocol() -> type[Any] | None:
+def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
 
-    class GuardedHttpTools(HttpToolsProtocol):  # type: ignore[misc]
+    class GuardedHttpTools(HttpToolsProtocol):
         """uvicorn's httptools protocol with ``ReadClock``'s limits and JSON refusals."""
 
         def __init__(self, *args: Any, limits: Limits,

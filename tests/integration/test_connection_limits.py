@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from typing import BinaryIO
 from urllib.parse import urlsplit
@@ -16,6 +17,10 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+import uvicorn
+
+from parityserve.config import Limits
+from parityserve.runtime import connection
 
 pytestmark = pytest.mark.integration
 
@@ -237,3 +242,32 @@ def test_refusals_are_counted_by_reason(fast: str) -> None:
         _until_closed(sock, LINGER_S + SLACK_S)
     metrics = httpx.get(f"{fast}/metrics", timeout=5).text
     assert 'parityserve_connections_refused_total{reason="malformed"}' in metrics
+
+
+@pytest.mark.parametrize("httptools", [True, False], ids=["httptools", "h11-fallback"])
+def test_uvicorn_starts_and_serves_with_either_protocol(monkeypatch, httptools: bool) -> None:
+    if not httptools:  # as if httptools were not installed
+        monkeypatch.setattr(connection, "_httptools_protocol", lambda: None)
+    settings = connection.uvicorn_settings(Limits(keep_alive_timeout_s=0.5))
+    assert (settings["http"] == "h11") is not httptools
+
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = uvicorn.Server(uvicorn.Config(app, port=0, lifespan="off", log_level="error",
+                                           **settings))
+    sock = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        port = sock.getsockname()[1]
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 204
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
