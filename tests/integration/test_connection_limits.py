@@ -7,6 +7,7 @@ hanging it. Small limits keep the tests fast.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -236,12 +237,25 @@ def test_a_16_mib_body_within_max_body_bytes_is_served(fast: str) -> None:
     assert response.json()["outputs"][0]["data"] == [0.0]
 
 
-def test_refusals_are_counted_by_reason(fast: str) -> None:
-    with _connect(fast) as sock:
-        sock.sendall(b"\x00garbage\r\n\r\n")
-        _until_closed(sock, LINGER_S + SLACK_S)
+def test_refusals_are_counted_by_reason_and_not_logged_at_warning(fast: str) -> None:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "parityserve")]
+    for log in loggers:
+        log.addHandler(handler)
+    try:
+        for request in (b"\x00garbage\r\n\r\n", LIVE[:-2] + b"X-Big: " + b"a" * 20000):
+            with _connect(fast) as sock:
+                sock.sendall(request)
+                _until_closed(sock, LINGER_S + SLACK_S)
+    finally:
+        for log in loggers:
+            log.removeHandler(handler)
+    assert records == []  # a flood of bad connections must not flood the logs
     metrics = httpx.get(f"{fast}/metrics", timeout=5).text
-    assert 'parityserve_connections_refused_total{reason="malformed"}' in metrics
+    for reason in ("malformed", "header_too_large"):
+        assert f'parityserve_connections_refused_total{{reason="{reason}"}}' in metrics
 
 
 @pytest.mark.parametrize("httptools", [True, False], ids=["httptools", "h11-fallback"])
