@@ -223,8 +223,8 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
                 else:
                     self._unsupported_upgrade_warning()
                 return
-            except httptools.HttpParserError as exc:
-                self._refuse(self._pending or _malformed(str(exc) or "unparsable"))
+            except httptools.HttpParserError as exc:  # from a callback: its cause says more
+                self._refuse(self._pending or _malformed(str(exc.__context__ or exc)))
                 return
             refusal = self._clock.fed(len(data))
             if refusal is not None:
@@ -308,11 +308,11 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
             self._linger()
 
         def _can_answer(self) -> bool:
+            """Whether a response written now would be the answer to the current request."""
             cycle = self.cycle
-            assert self._clock is not None
-            if self._clock.phase is Phase.BODY:  # the request being read is the one running
-                return cycle is not None and not cycle.response_started and not self.pipeline
-            return cycle is None or cycle.response_complete
+            if cycle is None or cycle.scope is not self.scope:  # the current one never ran
+                return cycle is None or cycle.response_complete
+            return not cycle.response_started and not self.pipeline  # running, not queued
 
         def _linger(self) -> None:
             if not self.transport.can_write_eof():  # TLS: no half-close

@@ -107,8 +107,13 @@ def _normal_request_succeeds(url: str) -> None:
     assert httpx.get(f"{url}/v2/health/live", timeout=5).status_code == 200
 
 
-def test_slowloris_head_is_closed_after_the_header_timeout(fast: str) -> None:
+@pytest.mark.parametrize("after_a_request", [False, True], ids=["new", "keep-alive"])
+def test_slowloris_head_is_closed_after_the_header_timeout(fast: str,
+                                                           after_a_request: bool) -> None:
     with _connect(fast) as sock:
+        if after_a_request:  # the second request's head gets its own deadline
+            sock.sendall(LIVE)
+            assert _read_response(sock.makefile("rb"))[0] == 200
         start = time.monotonic()
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n")
         data, closed = b"", False
@@ -172,7 +177,8 @@ def test_an_oversized_head_gets_431(fast: str, size: int) -> None:
 
 @pytest.mark.parametrize("garbage", [b"\x00\x01\x02 nonsense\r\n\r\n",
                                      b"GET / HTTP/9.9\r\n\r\n",
-                                     b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n"])
+                                     b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+                                     b"GET http://[ HTTP/1.1\r\nHost: t\r\n\r\n"])
 def test_a_malformed_request_gets_a_json_400(fast: str, garbage: bytes) -> None:
     with _connect(fast) as sock:
         sock.sendall(garbage)
