@@ -170,7 +170,7 @@ def _refusal_app(refusal: Refusal) -> Callable[..., Any]:
         await send({"type": "http.response.start", "status": refusal.status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", b"%d" % len(body)),
-                                (b"connection", b"close")]})
+                                (b"retry-after", b"1"), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
 
     return app

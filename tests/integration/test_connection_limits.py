@@ -198,6 +198,7 @@ def test_connections_over_the_limit_get_a_json_503_and_service_resumes(few: str)
             data, _ = _until_closed(extra, 5)
         assert f"max_connections={MAX_CONNECTIONS}" in _json_error(
             data, 503, "too_many_connections")
+        assert _response(data)[1]["retry-after"] == "1"
         holders[0].sendall(LIVE)  # those within the limit are still served
         assert _read_response(readers[0])[0] == 200
     finally:
