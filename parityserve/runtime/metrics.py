@@ -47,6 +47,9 @@ class Metrics:
                                   buckets=LATENCY_BUCKETS, registry=reg)
         self._bad = Counter("parityserve_bad_requests", "Requests refused with a 4xx",
                             ["code"], registry=reg)
+        self._refused = Counter("parityserve_connections_refused",
+                                "Connections closed on a limit or an HTTP framing error",
+                                ["reason"], registry=reg)
         self._defaults = Counter("parityserve_default_outputs",
                                  "Queries answered with the application's default output",
                                  ["app", "reason"], registry=reg)
@@ -111,6 +114,9 @@ class Metrics:
 
     def bad_request(self, code: str) -> None:
         self._bad.labels(code).inc()
+
+    def connection_refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
 
     def queue_time(self, model: str, seconds: float) -> None:
         self._child(self._queue, model).observe(seconds)

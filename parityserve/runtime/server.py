@@ -21,6 +21,7 @@ import uvicorn
 from parityserve.config import ServingConfig
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
+from parityserve.runtime.connection import uvicorn_settings
 from parityserve.runtime.http import create_admin_app, create_app
 from parityserve.runtime.system import ServingSystem
 
@@ -75,13 +76,15 @@ def resolve_admin_token(config: ServingConfig, base_dir: Path | None) -> Resolve
     return resolve_token(config.server, base_dir)
 
 
-def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None) -> uvicorn.Server:
+def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
+             on_refuse: Callable[[str], None]) -> uvicorn.Server:
+    # uvicorn_settings: the HTTP parser that enforces server.limits on every connection.
+    settings = uvicorn_settings(config.server.limits, on_refuse)
     tls, base = config.server.tls, base_dir or Path.cwd()
-    ssl = {} if tls is None else {"ssl_certfile": str(base / tls.cert),
-                                  "ssl_keyfile": str(base / tls.key)}
+    if tls is not None:
+        settings.update(ssl_certfile=str(base / tls.cert), ssl_keyfile=str(base / tls.key))
     uv = uvicorn.Server(uvicorn.Config(app, log_level=config.server.log_level,  # type: ignore[arg-type]
-                                       access_log=False, lifespan="off", http="httptools",
-                                       **ssl))  # type: ignore[arg-type]
+                                       access_log=False, lifespan="off", **settings))
     # Signals are ours (see _stop_on_signals). uvicorn's own capture would re-raise SIGTERM
     # after its shutdown and kill this process before the workers are stopped in order.
     uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
@@ -115,7 +118,8 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources))
-        servers = [_uvicorn(app, config, base_dir) for app in apps]
+        servers = [_uvicorn(app, config, base_dir, system.metrics.connection_refused)
+                   for app in apps]
         tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
                  for uv, sock in zip(servers, socks, strict=True)]
         while not all(uv.started for uv in servers) and not any(t.done() for t in tasks):
