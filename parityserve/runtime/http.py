@@ -48,6 +48,7 @@ from parityserve.errors import (
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, ServingSystem
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.openapi import build_openapi
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
@@ -267,6 +268,12 @@ class _RedundancyBody(_Body):
     parity: ParityConfig | None = None
 
 
+# Route name -> body model, for the OpenAPI document.
+_ADMIN_BODIES: dict[str, type[BaseModel]] = {
+    "admin_link_models": _LinkBody, "admin_replicas": _ReplicasBody,
+    "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody}
+
+
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
     try:
         return model.model_validate(_object(body))
@@ -384,8 +391,14 @@ class _Frontend:
                      name="infer"),
                Route(v + "/infer", self.hot["infer"], methods=["POST"], name="infer"),
                r("/{app}/update", self.update, "update", "app", ["POST"])]
-        return [*hot, *self._v2_routes(), *self._admin_routes(),
-                r("/metrics", self.metrics_text, "metrics")]
+        routes = [*hot, *self._v2_routes(), *self._admin_routes(),
+                  r("/metrics", self.metrics_text, "metrics"),
+                  r("/openapi.json", self.openapi, "openapi")]
+        self.openapi_doc = build_openapi(routes, _ADMIN_BODIES, _package_version())
+        return routes
+
+    async def openapi(self, request: Request) -> tuple[Response, Outcome]:
+        return _json(self.openapi_doc), "ok"
 
     def _v2_routes(self) -> list[Route]:
         r, routes = self._route, []
