@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench-overhead clean venv
+.PHONY: demo test lint typecheck bench-overhead fuzz clean venv
 
 venv: $(STAMP)
 
@@ -37,6 +37,12 @@ typecheck: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(BIN)/parityserve bench overhead
+
+# A long schemathesis pass over every route of a live zoo:noop server (>= 10,000 requests);
+# counts, failures and the command go to benchmarks/results/fuzz/. Rerunning overwrites them.
+FUZZ_EXAMPLES ?= 400
+fuzz: $(STAMP)
+	$(BIN)/python tests/integration/fuzz_api.py --examples $(FUZZ_EXAMPLES) --out benchmarks/results/fuzz
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

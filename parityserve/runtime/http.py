@@ -56,6 +56,7 @@ from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, ServingSystem
 from parityserve.runtime.auth import AuthPolicy, authorized
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.openapi import build_openapi
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_admin_app", "create_app"]
 
@@ -92,6 +93,7 @@ def create_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolicy,
     front = _Frontend(system, metrics, max_body_bytes, auth, sources=sources,
                       limits=limits or Limits(), overload_status=overload_status)
     routes = front.routes() + (front.admin_routes() if auth.serve_admin else [])
+    front.describe(routes)
     app = Starlette(routes=routes, exception_handlers={HTTPException: front.http_error})
     return HotPaths(front, app)
 
@@ -296,6 +298,12 @@ class _RedundancyBody(_Body):
     parity: ParityConfig | None = None
 
 
+# Route name -> body model, for the OpenAPI document.
+_ADMIN_BODIES: dict[str, type[BaseModel]] = {
+    "admin_link_models": _LinkBody, "admin_replicas": _ReplicasBody,
+    "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody}
+
+
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
     try:
         return model.model_validate(_object(body))
@@ -457,7 +465,22 @@ class _Frontend:
                r("/{app}/update", self._checked(self.update, inf), "update", "app", ["POST"])]
         return [*hot, *self._v2_routes(),
                 r("/metrics", self._checked(self.metrics_text, self.auth.protect_metrics),
-                  "metrics")]
+                  "metrics"),
+                r("/openapi.json", self.openapi, "openapi")]
+
+    def describe(self, routes: list[Route]) -> None:
+        """Build the OpenAPI document from the routes actually served, and what guards them."""
+        secured = {name for name, on in (("metrics", self.auth.protect_metrics),
+                                         ("predict", self.auth.protect_inference),
+                                         ("update", self.auth.protect_inference),
+                                         ("infer", self.auth.protect_inference),
+                                         ("model_metadata", self.auth.protect_inference),
+                                         ("model_config", self.auth.protect_inference)) if on}
+        self.openapi_doc = build_openapi(routes, _ADMIN_BODIES, _package_version(),
+                                         secured=frozenset(secured))
+
+    async def openapi(self, request: Request) -> tuple[Response, Outcome]:
+        return _json(self.openapi_doc), "ok"
 
     def _v2_routes(self) -> list[Route]:
         r, routes, inf = self._route, [], self.auth.protect_inference
