@@ -13,6 +13,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 from test_http_frontend import FakeSystem
 
+from parityserve.config import Limits
 from parityserve.errors import MalformedRequest
 from parityserve.runtime import http, schema
 from parityserve.runtime.auth import AuthPolicy
@@ -94,7 +95,7 @@ def _parses(parse: Any, body: dict[str, Any]) -> bool:
 
 
 def _predict_parser(body: dict[str, Any]) -> None:
-    http._predict_items(body)
+    http._predict_items(body, Limits())
     http._optional_str(body, "uid")
 
 
