@@ -75,6 +75,9 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--client-key", type=Path,
                    help="this worker's secret key file (NAME.key_secret); the frontend must "
                         "have NAME.key in its server.worker_keys_dir")
+    p.add_argument("--join-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="give up, saying why, when no frontend completes a handshake at "
+                        "--connect within this time (default: 30)")
     p.set_defaults(func=_cmd_worker)
 
 
@@ -333,6 +336,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options = orjson.loads(args.options)
     except orjson.JSONDecodeError as exc:
         raise ParityServeError(f"--options is not valid JSON: {exc}") from exc
+    if not args.join_timeout > 0:
+        raise ParityServeError(f"--join-timeout must be positive, got {args.join_timeout}")
     data_dir = _data_dir(args.data_dir)
     keys = _worker_keys(args)
     # Random, so that no other peer can take this worker's id before it connects.
@@ -346,7 +351,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     print(f"parityserve worker {rid}: loading {args.source} as model {args.model!r} "
           f"v{args.version}, then joining {args.connect}", file=sys.stderr, flush=True)
     try:
-        return run_worker(spec, args.connect, keys)
+        return run_worker(spec, args.connect, keys, join_timeout_s=args.join_timeout)
     finally:  # leaving anyway: a late SIGTERM must not raise inside interpreter shutdown
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

@@ -23,6 +23,7 @@ from parityserve.errors import (
     DeadlineExceeded,
     Forbidden,
     InvalidInput,
+    LimitExceeded,
     MalformedRequest,
     Overloaded,
     ParityServeError,
@@ -43,7 +44,7 @@ __all__ = ["Client"]
 _ERRORS: dict[str, type[ParityServeError]] = {
     cls.code: cls for cls in (MalformedRequest, InvalidInput, UnknownModel, UnknownApplication,
                               UnknownQuery, Conflict, PayloadTooLarge, Unavailable,
-                              DeadlineExceeded, Forbidden, RequestError)
+                              DeadlineExceeded, Forbidden, LimitExceeded, RequestError)
 }
 _DUMP = orjson.OPT_SERIALIZE_NUMPY
 

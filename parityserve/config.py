@@ -280,6 +280,11 @@ class Deployment(_Frozen):
             return 0
         return self.parity.replicas or max(1, -(-self.replicas // self.parity.k))
 
+    def worker_processes(self) -> int:
+        """Worker processes this deployment runs: its data replicas and every parity pool."""
+        pools = self.parity.r if self.redundancy.mode == "parm" and self.parity else 0
+        return self.data_replicas() + pools * self.parity_replicas()
+
     def faults_for(self, replica: int) -> FaultConfig:
         return self.faults.get(str(replica), self.faults.get("all", FaultConfig()))
 
@@ -353,6 +358,9 @@ class Server(_Frozen):
         "serve within its SLO at its measured service rate")
     overload_status: Literal[429, 503] = Field(
         503, description="status of a query shed because its model is overloaded")
+    max_local_workers: int = Field(
+        64, ge=1, le=4096, description="worker processes this host may run for all models "
+        "together (replicas and parity models); a deploy or scale past it is refused")
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     state_store: str = Field("memory", description="where selection state lives: memory, "
                              "sqlite:PATH or redis://HOST:PORT/DB")
@@ -421,6 +429,10 @@ class ServingConfig(_Frozen):
             missing = [m for m in app.models if m not in names]
             if missing:
                 raise ValueError(f"application {app.name!r} links unknown models {missing}")
+        workers = sum(m.worker_processes() for m in self.models)
+        if workers > self.server.max_local_workers:
+            raise ValueError(f"the models need {workers} worker processes, more than "
+                             f"server.max_local_workers = {self.server.max_local_workers}")
         return self
 
 

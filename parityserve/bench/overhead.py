@@ -353,7 +353,12 @@ class _AppProcess:
     def __enter__(self) -> _AppProcess:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
+        try:
+            ready = self.proc.stdout.readline().strip() == "ready"
+        except BaseException:  # interrupted while it starts: __exit__ would not run
+            self.__exit__()
+            raise
+        if not ready:
             self.__exit__()
             raise Unavailable(f"baseline app failed to start: {' '.join(self.cmd)}")
         return self

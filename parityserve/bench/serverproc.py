@@ -60,7 +60,13 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read_output, name="parityserve-output",
                                         daemon=True)
         self._reader.start()
-        self.url = self._await_url()
+        try:
+            self.url = self._await_url()
+        except BaseException:
+            # Ctrl-C or SIGTERM while the server was still loading: ``with`` calls __exit__
+            # only once __enter__ has returned, so stop it here or it outlives us.
+            self.stop()
+            raise
         return self
 
     def _read_output(self) -> None:

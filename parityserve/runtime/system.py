@@ -37,6 +37,7 @@ from parityserve.errors import (
     Conflict,
     DeadlineExceeded,
     InvalidInput,
+    LimitExceeded,
     ModelLoadError,
     Overloaded,
     PredictError,
@@ -751,6 +752,7 @@ class ServingSystem:
                 f"model {deployment.name!r} already serves version {old.version}; "
                 f"deploy version {old.version + 1} or higher"
             )
+        self._check_worker_budget(deployment, replacing=None)
         if old is not None:
             del self.models[deployment.name]
         path = self._install(deployment)
@@ -777,8 +779,10 @@ class ServingSystem:
         path = self._model(model)
         if not 0 <= replicas <= 256:
             raise InvalidInput("replicas must be between 0 and 256")
+        deployment = _revalidated(path.deployment, replicas=replicas)
+        self._check_worker_budget(deployment, replacing=path)
         self._forgive(path)
-        self._reconcile(path, _revalidated(path.deployment, replicas=replicas))
+        self._reconcile(path, deployment)
 
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None:
@@ -786,12 +790,33 @@ class ServingSystem:
         path = self._model(model)
         deployment = _revalidated(path.deployment, redundancy=redundancy.model_dump(),
                                   parity=parity.model_dump() if parity else None)
+        self._check_worker_budget(deployment, replacing=path)
         old_parity = path.deployment.parity
         if old_parity is not None and deployment.parity != old_parity:
             parity_replicas = [r for r in path.replicas.values() if r.pool != DATA_POOL]
             self._stop_replicas(path, parity_replicas)  # new parity models load afresh
         self._reconcile(path, deployment)
         path.set_redundancy(deployment)
+
+    def _check_worker_budget(self, deployment: Deployment, replacing: ModelPath | None) -> None:
+        """Refuse a change that would run more worker processes here than the server allows.
+
+        Why a cap at all: each replica is a process with a model in memory, so one admin
+        request asking for hundreds of them could take the host down. Workers that joined
+        from other machines (no process of ours) do not count. A rolling deploy counts the
+        old version too, since both run until the new one is ready.
+        """
+        limit = self.config.server.max_local_workers
+        running = sum(r.process is not None for p in [*self.models.values(), *self._retired]
+                      for r in p.replicas.values())
+        freed = 0 if replacing is None else sum(
+            r.process is not None for r in replacing.replicas.values())
+        wanted = deployment.worker_processes()
+        if running - freed + wanted > limit:
+            raise LimitExceeded(
+                f"model {deployment.name!r} would need {wanted} worker processes and "
+                f"{running - freed} already run here: more than server.max_local_workers = "
+                f"{limit}. Scale other models down, or raise the limit in the config")
 
     def _reconcile(self, path: ModelPath, deployment: Deployment) -> None:
         """Start or stop replicas so every pool has the size ``deployment`` asks for."""

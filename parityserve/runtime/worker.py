@@ -26,6 +26,7 @@ import zmq
 from parityserve.core.faults import FaultPlan, FaultSpec
 from parityserve.errors import ModelLoadError, WorkerError
 from parityserve.runtime import wire
+from parityserve.runtime.handshake import JOIN_TIMEOUT_S, await_handshake, watch_handshake
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 
 __all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "keys_from_env", "main", "run_worker"]
@@ -222,15 +223,27 @@ def _load(spec: WorkerSpec) -> Any:
         ) from exc
 
 
-def _socket(spec: WorkerSpec, connect: str, keys: ClientKeys | None) -> zmq.Socket[bytes]:
-    """A DEALER to the frontend; with keys, a CURVE client that also checks the server's key."""
+def _socket(spec: WorkerSpec, connect: str, keys: ClientKeys | None,
+            join_timeout_s: float | None = None) -> zmq.Socket[bytes]:
+    """A DEALER to the frontend; with keys, a CURVE client that also checks the server's key.
+
+    With ``join_timeout_s``, returns only once the handshake has succeeded (see handshake).
+    """
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, spec.replica_id.encode())
     if keys is not None:
         sock.curve_serverkey = keys.server_public
         sock.curve_publickey = keys.public
         sock.curve_secretkey = keys.secret
+    monitor = watch_handshake(sock) if join_timeout_s is not None else None
     sock.connect(connect)
+    if monitor is not None and join_timeout_s is not None:
+        try:
+            await_handshake(sock, monitor, connect, curve=keys is not None,
+                            timeout_s=join_timeout_s)
+        except WorkerError:
+            sock.close(linger=0)
+            raise
     return sock
 
 
@@ -241,14 +254,17 @@ def keys_from_env() -> ClientKeys | None:
     return ClientKeys.from_env(text) if text else None
 
 
-def run_worker(spec: WorkerSpec, connect: str, keys: ClientKeys | None = None) -> int:
+def run_worker(spec: WorkerSpec, connect: str, keys: ClientKeys | None = None,
+               join_timeout_s: float = JOIN_TIMEOUT_S) -> int:
     """Load the model, connect, say hello, and serve until told to stop.
 
-    Raises ModelLoadError (before connecting) when the model cannot be loaded.
+    Raises ModelLoadError (before connecting) when the model cannot be loaded, and
+    WorkerError when the frontend refuses the connection or none answers in
+    ``join_timeout_s``.
     """
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     model = _load(spec)
-    sock = _socket(spec, connect, keys)
+    sock = _socket(spec, connect, keys, join_timeout_s)
     sock.setsockopt(zmq.LINGER, 500)
     worker = _Worker(spec, model, sock)
     worker.hello()

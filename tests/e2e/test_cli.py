@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -398,11 +399,25 @@ def test_no_command_is_a_usage_error() -> None:
 
 # ---- 6. parityserve worker ------------------------------------------------------------------
 
+@pytest.fixture
+def worker_keys(tmp_path: Path) -> Path:
+    """A keys folder made the way the README says: the frontend's pair and one worker's."""
+    keys = tmp_path / "keys"
+    for name in ("server", "w1"):
+        result = run_cli("keys", "generate", "--dir", str(keys), "--name", name)
+        assert result.returncode == 0, result.stderr
+    return keys
+
+
+def _key_args(keys: Path) -> list[str]:
+    return ["--server-key", str(keys / "server.key"), "--client-key", str(keys / "w1.key_secret")]
+
+
 def test_external_worker_joins_serves_and_leaves(frontends, deploy_dir, tmp_path,
-                                                 children) -> None:
+                                                 children, worker_keys) -> None:
     config = write_yaml(deploy_dir / "ext.yaml", {
         # A long heartbeat timeout: the frontend must forget a leaving worker by its goodbye.
-        "server": {"heartbeat_timeout_ms": 30000},
+        "server": {"heartbeat_timeout_ms": 30000, "worker_keys_dir": str(worker_keys)},
         "models": [{"name": "ext", "source": "zoo:echo", "replicas": 0}],
         "applications": [{"name": "ext", "models": ["ext"], "slo_ms": 200,
                           "default_output": "no replica"}],
@@ -414,8 +429,8 @@ def test_external_worker_joins_serves_and_leaves(frontends, deploy_dir, tmp_path
 
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen([PARITYSERVE, "worker", "--connect", frontend.rpc, "--model", "ext",
-                               "--source", "zoo:echo"], stdout=log, stderr=log,
-                              stdin=subprocess.DEVNULL)
+                               "--source", "zoo:echo", *_key_args(worker_keys)],
+                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     log.close()
     children.append(worker)
     wait_for(lambda: [r for r in _model(client, "ext")["replicas"] if r["state"] == "ready"],
@@ -444,13 +459,53 @@ def _model(client: Client, name: str) -> dict:
     return next(m for m in client.state()["models"] if m["name"] == name)
 
 
-def test_worker_for_an_unknown_model_is_refused_clearly(frontends, deploy_dir) -> None:
-    frontend = frontends(write_yaml(deploy_dir / "echo.yaml", ECHO_ONLY))
+def test_worker_for_an_unknown_model_is_refused_clearly(frontends, deploy_dir,
+                                                        worker_keys) -> None:
+    config = {**ECHO_ONLY, "server": {**ECHO_ONLY["server"],
+                                      "worker_keys_dir": str(worker_keys)}}
+    frontend = frontends(write_yaml(deploy_dir / "echo.yaml", config))
     result = run_cli("worker", "--connect", frontend.rpc, "--model", "nope", "--source",
-                     "zoo:echo", timeout_s=30)
+                     "zoo:echo", *_key_args(worker_keys), timeout_s=30)
     assert result.returncode == 2
     assert "parityserve: error: the frontend at" in result.stderr
-    assert "no model 'nope' version 1 here; serving: echo v1" in result.stderr
+    # It says what was asked for, never what is served: a stranger learns nothing.
+    assert "no model 'nope' version 1 here" in result.stderr
+    assert "echo" not in result.stderr.split("no model")[1]
+
+
+def test_worker_without_keys_is_told_what_to_pass(frontends, deploy_dir) -> None:
+    frontend = frontends(write_yaml(deploy_dir / "echo.yaml", ECHO_ONLY))
+    result = run_cli("worker", "--connect", frontend.rpc, "--model", "echo", "--source",
+                     "zoo:echo", timeout_s=30)
+    assert result.returncode == 2, result.stderr
+    assert "accepts only CURVE-authenticated workers: pass --server-key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_worker_with_a_key_the_frontend_does_not_admit_is_refused(frontends, deploy_dir,
+                                                                  worker_keys) -> None:
+    config = {**ECHO_ONLY, "server": {**ECHO_ONLY["server"],
+                                      "worker_keys_dir": str(worker_keys)}}
+    frontend = frontends(write_yaml(deploy_dir / "echo.yaml", config))
+    stranger = run_cli("keys", "generate", "--dir", str(worker_keys.parent / "other"),
+                       "--name", "w1")
+    assert stranger.returncode == 0, stranger.stderr
+    result = run_cli("worker", "--connect", frontend.rpc, "--model", "echo", "--source",
+                     "zoo:echo", "--server-key", str(worker_keys / "server.key"),
+                     "--client-key", str(worker_keys.parent / "other" / "w1.key_secret"),
+                     timeout_s=30)
+    assert result.returncode == 2, result.stderr
+    assert "does not admit this worker's key" in result.stderr
+
+
+def test_worker_with_no_frontend_gives_up_after_the_join_timeout() -> None:
+    with socket.socket() as s:  # a port with nothing listening on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run_cli("worker", "--connect", f"tcp://127.0.0.1:{port}", "--model", "echo",
+                     "--source", "zoo:echo", "--join-timeout", "1", timeout_s=30)
+    assert result.returncode == 2, result.stderr
+    assert f"no frontend answered at tcp://127.0.0.1:{port} within 1 s" in result.stderr
 
 
 def test_worker_whose_model_cannot_load_fails_fast(tmp_path) -> None:
@@ -509,7 +564,8 @@ def test_a_model_failing_to_load_later_backs_off_and_the_rest_keeps_serving(
         client.set_replicas("broken", 1)
         error = wait_for(lambda: _model(client, "broken")["load_error"], timeout_s=20,
                          what="the load error in the admin state")
-        assert "sklearn model file /nonexistent.joblib does not exist" in error
+        # Paths are scrubbed from errors the API shows (models/sources.scrub_paths).
+        assert "sklearn model file <path>/nonexistent.joblib does not exist" in error
         wait_for(lambda: "(3 failures in a row)" in frontend.stderr, timeout_s=20,
                  what="restarts backing off")
         assert "(2 failures in a row)" in frontend.stderr

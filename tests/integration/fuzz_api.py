@@ -24,7 +24,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 KNOWN_ELSEWHERE: dict[str, str] = {}
 
 CONFIG = {
-    "server": {"http_port": 0, "cache_bytes": 0},
+    # A small worker budget: fuzzed deploys and scale-ups must be refused (400), not start
+    # hundreds of processes on the test machine.
+    "server": {"http_port": 0, "cache_bytes": 0, "max_local_workers": 3},
     "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}],
     "applications": [{"name": "app", "models": ["noop"], "slo_ms": 5000,
                       "default_output": 0}],
@@ -37,13 +39,15 @@ def fuzz(url: str, examples: int, token: str | None = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     counts: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
-    for result in schema.get_all_operations():
-        _run_operation(result.ok(), url, examples, headers, counts, failures)
+    with requests.Session() as session:  # one pool of connections, closed at the end
+        for result in schema.get_all_operations():
+            _run_operation(result.ok(), url, examples, headers, session, counts, failures)
     return {"counts": dict(counts), "failures": failures}
 
 
 def _run_operation(op: Any, url: str, examples: int, headers: dict[str, str],
-                   counts: Counter[str], failures: list[dict[str, Any]]) -> None:
+                   session: requests.Session, counts: Counter[str],
+                   failures: list[dict[str, Any]]) -> None:
     label = f"{op.method.upper()} {op.path}"
     print(f"fuzz {label} ({examples} cases)", file=sys.stderr, flush=True)
 
@@ -53,7 +57,7 @@ def _run_operation(op: Any, url: str, examples: int, headers: dict[str, str],
     def one(case: Any) -> None:
         counts["cases"] += 1
         try:
-            response = case.call(base_url=url, headers=headers, timeout=30)
+            response = case.call(base_url=url, session=session, headers=headers, timeout=30)
         except requests.RequestException as exc:
             counts["transport_error"] += 1
             failures.append({"operation": label, "error": repr(exc),

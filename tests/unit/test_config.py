@@ -133,3 +133,13 @@ def test_berrut_workers_widen_the_group() -> None:
     plain = _dep(replicas=8, redundancy={"mode": "berrut", "K": 4, "S": 1})
     wide = _dep(replicas=8, redundancy={"mode": "berrut", "K": 4, "S": 1, "workers": 8})
     assert (plain.redundancy.coded_tasks(), wide.redundancy.coded_tasks()) == (5, 8)
+
+
+def test_a_config_needing_more_workers_than_the_host_allows_is_refused() -> None:
+    models = [{"name": "a", "source": "zoo:noop", "replicas": 3},
+              {"name": "b", "source": "zoo:noop", "replicas": 2,
+               "redundancy": {"mode": "equal-resources", "extra": 1}}]
+    with pytest.raises(ConfigError, match="need 6 worker processes, more than "
+                                          "server.max_local_workers = 5"):
+        parse_config({"server": {"max_local_workers": 5}, "models": models})
+    assert parse_config({"server": {"max_local_workers": 6}, "models": models})
