@@ -44,13 +44,34 @@ _MISSING = "–"
 # --- machine and command ------------------------------------------------------------------
 
 
-def command_line() -> str:
-    """The command that started this process, shell-quoted so it can be pasted back.
+def command_line(argv: list[str] | None = None, cwd: Path | None = None) -> str:
+    """The command that started this process, as a reader reruns it from the project root.
 
-    ``sys.orig_argv`` keeps the interpreter and ``-m module``, which ``sys.argv`` loses.
+    ``sys.orig_argv`` keeps the interpreter and ``-m module``, which ``sys.argv`` loses. The
+    interpreter and console-script paths of this machine become ``parityserve``/``python``,
+    and absolute paths near the working directory become relative (``../shared/data``).
     """
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    return " ".join(shlex.quote(a) for a in argv)
+    args = list(argv if argv is not None else getattr(sys, "orig_argv", None) or sys.argv)
+    if args and Path(args[0]).name.startswith("python"):
+        rest = args[1:]
+        if rest[:2] in (["-m", "parityserve.cli"], ["-m", "parityserve"]):
+            args = ["parityserve", *rest[2:]]
+        elif rest and Path(rest[0]).name == "parityserve":
+            args = ["parityserve", *rest[1:]]
+        else:
+            args = ["python", *rest]
+    elif args and Path(args[0]).name == "parityserve":
+        args = ["parityserve", *args[1:]]
+    here = cwd or Path.cwd()
+    return " ".join(shlex.quote(_near(a, here)) for a in args)
+
+
+def _near(arg: str, here: Path) -> str:
+    """``arg`` relative to ``here`` when it is an absolute path at most one level above it."""
+    if not arg.startswith("/"):
+        return arg
+    relative = os.path.relpath(arg, here)
+    return relative if not relative.startswith("../..") else arg
 
 
 def machine_info() -> dict[str, Any]:

@@ -108,3 +108,19 @@ def test_a_cdf_with_no_curve_says_so_instead_of_warning(tmp_path: Path) -> None:
 def test_quantile_cdf_refuses_quantiles_off_its_grid(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="a: 2 quantiles for 3 probabilities"):
         plot_quantile_cdf({"a": [1.0, 2.0]}, [0.5, 0.9, 1.0], tmp_path / "x.png", "CDF")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["/work/p/.venv/bin/python3", "/work/p/.venv/bin/parityserve", "bench", "tail",
+      "--data-dir", "/work/shared/data"], "parityserve bench tail --data-dir ../shared/data"),
+    (["/usr/bin/python3.11", "-m", "parityserve.cli", "bench", "overhead", "--quick"],
+     "parityserve bench overhead --quick"),
+    (["/work/p/.venv/bin/parityserve", "bench", "simulate", "--out", "/work/p/results/x.json"],
+     "parityserve bench simulate --out results/x.json"),
+    ([".venv/bin/python", "benchmarks/diagnostics/overload.py", "--factor", "5"],
+     "python benchmarks/diagnostics/overload.py --factor 5"),
+    (["/work/p/.venv/bin/parityserve", "bench", "tail", "--results-dir", "/tmp/x y"],
+     "parityserve bench tail --results-dir '/tmp/x y'"),
+])
+def test_the_recorded_command_reruns_from_the_project_root(argv, expected) -> None:
+    assert report.command_line(argv, cwd=Path("/work/p")) == expected
