@@ -247,7 +247,7 @@ class Deployment(_Frozen):
     @model_validator(mode="after")
     def _check_fault_keys(self) -> Deployment:
         for key in self.faults:
-            if key != "all" and not key.isdigit():
+            if key != "all" and not (key.isascii() and key.isdigit()):
                 raise ValueError(f"fault key {key!r} must be a replica index or 'all'")
         return self
 

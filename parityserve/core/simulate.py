@@ -221,7 +221,7 @@ class SimConfig:
             raise ConfigError(f"mode {self.mode} needs at least {need} replicas, "
                               f"got {self.replicas}")
         for key in self.faults:
-            if key != "all" and not key.isdigit():
+            if key != "all" and not (key.isascii() and key.isdigit()):
                 raise ConfigError(f"fault key {key!r} must be a replica index or 'all'")
 
     def coded_tasks(self) -> int:

@@ -239,7 +239,7 @@ def _version(request: Request) -> int | None:
     raw = request.path_params.get("version")
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise UnknownModel(f"model {request.path_params['model']!r} has no version {raw!r}; "
                            "versions are positive integers")
     return int(raw)
@@ -284,7 +284,8 @@ class _FaultsBody(_Body):
     @field_validator("replica")
     @classmethod
     def _replica(cls, value: str) -> str:
-        if value != "all" and not value.isdigit() and not _PARITY_SLOT.match(value):
+        index = value.isascii() and value.isdigit()  # ASCII: "²".isdigit() is True too
+        if value != "all" and not index and not _PARITY_SLOT.match(value):
             raise ValueError("must be a replica index, a parity replica like 'parity0-1', "
                              "or 'all'")
         return value
@@ -340,7 +341,7 @@ def _config_json(meta: ModelMetadata) -> dict[str, Any]:
 
 
 def _latest(meta: ModelMetadata) -> str | None:
-    numeric = [v for v in meta.versions if v.isdigit()]
+    numeric = [v for v in meta.versions if v.isascii() and v.isdigit()]
     return max(numeric, key=int) if numeric else None
 
 

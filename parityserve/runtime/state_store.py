@@ -397,7 +397,7 @@ def _check_redis_url(url: str, description: str) -> None:
     problem = ("expected redis://HOST:PORT/DB" if parts.scheme not in ("redis", "rediss")
                else "no host" if not parts.hostname
                else f"port {port} is out of range" if port is not None and not 0 < port < 65536
-               else f"database {db!r} is not a number" if db and not db.isdigit()
+               else f"database {db!r} is not a number" if db and not (db.isascii() and db.isdigit())
                else None)
     if problem:
         raise ConfigError(f"state store {description}: bad Redis URL: {problem}")

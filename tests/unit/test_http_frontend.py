@@ -198,6 +198,11 @@ def test_model_metadata_errors(client):
     assert_error(client.get("/v2/models/nope"), 404, "unknown_model", "'nope'")
     assert_error(client.get("/v2/models/double/versions/9"), 404, "unknown_model", "version 9")
     assert_error(client.get("/v2/models/double/versions/abc"), 404, "unknown_model", "'abc'")
+    # Found by `make fuzz`: str.isdigit() accepts "²", which int() refuses (it was a 500).
+    for digit in ("²", "٣"):
+        for route in ("", "/ready", "/config"):
+            assert_error(client.get(f"/v2/models/double/versions/{digit}{route}"), 404,
+                         "unknown_model", "versions are positive integers")
 
 
 def test_model_ready(client, system):
