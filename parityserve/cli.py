@@ -148,6 +148,22 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "overhead", help="frontend overhead vs raw call and a bare Starlette app",
         description="Open-loop Poisson load at several rates against parityserve, a bare "
                     "Starlette app calling the model in-process, and the raw predict call."))
+    from parityserve.bench import load
+
+    load.add_arguments(bench.add_parser(
+        "load", help="load any V2 (HTTP JSON/binary, gRPC) server or Clipper route: open "
+                     "loop, closed loop, or a sweep for the highest rate within an SLO",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=load.__doc__,
+        epilog=textwrap.dedent("""\
+            examples:
+              parityserve bench load http://127.0.0.1:8000 --model mnist-mlp --rate 500
+              parityserve bench load 127.0.0.1:8001 --protocol grpc --model mnist-mlp \\
+                  --concurrency 16 --duration 20 --json grpc.json --plot grpc.png
+              parityserve bench load http://127.0.0.1:8000 --protocol clipper --app digits \\
+                  --inputs x.npy --sweep --slo-ms 20
+              parityserve bench load http://triton:8000 --model resnet --protocol http-json \\
+                  --rate 200 --slo-ms 50      (any V2 server, not only parityserve)""")))
     from parityserve.bench import selection
 
     selection.add_arguments(bench.add_parser(
