@@ -44,6 +44,9 @@ def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "a YAML file. Ctrl-C or SIGTERM stops everything cleanly.")
     p.add_argument("-c", "--config", required=True, type=Path, help="deployment YAML")
     p.add_argument("--port", type=int, help="override server.http_port")
+    p.add_argument("--grpc-port", type=int, metavar="PORT",
+                   help="override server.grpc_port (KServe V2 gRPC; default: beside the HTTP "
+                        "port, 8001 with 8000; 0 turns gRPC off)")
     p.add_argument("--data-dir", type=Path, help="datasets/weights folder ($PARITYSERVE_DATA)")
     p.add_argument("--log-dir", type=Path, help="write each worker's stderr to a file here")
     p.set_defaults(func=_cmd_start)
@@ -145,6 +148,22 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "overhead", help="frontend overhead vs raw call and a bare Starlette app",
         description="Open-loop Poisson load at several rates against parityserve, a bare "
                     "Starlette app calling the model in-process, and the raw predict call."))
+    from parityserve.bench import load
+
+    load.add_arguments(bench.add_parser(
+        "load", help="load any V2 (HTTP JSON/binary, gRPC) server or Clipper route: open "
+                     "loop, closed loop, or a sweep for the highest rate within an SLO",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=load.__doc__,
+        epilog=textwrap.dedent("""\
+            examples:
+              parityserve bench load http://127.0.0.1:8000 --model mnist-mlp --rate 500
+              parityserve bench load 127.0.0.1:8001 --protocol grpc --model mnist-mlp \\
+                  --concurrency 16 --duration 20 --json grpc.json --plot grpc.png
+              parityserve bench load http://127.0.0.1:8000 --protocol clipper --app digits \\
+                  --inputs x.npy --sweep --slo-ms 20
+              parityserve bench load http://triton:8000 --model resnet --protocol http-json \\
+                  --rate 200 --slo-ms 50      (any V2 server, not only parityserve)""")))
     from parityserve.bench import selection
 
     selection.add_arguments(bench.add_parser(
@@ -220,14 +239,30 @@ def _add_train_parity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(func=_cmd_train_parity)
 
 
+def _server_with(server: Any, ports: dict[str, int]) -> Any:
+    """``server`` with ``ports`` changed, validated like the YAML (python-mode dump: a
+    SecretStr token stays a secret, not its masked text)."""
+    from pydantic import ValidationError
+
+    from parityserve.config import Server
+
+    try:
+        return Server.model_validate({**server.model_dump(), **ports})
+    except ValidationError as exc:
+        problems = "; ".join(f"server.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in exc.errors())
+        raise ParityServeError(f"command line: {problems}") from None
+
+
 def _cmd_start(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
     from parityserve.runtime.server import resolve_admin_token, serve
 
     config = load_config(args.config)
-    if args.port is not None:
-        config = config.model_copy(update={"server": config.server.model_copy(
-            update={"http_port": args.port})})
+    ports = {k: v for k, v in (("http_port", args.port), ("grpc_port", args.grpc_port))
+             if v is not None}
+    if ports:  # validated, so a bad port gets the same clear error as in YAML
+        config = config.model_copy(update={"server": _server_with(config.server, ports)})
     data_dir = _data_dir(args.data_dir)
     base_dir = args.config.resolve().parent
     token = resolve_admin_token(config, base_dir)  # before serving: say where it lives

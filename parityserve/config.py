@@ -347,6 +347,9 @@ class Server(_Frozen):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
     rpc_port: int = Field(0, ge=0, le=65535, description="ZeroMQ port for workers; 0 picks one")
+    grpc_port: int | None = Field(
+        None, ge=0, le=65535, description="KServe V2 over gRPC; default: beside the HTTP port "
+        "(8001 with 8000, as Triton), a free port when http_port is 0; 0 turns gRPC off")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="prediction cache size; 0 disables"
@@ -394,6 +397,14 @@ class Server(_Frozen):
         None, description="the frontend's keypair and the allowed worker public keys "
         "(see `parityserve keys`); default: keys made in memory for local workers only")
     limits: Limits = Limits()
+
+    def grpc_listen_port(self) -> int | None:
+        """The port to bind gRPC on (0: a free one), or None when gRPC is off."""
+        if self.grpc_port == 0:
+            return None
+        if self.grpc_port is not None:
+            return self.grpc_port
+        return self.http_port + 1 if 0 < self.http_port < 65535 else 0
 
     @model_validator(mode="after")
     def _check_safe(self) -> Server:

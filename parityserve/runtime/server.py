@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -34,6 +35,7 @@ class ServerUrls:
     http: str
     rpc: str
     admin: str | None = None  # the admin listener's base URL; None: admin is on ``http``
+    grpc: str | None = None  # host:port of the V2 gRPC service; None: gRPC is off
 
     @property
     def admin_base(self) -> str:
@@ -45,6 +47,8 @@ class ServerUrls:
                  f"  health              {self.http}/v2/health/ready",
                  f"  metrics             {self.http}/metrics",
                  f"  admin state         {self.admin_base}/admin/state"]
+        if self.grpc:
+            lines.append(f"  V2 gRPC             {self.grpc}")
         lines += [f"  app {a.name:<16} POST {self.http}/{a.name}/predict"
                   for a in config.applications]
         lines += [f"  model {m.name:<14} POST {self.http}/v2/models/{m.name}/infer"
@@ -91,6 +95,33 @@ def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
     return uv
 
 
+def _bind_grpc(config: ServingConfig, system: ServingSystem, policy: AuthPolicy,
+               base_dir: Path | None) -> tuple[Any, str | None]:
+    """The V2 gRPC service bound beside HTTP (same host, TLS and limits), or (None, None)."""
+    s = config.server
+    port = s.grpc_listen_port()
+    if port is None:
+        return None, None
+    from parityserve.runtime.grpc_v2 import bind_grpc  # grpcio loads only when serving gRPC
+
+    base = base_dir or Path.cwd()
+    tls = None if s.tls is None else ((base / s.tls.key).read_bytes(),
+                                      (base / s.tls.cert).read_bytes())
+    server, bound = bind_grpc(system, host=s.host, port=port, auth=policy, limits=s.limits,
+                              max_message_bytes=s.max_body_bytes, version=_package_version(),
+                              tls=tls)
+    return server, f"{s.host}:{bound}"
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("parityserve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def _url(config: ServingConfig, sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"{'https' if config.server.tls else 'http'}://{host}:{port}"
@@ -107,10 +138,12 @@ async def _run(config: ServingConfig, system: ServingSystem,
     socks = [_bind(s.host, s.http_port)]
     if s.admin_host is not None and s.admin_port is not None:
         socks.append(_bind(s.admin_host, s.admin_port))
+    policy = auth_policy(config, token)
+    grpc_server: Any = None
     try:
+        grpc_server, grpc_url = _bind_grpc(config, system, policy, base_dir)
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
-        policy = auth_policy(config, token)
         sources = SourcePolicy.for_server(s, system.base_dir)
         apps: list[object] = [create_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources,
@@ -126,10 +159,14 @@ async def _run(config: ServingConfig, system: ServingSystem,
             await asyncio.sleep(0.01)
         if tune_gc:
             _tune_gc_for_serving()
+        if grpc_server is not None:
+            await grpc_server.start()
         admin = _url(config, socks[1]) if len(socks) > 1 else None
-        on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin))
+        on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin, grpc_url))
         await _wait_stop(tasks, servers, stop)
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)  # answers in flight finish, new calls are refused
         await system.close()
         for sock in socks:
             sock.close()
@@ -234,6 +271,12 @@ class RunningServer:
     def url(self) -> str:
         assert self.urls is not None
         return self.urls.http
+
+    @property
+    def grpc_url(self) -> str | None:
+        """host:port of the V2 gRPC service (what ``tritonclient.grpc`` takes), or None."""
+        assert self.urls is not None
+        return self.urls.grpc
 
     @property
     def admin_url(self) -> str:

@@ -293,14 +293,31 @@ def _from_binary(name: str, datatype: str, shape: tuple[int, ...], size: Any,
         raise MalformedRequest(f"tensor {name!r}: binary_data_size must be a non-negative "
                                f"integer, got {size!r}")
     chunk = buffers.take(size, name)
+    dtype, count = _DTYPES[datatype], math.prod(shape)
+    if datatype != "BYTES" and size != count * dtype.itemsize:
+        raise InvalidInput(f"tensor {name!r}: binary_data_size is {size} bytes, but shape "
+                           f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
+    return array_from_raw(name, datatype, shape, chunk)
+
+
+def array_from_raw(name: str, datatype: str, shape: tuple[int, ...],
+                   raw: bytes | memoryview) -> np.ndarray:
+    """A tensor from its raw little-endian bytes: the binary extension's buffer, or gRPC's
+    ``raw_input_contents``. BYTES elements are each a 4-byte length and the bytes."""
+    dtype = datatype_to_dtype(datatype)
+    chunk = memoryview(raw)
     count = math.prod(shape)
     if datatype == "BYTES":
         return _unpack_bytes(chunk, count, name).reshape(shape)
-    dtype = _DTYPES[datatype]
-    if size != count * dtype.itemsize:
-        raise InvalidInput(f"tensor {name!r}: binary_data_size is {size} bytes, but shape "
+    if len(chunk) != count * dtype.itemsize:
+        raise InvalidInput(f"tensor {name!r}: {len(chunk)} bytes of data, but shape "
                            f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def array_to_raw(array: np.ndarray, datatype: str) -> bytes:
+    """The raw bytes of ``array`` as ``datatype`` (the inverse of ``array_from_raw``)."""
+    return bytes(_to_buffer(array, datatype))
 
 
 def _unpack_bytes(chunk: memoryview, count: int, name: str) -> np.ndarray:
