@@ -249,3 +249,33 @@ def test_cache_key_separates_models_and_versions() -> None:
     assert cache_key("m", 1, d) == ("m", 1, d)
     keys = {cache_key("m", 1, d), cache_key("m", 2, d), cache_key("n", 1, d)}
     assert len(keys) == 3
+
+
+# --- the vectorised encoding of number lists (JSON inputs) ------------------------------
+
+numbers = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**60), 2**60)
+
+
+@given(st.lists(numbers, min_size=1, max_size=50))
+def test_number_lists_digest_by_value_and_type(values: list[float | int]) -> None:
+    assert input_digest(values) == input_digest(list(values)) == input_digest(tuple(values))
+    changed = [*values]
+    changed[0] = changed[0] + 1 if isinstance(changed[0], int) else float(changed[0]) * 2 + 1
+    if changed[0] != values[0]:
+        assert input_digest(changed) != input_digest(values)
+    retyped = [*values]
+    retyped[0] = float(values[0]) if isinstance(values[0], int) else int(values[0])
+    assert input_digest(retyped) != input_digest(values)  # 3 and 3.0 are different inputs
+
+
+def test_number_lists_keep_what_the_general_encoding_told_apart() -> None:
+    distinct = [[1, 2], [1.0, 2.0], [1, 2.0], [1.0, 2], [0.0], [-0.0], [True, 2], [1, True],
+                [2**70, 1], [2**70, 1.0], [2**53 + 1, 0.5], [[1.0, 2.0]], [1.0, [2.0]], [],
+                [1.0, 2.0, 3.0], [1, 2, 3]]
+    assert len({input_digest(v) for v in distinct}) == len(distinct)
+    assert input_digest([[0.5] * 3] * 2) == input_digest([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
+
+
+def test_huge_ints_still_digest_exactly() -> None:
+    assert input_digest([2**70, 1]) != input_digest([2**70 + 1, 1])
+    assert input_digest([2**60 + 1, 0.5]) != input_digest([2**60, 0.5])
