@@ -470,7 +470,7 @@ class _target:  # noqa: N801 - an async context manager used as ``async with _ta
         requests = _requests(_inputs(a, spec), a.batch)
         inputs = []
         for batch in requests:
-            inp = tga.InferInput(spec["name"], list(batch.shape), spec["datatype"])
+            inp = tga.InferInput(spec["name"], list(batch.shape), _datatype(batch))
             inp.set_data_from_numpy(batch)
             inputs.append([inp])
 
@@ -525,6 +525,12 @@ async def _http_metadata(url: str, model: str, version: str, headers: dict[str, 
         raise ConfigError(f"cannot read model {model!r} at {url}: HTTP "
                           f"{response.status_code} {response.text[:200]}")
     return dict(response.json())
+
+
+def _datatype(batch: np.ndarray) -> str:
+    from parityserve.runtime.v2 import dtype_to_datatype
+
+    return dtype_to_datatype(batch.dtype)
 
 
 def _spec_from(meta: dict[str, Any]) -> dict[str, Any]:
