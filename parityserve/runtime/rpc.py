@@ -161,7 +161,7 @@ class WorkerLink:
         except zmq.ZMQError as exc:
             raise WorkerError(f"cannot reach replica {replica_id}: {exc.strerror}") from exc
         finally:
-            if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._schedule_pass()  # the send may have consumed the descriptor's signal
 
     def _schedule_pass(self) -> None:
