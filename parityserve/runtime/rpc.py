@@ -67,7 +67,7 @@ class _Allowed:
         self.keys = keys
         self.on_reject = on_reject
 
-    def callback(self, domain: str, key: bytes) -> bool:
+    def callback(self, _domain: str, key: bytes) -> bool:  # pyzmq passes both positionally
         if key in self.keys.allowed:
             return True
         self.on_reject(f"key {key.decode(errors='replace')[:12]}...", "unknown_key",
