@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check parityserve tests
-	$(BIN)/mypy parityserve/core
+	$(BIN)/mypy parityserve
 	# A private Redis (127.0.0.1:6390, or $$PARITYSERVE_REDIS_PORT) for the shared-state tests;
 	# it is stopped again whether or not the tests pass.
 	scripts/redis.sh ensure && scripts/redis.sh start
@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check parityserve tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy parityserve/core
+	$(BIN)/mypy parityserve
 
 bench-overhead: $(STAMP)
 	$(BIN)/parityserve bench overhead

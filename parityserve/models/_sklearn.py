@@ -10,9 +10,9 @@ import joblib
 import numpy as np
 
 from parityserve.config import TensorSpec
+from parityserve.datatypes import dtype_to_datatype
 from parityserve.errors import ModelLoadError
 from parityserve.models.base import Batch, LoadedModel
-from parityserve.runtime.v2 import dtype_to_datatype
 
 __all__ = ["load_sklearn"]
 

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parityserve.config import TensorSpec
+from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import ParityServeError, PredictError
-from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["Batch", "LoadedModel", "Model", "numpy_dtype"]
 
@@ -22,7 +22,10 @@ Batch = np.ndarray | list[Any]
 
 # KServe V2 datatype names -> numpy dtypes. BYTES stays object: there is nothing to cast to.
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
-    """The numpy dtype for a V2 datatype name such as ``"FP32"`` (one table: ``runtime.v2``)."""
+    """The numpy dtype for a V2 datatype name such as ``"FP32"``.
+
+    One table serves models and the V2 codec alike: ``parityserve.datatypes``.
+    """
     return datatype_to_dtype(datatype.upper())
 
 

@@ -73,8 +73,10 @@ class ServingSystem(Protocol):
     async def update(self, app: str, uid: str, item: Any, label: Any,
                      query_id: str | None = None) -> dict[str, Any]: ...
 
-    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
-        """Run a V2 batch (first axis = queries) through the model path; returns stacked outputs."""
+    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
+                             ) -> tuple[np.ndarray, dict[int, str]]:
+        """Run a V2 batch (first axis = queries) through the model path: the stacked outputs,
+        and which rows were rebuilt by decoding (row -> method)."""
         ...
 
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata: ...

@@ -84,7 +84,7 @@ def status_for(exc: Exception) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # untyped stubs
+class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
     """The V2 gRPC service over a ``ServingSystem``; one instance per server."""
 
     def __init__(self, system: ServingSystem, *, auth: AuthPolicy, limits: Limits,

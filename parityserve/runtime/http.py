@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from parityserve.config import (
     Application,
@@ -107,11 +108,6 @@ def create_admin_app(system: ServingSystem, *, metrics: Metrics, auth: AuthPolic
                      exception_handlers={HTTPException: front.http_error})
 
 
-Scope = dict[str, Any]
-ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
-ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
-
-
 class HotPaths:
     """Sends ``POST /{app}/predict`` and the V2 infer routes straight to their handlers.
 
@@ -127,7 +123,7 @@ class HotPaths:
         self.app = app
         self.endpoints = front.hot
 
-    async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             found = self.match(scope["path"])
             if found is not None:

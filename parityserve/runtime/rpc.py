@@ -67,7 +67,7 @@ class _Allowed:
         self.keys = keys
         self.on_reject = on_reject
 
-    def callback(self, domain: str, key: bytes) -> bool:
+    def callback(self, _domain: str, key: bytes) -> bool:  # pyzmq passes both positionally
         if key in self.keys.allowed:
             return True
         self.on_reject(f"key {key.decode(errors='replace')[:12]}...", "unknown_key",
@@ -161,7 +161,7 @@ class WorkerLink:
         except zmq.ZMQError as exc:
             raise WorkerError(f"cannot reach replica {replica_id}: {exc.strerror}") from exc
         finally:
-            if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._schedule_pass()  # the send may have consumed the descriptor's signal
 
     def _schedule_pass(self) -> None:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -28,6 +28,8 @@ from parityserve.runtime.system import ServingSystem
 
 __all__ = ["RunningServer", "ServerUrls", "auth_policy", "resolve_admin_token", "serve",
            "start_in_thread"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         return None
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return uvloop.new_event_loop
 
 
 def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path | None = None,
@@ -307,9 +309,9 @@ class RunningServer:
             raise self._error
         return self
 
-    def call(self, coro_fn: Callable[[], object], timeout_s: float = 60.0) -> object:
+    def call(self, coro_fn: Callable[[], Coroutine[Any, Any, T]], timeout_s: float = 60.0) -> T:
         """Run a coroutine function on the server's loop (admin calls from tests)."""
-        future = asyncio.run_coroutine_threadsafe(coro_fn(), self._loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro_fn(), self._loop)
         return future.result(timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:

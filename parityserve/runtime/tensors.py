@@ -9,8 +9,8 @@ import numpy as np
 
 from parityserve.config import TensorSpec
 from parityserve.core.inputs import Leaves, scan
+from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput
-from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["coerce_item", "shape_matches"]
 

@@ -22,6 +22,7 @@ import orjson
 
 from parityserve.config import Limits, TensorSpec
 from parityserve.core.inputs import Leaves, depth_error, scan
+from parityserve.datatypes import DATATYPES, datatype_to_dtype, dtype_to_datatype  # re-exported
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
 
 __all__ = [
@@ -41,18 +42,6 @@ __all__ = [
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-_DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-DATATYPES: tuple[str, ...] = tuple(_DTYPES)
-# (kind, itemsize) -> datatype, so big-endian arrays map to the same name as native ones.
-_BY_KIND = {(d.kind, d.itemsize): name for name, d in _DTYPES.items() if name != "BYTES"}
 # Which inferred JSON kinds may become each target kind: no strings into numbers, no
 # floats into integers, numbers only into BOOL when they are true/false.
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
@@ -85,23 +74,6 @@ class InferRequest:
             if requested.name == output and requested.binary is not None:
                 return requested.binary
         return self.binary_data_output
-
-
-def datatype_to_dtype(datatype: str) -> np.dtype[Any]:
-    try:
-        return _DTYPES[datatype]
-    except KeyError:
-        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of "
-                           f"{', '.join(DATATYPES)}") from None
-
-
-def dtype_to_datatype(dtype: np.dtype[Any]) -> str:
-    if dtype.kind in "OSU":
-        return "BYTES"
-    try:
-        return _BY_KIND[dtype.kind, dtype.itemsize]
-    except KeyError:
-        raise InvalidInput(f"numpy dtype {dtype} has no V2 datatype") from None
 
 
 def check_against_spec(array: np.ndarray, spec: TensorSpec) -> None:
@@ -202,7 +174,8 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
     if not isinstance(name, str) or not name:
         raise MalformedRequest(f"{kind} #{index}: 'name' must be a non-empty string")
     datatype = obj.get("datatype")
-    if datatype not in _DTYPES:
+    # A datatype that is not a string (a list, say) is unknown too, not a crash.
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise InvalidInput(f"{kind} {name!r}: unknown datatype {datatype!r}; expected one of "
                            f"{', '.join(DATATYPES)}")
     shape = _shape(obj.get("shape"), name)
@@ -293,7 +266,7 @@ def _from_binary(name: str, datatype: str, shape: tuple[int, ...], size: Any,
         raise MalformedRequest(f"tensor {name!r}: binary_data_size must be a non-negative "
                                f"integer, got {size!r}")
     chunk = buffers.take(size, name)
-    dtype, count = _DTYPES[datatype], math.prod(shape)
+    dtype, count = datatype_to_dtype(datatype), math.prod(shape)
     if datatype != "BYTES" and size != count * dtype.itemsize:
         raise InvalidInput(f"tensor {name!r}: binary_data_size is {size} bytes, but shape "
                            f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
@@ -349,7 +322,7 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any,
         raise InvalidInput(f"tensor {name!r}: 'data' is not a rectangular array of numbers "
                            f"({exc})") from exc
     _check_count(name, shape, arr.size)
-    dtype = _DTYPES[datatype]
+    dtype = datatype_to_dtype(datatype)
     if dtype.kind != "b" and arr.dtype.kind in "iuf" and _has_bools(data, leaves):
         raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
                            "booleans among the numbers")
@@ -469,7 +442,7 @@ def _to_buffer(array: np.ndarray, datatype: str) -> Any:
     if datatype == "BYTES":
         return b"".join(_U32.pack(len(b)) + b for b in map(_as_bytes, array.flat))
     # A buffer view, not tobytes(): the frame's single join is the only copy.
-    return np.ascontiguousarray(array, dtype=_DTYPES[datatype]).reshape(-1).data
+    return np.ascontiguousarray(array, dtype=datatype_to_dtype(datatype)).reshape(-1).data
 
 
 def _nbytes(raw: Any) -> int:
@@ -481,7 +454,8 @@ def _to_json(array: np.ndarray, datatype: str) -> Any:
         # JSON has no raw bytes; 'replace' keeps a non-UTF-8 output answerable.
         return [b.decode(errors="replace") for b in map(_as_bytes, array.flat)]
     # Native order and contiguous, so orjson serializes the array without a Python list.
-    return np.ascontiguousarray(array, dtype=_DTYPES[datatype].newbyteorder("=")).reshape(-1)
+    native = datatype_to_dtype(datatype).newbyteorder("=")
+    return np.ascontiguousarray(array, dtype=native).reshape(-1)
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -63,7 +63,7 @@ def pack_payload(value: Any) -> tuple[dict[str, Any], list[Any]]:
     if isinstance(value, np.ndarray) and value.dtype != object:
         array = np.ascontiguousarray(value)
         desc = {"k": "nd", "dtype": array.dtype.str, "shape": list(array.shape)}
-        return desc, [memoryview(array).cast("B") if array.size else b""]
+        return desc, [array.data.cast("B") if array.size else b""]
     return {"k": "obj", "v": value}, []
 
 

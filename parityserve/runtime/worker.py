@@ -197,7 +197,7 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
         sys.exit(0)  # the frontend died before the request above took effect
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
+def _exit_on_signal(_signum: int, _frame: Any) -> None:
     sys.exit(0)  # unwinds through run_worker, which says BYE on the way out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,7 +113,8 @@ def train_digits_mlp(split: Split, path: Path, *, epochs: int = 20) -> Path:
 def save_npz(state: dict[str, torch.Tensor], path: Path) -> None:
     """Write a state_dict as ``np.savez`` arrays (what ``zoo:`` loaders read), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {k: v.detach().cpu().numpy() for k, v in state.items()}
+    # Any, not ndarray: numpy's stub would match ``**arrays`` against ``allow_pickle: bool``.
+    arrays: dict[str, Any] = {k: v.detach().cpu().numpy() for k, v in state.items()}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -24,7 +24,7 @@ class _Frontend:
         self.sock.curve_publickey, self.sock.curve_secretkey = self.public, secret
         self.address = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
 
-    def callback(self, domain: str, key: bytes) -> bool:
+    def callback(self, _domain: str, key: bytes) -> bool:
         return key == self.admitted
 
     def close(self) -> None:

@@ -173,6 +173,8 @@ MALFORMED = {
                 MalformedRequest, "'name'"),
     "unknown datatype": (bad(tensor(datatype="FP8", data=[1, 2])), InvalidInput,
                          "input 'x': unknown datatype 'FP8'"),
+    "datatype not a string": (bad(tensor(datatype=["FP32"], data=[1, 2])), InvalidInput,
+                              "input 'x': unknown datatype ['FP32']"),
     "bad shape": (bad(tensor(shape=[2, -1], data=[1, 2])), MalformedRequest,
                   "tensor 'x': 'shape' must be"),
     "bool in shape": (bad(tensor(shape=[True], data=[1])), MalformedRequest, "'shape'"),

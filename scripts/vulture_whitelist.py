@@ -1,0 +1,61 @@
+"""Names vulture reports as unused that a framework uses, though no Python code here does.
+
+vulture is not a dependency; run it from any environment that has it:
+
+    python -m vulture parityserve tests scripts/vulture_whitelist.py --min-confidence 60
+
+vulture matches by name, so each name below marks every definition of that name as used:
+keep the list short and the reason next to each. This file is read by vulture, never run.
+"""
+# ruff: noqa
+# mypy: ignore-errors
+
+# PEP 562 module hooks: Python calls them for ``parityserve.X`` and ``models.zoo.X``.
+__getattr__
+__dir__
+
+# pydantic runs validators by their decorators (config.py, runtime/schema.py).
+_._parity_implies_parm
+_._check_fault_keys
+_._check_redundancy
+_._check_name
+_._check_safe
+_._check_references
+_._one_of
+# Fields of the OpenAPI documentation models (runtime/schema.py): they are the JSON's keys.
+_.input_batch
+_.binary_data
+_.binary_data_size
+_.extensions
+# A StoreStatistics field (runtime/state_store.py), filled from the counters by keyword.
+_.conflicts
+
+# torch calls ``forward`` from ``Module.__call__``.
+_.forward
+# onnxruntime reads these SessionOptions (models/_onnx.py); tests set ModelProto.ir_version.
+_.intra_op_num_threads
+_.inter_op_num_threads
+_.ir_version
+# pyzmq socket options are set as attributes and read by libzmq.
+_.curve_server
+_.curve_publickey
+_.curve_secretkey
+_.curve_serverkey
+# uvicorn calls these protocol methods and reads these attributes (runtime/connection.py,
+# runtime/server.py, tests/integration/test_connection_limits.py).
+_.data_received
+_.send_400_response
+_.disconnected
+_.capture_signals
+_.should_exit
+
+# pytest reads module-level ``pytestmark`` and runs the autouse fixture in tests/conftest.py.
+pytestmark
+parityserve_home
+# Loaded by "module:Class" source strings in tests/unit/test_models_loader.py and
+# tests/unit/test_selection.py.
+Doubler
+ShortChanged
+BrokenSetup
+DuckPolicy
+NotAPolicy

@@ -1,0 +1,204 @@
+"""The package's import graph: no cycles, and the lower rooms never reach up.
+
+The graph is read from the source with ``ast``, so nothing is imported and every module is
+seen, optional dependencies or not. An edge is any import of another ``parityserve`` module,
+of three kinds, all counted and each named in a failure:
+
+- ``module``: at module level (inside a module-level ``try``/``if`` too); it runs on import.
+- ``TYPE_CHECKING``: never runs, but it is still a dependency. Hiding a cycle there is how
+  ``runtime/dispatch.py`` <-> ``runtime/coding.py`` came to put ``Any`` on the task links.
+- ``function``: a lazy import inside a function. It defers an optional or heavy module
+  (torch, the bench commands) until it is used; a lazy import that closes a cycle would
+  only hide the cycle, so it counts too.
+
+``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``.
+Parent packages that Python imports on the way are not edges: ``models/__init__`` imports
+``models.base``, so counting them would make every package a cycle with its modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import parityserve
+
+Graph = dict[str, dict[str, str]]  # module -> {imported module: kind of import}
+_KINDS = ("module", "TYPE_CHECKING", "function")
+
+# lead: empty this after merging s16-sched, which removes the cycle (then delete it, its two
+# uses and test_known_cycles_are_still_cycles). That test fails as soon as the cycle is gone,
+# so the allowlist cannot outlive it; any other cycle, or this one grown, fails at once.
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
+    frozenset({"parityserve.runtime.coding", "parityserve.runtime.dispatch"}),
+})
+
+# room -> rooms it must never import, lazily or not: a decision or a model never knows how it
+# is served, benchmarked or started.
+FORBIDDEN = {
+    "parityserve.core": ("parityserve.runtime", "parityserve.bench", "parityserve.cli",
+                         "parityserve.demo"),
+    "parityserve.models": ("parityserve.runtime", "parityserve.bench", "parityserve.cli",
+                           "parityserve.demo"),
+}
+
+
+def module_files(package_dir: Path) -> dict[str, Path]:
+    """Every module under ``package_dir``, by dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph(package_dir: Path) -> Graph:
+    modules = module_files(package_dir)
+    graph: Graph = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges: dict[str, str] = {}
+        for target, kind in _imports(ast.parse(path.read_text()), name, is_package, modules):
+            if target in modules and target != name:
+                # The module-level import wins when a module imports another in two ways.
+                edges[target] = min(kind, edges.get(target, kind), key=_KINDS.index)
+        graph[name] = edges
+    return graph
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool,
+             modules: Mapping[str, Path], kind: str = "module") -> Iterator[tuple[str, str]]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, kind) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, is_package)
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                yield (child if child in modules else base), kind
+        else:
+            yield from _imports(node, module, is_package, modules, _kind_inside(node, kind))
+
+
+def _kind_inside(node: ast.AST, kind: str) -> str:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        return "function"
+    if (kind == "module" and isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test)):
+        return "TYPE_CHECKING"
+    return kind
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[:len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def cycles(graph: Graph) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, {}):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = {stack.pop()}
+            while node not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def describe(graph: Graph, component: frozenset[str]) -> str:
+    """One loop through ``component``, each edge with its kind: ``a -(module)-> b -> ... a``."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth-first, inside the component, until a path returns to start
+        node = frontier.pop(0)
+        for target in sorted(graph[node]):
+            if target == start:
+                loop = paths[node]
+                steps = zip(loop, [*loop[1:], start], strict=True)
+                return "".join(f"{a} -({graph[a][b]})-> " for a, b in steps) + start
+            if target in component and target not in paths:
+                paths[target] = [*paths[node], target]
+                frontier.append(target)
+    raise AssertionError(f"{sorted(component)} is not a cycle")
+
+
+PACKAGE = import_graph(Path(parityserve.__file__).parent)
+
+
+def test_the_walker_sees_every_kind_of_import():
+    assert len(PACKAGE) > 50
+    assert PACKAGE["parityserve.runtime.v2"]["parityserve.datatypes"] == "module"
+    assert PACKAGE["parityserve.models.zoo"]["parityserve.models.nets"] == "TYPE_CHECKING"
+    assert PACKAGE["parityserve.models.loader"]["parityserve.models._python"] == "function"
+    # ``from parityserve.models import datasets`` names a module, not the package.
+    assert "parityserve.models.datasets" in PACKAGE["parityserve.training.data"]
+
+
+def test_relative_imports_and_packages(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from . import a\n")
+    (package / "a.py").write_text("from .sub import b\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text("from .. import a\nfrom ..a import thing\n")
+    (package / "c.py").write_text("def f():\n    from pkg.sub import b\n")
+    graph = import_graph(package)
+    assert graph == {"pkg": {"pkg.a": "module"}, "pkg.a": {"pkg.sub.b": "module"},
+                     "pkg.sub": {}, "pkg.sub.b": {"pkg.a": "module"},
+                     "pkg.c": {"pkg.sub.b": "function"}}
+    assert cycles(graph) == [frozenset({"pkg.a", "pkg.sub.b"})]
+    assert describe(graph, cycles(graph)[0]) == "pkg.a -(module)-> pkg.sub.b -(module)-> pkg.a"
+
+
+def test_cycles_finds_every_loop_and_only_loops():
+    graph: Graph = {"a": {"b": "module"}, "b": {"c": "function"}, "c": {"a": "TYPE_CHECKING"},
+                    "d": {"a": "module", "e": "module"}, "e": {"d": "module"}, "f": {}}
+    assert sorted(map(sorted, cycles(graph))) == [["a", "b", "c"], ["d", "e"]]
+    assert cycles({"a": {"b": "module"}, "b": {}}) == []
+
+
+def test_no_import_cycles():
+    found = [c for c in cycles(PACKAGE) if c not in KNOWN_CYCLES]
+    assert not found, "import cycles:\n" + "\n".join(describe(PACKAGE, c) for c in found)
+
+
+def test_known_cycles_are_still_cycles():
+    gone = KNOWN_CYCLES - set(cycles(PACKAGE))
+    assert not gone, f"no longer cycles, delete them from KNOWN_CYCLES: {sorted(map(sorted, gone))}"
+
+
+def test_lower_rooms_never_reach_up():
+    reaches = [f"{module} -({kind})-> {target}"
+               for module, edges in PACKAGE.items() for target, kind in edges.items()
+               for room, above in FORBIDDEN.items()
+               if _inside(module, room) and any(_inside(target, up) for up in above)]
+    assert not reaches, "lower rooms import upper ones:\n" + "\n".join(reaches)
+
+
+def _inside(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
