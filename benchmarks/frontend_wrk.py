@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "frontend-wrk.json"
     state = _load(state_path)
-    state["command"] = "python benchmarks/frontend_wrk.py " + " ".join(
-        map(shlex.quote, sys.argv[1:] if argv is None else argv))
+    given = sys.argv[1:] if argv is None else argv
+    state["command"] = " ".join(["python", "benchmarks/frontend_wrk.py",
+                                 *map(shlex.quote, given)])
     systems = [s for s in args.systems.split(",") if s]
     if "litserve" in systems and not _has("litserve"):
         print("note: litserve is not installed (pip install litserve); skipped", file=sys.stderr)
