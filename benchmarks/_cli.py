@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+from parityserve.bench.extra import require_bench_extra
 from parityserve.errors import ParityServeError
 
 __all__ = ["build_parser", "examples", "main"]
@@ -50,6 +51,7 @@ def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        require_bench_extra(parser.prog)  # now, not after an hour of measuring
         return int(args.func(args))
     except ParityServeError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from parityserve.bench.extra import require_bench_extra
 from parityserve.bench.loadgen import (
     HttpSender,
     LoadResult,
@@ -64,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_bench_extra("parityserve bench overhead")
     rates = [float(r) for r in args.rates.split(",") if r]
     if args.quick:
         args.queries, args.saturation_queries, args.repeats = 300, 600, 1
