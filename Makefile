@@ -59,7 +59,7 @@ check-plain-install:
 	rm -rf $(PLAIN_VENV)
 	$(PYTHON) -m venv $(PLAIN_VENV)
 	$(PLAIN_VENV)/bin/pip install --quiet .
-	cd $(PLAIN_VENV) && bin/python $(CURDIR)/tests/e2e/plain_install_check.py
+	cd $(PLAIN_VENV) && PARITYSERVE_HOME=home bin/python $(CURDIR)/tests/e2e/plain_install_check.py
 
 # A long schemathesis pass over every route of a live zoo:noop server (>= 10,000 requests);
 # counts per operation, failures and the command go to benchmarks/results/fuzz/. An interrupted
