@@ -19,9 +19,10 @@ BENCH_MODULES = ("aiohttp", "matplotlib")
 INSTALL_HINT = "pip install 'parityserve[bench]'"
 
 
-def require_bench_extra(what: str, modules: Sequence[str] = BENCH_MODULES) -> None:
-    """Raise a one-line ``ParityServeError`` naming the install command if a module is missing."""
-    missing = [name for name in modules if not _importable(name)]
+def require_bench_extra(what: str, modules: Sequence[str] | None = None) -> None:
+    """Raise a one-line ``ParityServeError`` naming the install command if a module of
+    ``modules`` (default: all of ``BENCH_MODULES``) cannot be imported."""
+    missing = [name for name in modules or BENCH_MODULES if not _importable(name)]
     if missing:
         raise ParityServeError(f"{what} needs {' and '.join(missing)}, which a plain install "
                                f"leaves out: {INSTALL_HINT}")
