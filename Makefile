@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 # The measurements need the bench extra (aiohttp, matplotlib); dev pulls it in, and this makes
 # sure of it in a venv that was installed some other way.
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -c 'import aiohttp, matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
 bench-overhead: $(BENCH_STAMP)
