@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 PYTEST_ARGS ?=
+# flags for a bench target, e.g. make bench-tail ARGS='--part codec'
+ARGS ?=
 
-.PHONY: demo test lint typecheck bench-overhead fuzz clean venv
+.PHONY: demo test lint typecheck bench-overhead bench-tail bench-accuracy bench-selection \
+	bench-simulate check-plain-install fuzz clean venv
 
 venv: $(STAMP)
 
@@ -21,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/parityserve demo
 
 test: $(STAMP)
-	$(BIN)/ruff check parityserve tests
+	$(BIN)/ruff check parityserve tests benchmarks
 	$(BIN)/mypy parityserve
 	# A private Redis (127.0.0.1:6390, or $$PARITYSERVE_REDIS_PORT) for the shared-state tests;
 	# it is stopped again whether or not the tests pass.
@@ -30,13 +34,32 @@ test: $(STAMP)
 	  || status=$$?; scripts/redis.sh stop; exit $$status
 
 lint: $(STAMP)
-	$(BIN)/ruff check parityserve tests
+	$(BIN)/ruff check parityserve tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy parityserve
 
-bench-overhead: $(STAMP)
-	$(BIN)/parityserve bench overhead
+# The measurements need the bench extra (aiohttp, matplotlib); dev pulls it in, and this makes
+# sure of it in a venv that was installed some other way.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -c 'import aiohttp, matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench-overhead: $(BENCH_STAMP)
+	$(BIN)/parityserve bench overhead $(ARGS)
+
+# The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
+bench-tail bench-accuracy bench-selection bench-simulate: bench-%: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks.$* $(ARGS)
+
+# A real plain install (no extras) in a throwaway venv: the server starts and answers a
+# prediction there. Not part of `make test`: it installs the serving dependencies afresh.
+PLAIN_VENV ?= .cache/plain-venv
+check-plain-install:
+	rm -rf $(PLAIN_VENV)
+	$(PYTHON) -m venv $(PLAIN_VENV)
+	$(PLAIN_VENV)/bin/pip install --quiet .
+	cd $(PLAIN_VENV) && PARITYSERVE_HOME=home bin/python $(CURDIR)/tests/e2e/plain_install_check.py
 
 # A long schemathesis pass over every route of a live zoo:noop server (>= 10,000 requests);
 # counts per operation, failures and the command go to benchmarks/results/fuzz/. An interrupted

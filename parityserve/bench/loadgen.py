@@ -331,32 +331,37 @@ class HttpStatusError(Exception):
 
 
 class HttpSender:
-    """One shared aiohttp session with a keep-alive pool of ``limit`` connections.
+    """One shared HTTP client with a keep-alive pool of ``limit`` connections.
 
     Bodies are sent pre-serialised so the generator spends its time sending, not encoding.
     If the pool is smaller than the number of queries in flight, queries queue for a
     connection on the client side; that wait counts in their latency, so size ``limit`` above
     the concurrency you expect the server to sustain.
+
+    ``client`` is ``"aiohttp"`` (the ``bench`` extra; it costs the generator less per request,
+    so measurements use it) or ``"httpx"`` (always installed: ``parityserve demo`` runs on a
+    plain install). The default is aiohttp when it can be imported, else httpx.
     """
 
-    def __init__(self, base_url: str, *, limit: int = 256, timeout_s: float = 60.0) -> None:
+    def __init__(self, base_url: str, *, limit: int = 256, timeout_s: float = 60.0,
+                 client: str | None = None) -> None:
+        if client not in (None, *_CLIENTS):
+            raise ConfigError(f"HttpSender client must be one of {_CLIENTS}, not {client!r}")
         self.base_url = base_url.rstrip("/")
         self.limit = limit
         self.timeout_s = timeout_s
+        self.client = client or ("aiohttp" if _has_aiohttp() else "httpx")
         self._session: Any = None
 
     async def __aenter__(self) -> HttpSender:
-        import aiohttp  # imported here: the rest of the load generator works without it
-
-        connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=60.0)
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        opened = _open_aiohttp if self.client == "aiohttp" else _open_httpx
+        self._session = opened(self.limit, self.timeout_s)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._session is not None:
-            await self._session.close()
-            self._session = None
+            session, self._session = self._session, None
+            await (session.close() if self.client == "aiohttp" else session.aclose())
 
     async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST an already-encoded JSON body; returns (status, body). Connection errors raise."""
@@ -367,9 +372,44 @@ class HttpSender:
         """POST a pre-encoded body with its headers (e.g. a V2 binary tensor request)."""
         if self._session is None:
             raise RuntimeError("HttpSender is used outside 'async with'")
-        async with self._session.post(self.base_url + path, data=body,
-                                      headers=headers) as resp:
+        url = self.base_url + path
+        if self.client == "httpx":
+            reply = await self._session.post(url, content=body, headers=headers)
+            return reply.status_code, reply.content
+        async with self._session.post(url, data=body, headers=headers) as resp:
             return resp.status, await resp.read()
+
+
+_CLIENTS = ("aiohttp", "httpx")
+
+
+def _has_aiohttp() -> bool:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _open_aiohttp(limit: int, timeout_s: float) -> Any:
+    # imported here: the rest of the load generator, and a plain install, work without it
+    try:
+        import aiohttp
+    except ImportError as exc:
+        raise ConfigError("HttpSender(client='aiohttp') needs aiohttp: "
+                          "pip install 'parityserve[bench]'") from exc
+    connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=60.0)
+    return aiohttp.ClientSession(connector=connector,
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+def _open_httpx(limit: int, timeout_s: float) -> Any:
+    import httpx
+
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit,
+                          keepalive_expiry=60.0)
+    # httpx bounds each phase (connect, write, pool wait, read), aiohttp the whole request.
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s))
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}

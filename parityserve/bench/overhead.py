@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from parityserve.bench.extra import require_bench_extra
 from parityserve.bench.loadgen import (
     HttpSender,
     LoadResult,
@@ -36,7 +37,7 @@ from parityserve.bench.loadgen import (
     run_open_loop,
 )
 from parityserve.bench.probe import probe
-from parityserve.bench.report import markdown_table, plot_latency_vs_load, write_results
+from parityserve.bench.report import Column, markdown_table, plot_latency_vs_load, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.errors import DataError, Unavailable
@@ -64,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_bench_extra("parityserve bench overhead")
     rates = [float(r) for r in args.rates.split(",") if r]
     if args.quick:
         args.queries, args.saturation_queries, args.repeats = 300, 600, 1
@@ -380,7 +382,7 @@ def _count(errors: Any) -> str:
     return str(sum(errors.values()) if isinstance(errors, dict) else errors)
 
 
-_COLUMNS = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
+_COLUMNS: list[Column] = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
             ("throughput_qps", "throughput q/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
             ("p99_ms", "p99 ms", ".3f"), ("p999_ms", "p99.9 ms", ".3f"),
             ("errors", "errors", _count)]
@@ -415,7 +417,7 @@ def _model_section(name: str, m: dict[str, Any]) -> str:
     return text
 
 
-_PROBE_COLUMNS = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
+_PROBE_COLUMNS: list[Column] = [("system", "system", "s"), ("rate", "offered q/s", ".0f"),
                   ("p50_ms", "p50 ms", ".3f"), ("p99_ms", "p99 ms", ".3f"),
                   ("p999_ms", "p99.9 ms", ".3f"), ("errors", "errors", "d")]
 

@@ -2,7 +2,8 @@
 
 A number without its machine, load and command cannot be checked or compared, so every
 results file carries all three. Plots use the Agg canvas directly (no pyplot), so they work
-headless and touch no global matplotlib state.
+headless and touch no global matplotlib state. matplotlib comes with the ``bench`` extra; a
+plot without it is a one-line error that names the install command.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import orjson
+
+from parityserve.bench.extra import require_bench_extra
 
 __all__ = [
     "Column",
@@ -214,9 +217,9 @@ def plot_latency_vs_load(series: Mapping[str, Sequence[LoadPoint]], path: Path |
 
     p50 is solid, p99 dashed and p99.9 dotted; the legend names colours and styles apart.
     """
+    fig, ax = _figure()  # first: it says so if matplotlib is missing
     from matplotlib.lines import Line2D
 
-    fig, ax = _figure()
     colours = _colours(len(series))
     for colour, (label, points) in zip(colours, series.items(), strict=True):
         pts = sorted(points)
@@ -277,6 +280,7 @@ def _draw_cdf(curves: Mapping[str, tuple[np.ndarray, np.ndarray]], path: Path | 
 
 
 def _figure() -> tuple[Any, Any]:
+    require_bench_extra("plotting", ["matplotlib"])
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -286,6 +290,7 @@ def _figure() -> tuple[Any, Any]:
 
 
 def _colours(n: int) -> list[Any]:
+    require_bench_extra("plotting", ["matplotlib"])
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]

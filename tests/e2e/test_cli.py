@@ -632,3 +632,26 @@ def test_sigterm_to_a_benchmark_stops_every_process_it_started(tmp_path) -> None
         for pid in _alive(seen):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+MOVED_BENCHES = ("tail", "accuracy", "selection", "simulate")
+
+
+@pytest.mark.parametrize("name", MOVED_BENCHES)
+def test_a_moved_benchmark_names_its_new_command(name: str) -> None:
+    result = run_cli("bench", name, "--quick", "--help")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # one line
+    assert f"`python -m benchmarks.{name} --quick --help`" in result.stderr
+    assert f"`make bench-{name}`" in result.stderr
+
+
+@pytest.mark.parametrize("name", MOVED_BENCHES)
+def test_a_benchmark_module_teaches_with_help(name: str) -> None:
+    result = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"],
+                            capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parents[2], stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    for words in (f"usage: python -m benchmarks.{name}", "--quick", "--results-dir",
+                  f"python -m benchmarks.{name} --", f"make bench-{name}", "[bench]"):
+        assert words in result.stdout, (words, result.stdout)

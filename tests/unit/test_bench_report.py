@@ -121,6 +121,11 @@ def test_quantile_cdf_refuses_quantiles_off_its_grid(tmp_path: Path) -> None:
      "python benchmarks/diagnostics/overload.py --factor 5"),
     (["/work/p/.venv/bin/parityserve", "bench", "tail", "--results-dir", "/tmp/x y"],
      "parityserve bench tail --results-dir '/tmp/x y'"),
+    (["/work/p/.venv/bin/python", "-m", "benchmarks.tail", "--data-dir", "/work/shared/data"],
+     "python -m benchmarks.tail --data-dir ../shared/data"),
+    (["/usr/bin/python3.11", "-m", "benchmarks.simulate", "--validate-real",
+      "/work/p/benchmarks/results/tail-mlp.json"],
+     "python -m benchmarks.simulate --validate-real benchmarks/results/tail-mlp.json"),
 ])
 def test_the_recorded_command_reruns_from_the_project_root(argv, expected) -> None:
     assert report.command_line(argv, cwd=Path("/work/p")) == expected

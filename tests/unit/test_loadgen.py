@@ -185,6 +185,59 @@ def test_error_kind_and_bodies() -> None:
     assert bodies == [b'{"input":[0.0,1.0,2.0]}', b'{"input":[1,2]}']
 
 
+# --- HTTP clients -------------------------------------------------------------------------
+
+
+async def _http_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A minimal keep-alive HTTP/1.1 server: 200 with the body back, 503 for /busy."""
+    try:
+        while True:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+            length = next(int(v) for k, _, v in (h.partition(": ") for h in lines)
+                          if k.lower() == "content-length")
+            body = await reader.readexactly(length)
+            status = "503 Service Unavailable" if " /busy " in lines[0] else "200 OK"
+            writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\n"
+                         "content-type: application/json\r\n\r\n".encode() + body)
+            await writer.drain()
+    except asyncio.IncompleteReadError:  # the client closed its connection
+        pass
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _post_through(client: str) -> tuple[str, list[object], dict[str, int]]:
+    server = await asyncio.start_server(_http_echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with loadgen.HttpSender(f"http://127.0.0.1:{port}/", client=client) as http:
+            ok = await run_open_loop(loadgen.json_sender(http, "/a/predict",
+                                                         encode_bodies([1, 2, 3])), np.zeros(3))
+            busy = await run_open_loop(loadgen.json_sender(http, "/busy", [b"{}"]),
+                                       np.zeros(2))
+        return http.client, [r["input"] for r in ok.results], busy.errors
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_both_http_clients_send_and_count_statuses(client: str) -> None:
+    used, answers, errors = asyncio.run(_post_through(client))
+    assert used == client
+    assert answers == [1, 2, 3]
+    assert errors == {"HTTP 503": 2}
+
+
+def test_http_client_defaults_to_aiohttp_and_falls_back_to_httpx(monkeypatch) -> None:
+    assert loadgen.HttpSender("http://x").client == "aiohttp"  # the bench extra is installed
+    monkeypatch.setattr(loadgen, "_has_aiohttp", lambda: False)
+    assert loadgen.HttpSender("http://x").client == "httpx"  # a plain install
+    with pytest.raises(ConfigError, match="client must be one of"):
+        loadgen.HttpSender("http://x", client="requests")
+
+
 # --- stats --------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""``bench tail``'s pure helpers: cases, configs, the burst schedule, gaps and the codec ops."""
+"""``benchmarks.tail``'s pure helpers: cases, configs, the burst schedule, gaps, codec ops."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parityserve.bench import tail
-from parityserve.bench.tail import (
+from benchmarks import tail
+from benchmarks.tail import (
     Case,
     build_cases,
     burst_fraction,

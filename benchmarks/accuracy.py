@@ -1,4 +1,4 @@
-"""``parityserve bench accuracy``: ParM and ApproxIFER accuracy on real data and real models.
+"""``python -m benchmarks.accuracy``: ParM and ApproxIFER accuracy on real data and real models.
 
 For each dataset and deployed model it measures, over several random groupings of the test
 set (mean and spread):
@@ -25,16 +25,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from parityserve.bench import accuracy_eval as ev
-from parityserve.bench.accuracy_report import (
+from benchmarks import _cli
+from benchmarks import accuracy_eval as ev
+from benchmarks.accuracy_report import (
     cell_id,
     markdown,
     merge_cells,
@@ -44,7 +46,7 @@ from parityserve.bench.accuracy_report import (
 from parityserve.bench.report import command_line, write_results
 from parityserve.core.coding import BerrutCode, SystematicBerrut, minimum_workers
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "build_parser", "main", "run"]
 
 PARTS = ("approxifer", "byzantine", "systematic", "parm", "cifar")
 _MODELS = {"mlp": "parm-mlp", "lenet5": "lenet5", "resnet20": "resnet20"}
@@ -489,3 +491,31 @@ def _train_lenet(dataset: str, data_dir: Path, cache: Path, epochs: int, seed: i
             optimiser.step()
     save_npz(net.state_dict(), path)
     return path
+
+# ---- python -m benchmarks.accuracy ---------------------------------------------------------------
+
+DESCRIPTION = ("Degraded-mode, overall and available accuracy of ParM parity models "
+               "(trained here, cached) and of ApproxIFER's Berrut codes with stragglers, "
+               "Byzantine workers and the systematic mode, on MNIST, Fashion-MNIST and "
+               "(lossy) CIFAR-10, over random groupings of the test set, beside the "
+               "papers' claims.")
+EXAMPLES = (
+    ('python -m benchmarks.accuracy --quick',
+     'smoke test: short training, 2,000 test samples'),
+    ('python -m benchmarks.accuracy --parts approxifer,byzantine --K 8 --extra-workers 8',
+     'denser Berrut nodes, merged into accuracy.json'),
+    ('python -m benchmarks.accuracy --render-only',
+     'rewrite the tables and plots from the JSON'),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("accuracy", DESCRIPTION, _cli.examples(EXAMPLES), add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``parityserve bench tail``: ParM §6 on this machine: tail latency under background load.
+"""``python -m benchmarks.tail``: ParM §6 on this machine: tail latency under background load.
 
 Real worker processes serve a real model (ResNet-20 on CIFAR-10 with the published weights,
 or the lighter ParM MNIST MLP) behind the real frontend, one deployment per redundancy mode,
@@ -35,6 +35,7 @@ import gc
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 import timeit
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import _cli
 from parityserve.bench.loadgen import (
     HttpSender,
     LoadResult,
@@ -65,6 +67,8 @@ from parityserve.bench.serverproc import ServerProcess, write_config
 __all__ = [
     "Case",
     "add_arguments",
+    "build_parser",
+    "main",
     "build_cases",
     "collect_points",
     "estimate_runtime_s",
@@ -1083,3 +1087,33 @@ Best of the repetitions:
 {chr(10).join('- ' + v for v in report['verdicts_best_of'])}"""  # noqa: E501
     paths = write_results(name, report, results_dir=args.results_dir, markdown=md)
     print(f"wrote {paths['json']}, {paths['md']}")
+
+# ---- python -m benchmarks.tail -------------------------------------------------------------------
+
+DESCRIPTION = ("Open-loop Poisson load on real workers (ResNet-20 on CIFAR-10, the ParM "
+               "MNIST MLP) with bursts of delay on random pairs of instances; p50, p99 "
+               "and p99.9 for none, equal-resources, replication, ParM (k = 2, 3, 4), "
+               "Berrut and systematic Berrut, resource-matched; plus encoder and decoder "
+               "latency per group at ParM's sizes beside a numpy reference.")
+EXAMPLES = (
+    ('python -m benchmarks.tail --part codec',
+     'encoder/decoder latency only (25 s)'),
+    ('python -m benchmarks.tail --part load --models mlp --quick',
+     'check the harness (minutes)'),
+    ('python -m benchmarks.tail --part load --models mlp',
+     'the MLP table (1 h 20 min)'),
+    ('python -m benchmarks.tail --part load --models resnet20 --resume',
+     'ResNet-20, going on from the runs saved so far (about 5 h in all)'),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("tail", DESCRIPTION, _cli.examples(EXAMPLES), add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Pure helpers of ``parityserve bench selection``: stream plan, error curves, tables, plots."""
+"""Pure helpers of ``python -m benchmarks.selection``: stream plan, error curves, tables, plots."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parityserve.bench import selection_report
-from parityserve.bench.selection_models import pool_cifar, pool_mnist
-from parityserve.bench.selection_report import (
+from benchmarks import selection_report
+from benchmarks.selection_models import pool_cifar, pool_mnist
+from benchmarks.selection_report import (
     best_model,
     cumulative_error,
     downsample,
@@ -254,7 +254,7 @@ def test_exploration_cost_is_gamma_times_the_mean_gap_per_phase() -> None:
 
 
 def test_fig8_headroom_says_when_a_bandit_cannot_win() -> None:
-    from parityserve.bench.selection import _fig8_headroom
+    from benchmarks.selection import _fig8_headroom
 
     def report(gap: float) -> dict:
         rows = [{"curve": "a", "final_cumulative_error": 0.5, "error_before": 0.1,

@@ -1,4 +1,4 @@
-"""``bench accuracy``: metric formulas, coded-accuracy trials and tables, on synthetic data."""
+"""``benchmarks.accuracy``: metric formulas, coded-accuracy trials and tables, on synthetic data."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from parityserve.bench import accuracy_eval as ev
-from parityserve.bench import accuracy_report as rep
+from benchmarks import accuracy_eval as ev
+from benchmarks import accuracy_report as rep
 from parityserve.core.coding import (
     AdditionEncoder,
     BerrutCode,
@@ -335,7 +335,7 @@ def test_cells_with_extra_workers_sit_beside_the_minimum_ones() -> None:
 def test_negative_extra_workers_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import argparse
 
-    from parityserve.bench import accuracy
+    from benchmarks import accuracy
 
     parser = argparse.ArgumentParser()
     accuracy.add_arguments(parser)

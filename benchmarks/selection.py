@@ -1,4 +1,4 @@
-"""``parityserve bench selection``: Clipper's Figures 8 and 9 on real data, through the server.
+"""``python -m benchmarks.selection``: Clipper's Figures 8 and 9 on real data, through the server.
 
 Figure 8 (bandits over feedback): five models of clearly different accuracy behind two
 applications over all five, one with the ``exp3`` policy and one with ``exp4``. A seeded
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,15 +32,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from parityserve.bench.loadgen import (
-    HttpSender,
-    HttpStatusError,
-    poisson_schedule,
-    run_event_loop,
-    run_open_loop,
-)
-from parityserve.bench.report import markdown_table, write_results
-from parityserve.bench.selection_models import (
+from benchmarks import _cli
+from benchmarks.selection_models import (
     DATASETS,
     ModelSpec,
     StreamData,
@@ -48,7 +42,7 @@ from parityserve.bench.selection_models import (
     load_stream_data,
     variant_inputs,
 )
-from parityserve.bench.selection_report import (
+from benchmarks.selection_report import (
     best_model,
     cumulative_error,
     downsample,
@@ -64,10 +58,18 @@ from parityserve.bench.selection_report import (
     plot_fig9,
     stream_plan,
 )
+from parityserve.bench.loadgen import (
+    HttpSender,
+    HttpStatusError,
+    poisson_schedule,
+    run_event_loop,
+    run_open_loop,
+)
+from parityserve.bench.report import markdown_table, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.core.selection import predicted_class
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "build_parser", "main", "run"]
 
 _UID = "stream"  # the feedback context (user) of the Figure 8 stream
 _EXP3, _EXP4 = "fig8-exp3", "fig8-exp4"
@@ -727,3 +729,30 @@ def _rerender(results_dir: Path, dataset: str = "cifar10") -> None:
             doc.setdefault("summary", fig9_summary(doc["rows"]))
         name = doc.pop("name")
         write_results(name, doc, results_dir=results_dir, markdown=render(doc))
+
+# ---- python -m benchmarks.selection --------------------------------------------------------------
+
+DESCRIPTION = ("Figure 8: exp3 and exp4 applications over five models learn from "
+               "feedback while the best model is degraded by fault injection and restored. "
+               "Figure 9: exp4 ensembles of 2-5 models with one straggler, with and "
+               "without a deadline-bounded combine. Real data, a real server.")
+EXAMPLES = (
+    ('python -m benchmarks.selection --quick',
+     'a short pass over both figures'),
+    ('python -m benchmarks.selection --figures 8',
+     'Figure 8 on CIFAR-10 (about 10 min)'),
+    ('python -m benchmarks.selection --dataset mnist --figures 9',
+     'Figure 9 on MNIST'),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("selection", DESCRIPTION, _cli.examples(EXAMPLES), add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

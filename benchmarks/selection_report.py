@@ -1,4 +1,4 @@
-"""Pure helpers of ``parityserve bench selection``: the stream plan, error curves, tables, plots.
+"""Pure helpers of ``python -m benchmarks.selection``: the stream plan, error curves, tables, plots.
 
 Nothing here talks to a server; ``selection.py`` does the I/O and hands its records to these
 functions, which the unit tests drive directly.

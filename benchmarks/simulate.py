@@ -1,4 +1,5 @@
-"""``parityserve bench simulate``: project tail latency to cluster sizes this machine cannot hold.
+"""``python -m benchmarks.simulate``: project tail latency to cluster sizes this machine cannot
+hold.
 
 The engine is ``parityserve.core.simulate``: a discrete-event model of one model's serving
 path that drives the runtime's own decision code (deadline queue, AIMD + delayed batching,
@@ -8,7 +9,7 @@ is the I/O around it:
 * **profile**: time ``load_model(...).predict`` in-process on batches of 1..B rows and store
   the per-size samples as JSON (``simulate-profile-<model>.json``);
 * **validate**: compare the simulator's p50/p99 with real-process runs, either read from a
-  results JSON (``--validate-real``, e.g. ``bench tail``'s) or measured here on a small 2-3
+  results JSON (``--validate-real``, e.g. ``benchmarks.tail``'s) or measured here on a small 2-3
   replica deployment with burst faults (``--validate-run``);
 * **project**: ParM's cluster sizes (12 deployed + 6 parity, 24 + 12) and 100 and 1,000
   instances, every mode, at rates scaled to the instance count: p50/p99/p99.9.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,14 +29,15 @@ from typing import Any
 import numpy as np
 import orjson
 
+from benchmarks import _cli
 from parityserve.bench.report import markdown_table, write_results
 from parityserve.bench.stats import median_and_spread
 from parityserve.core.faults import BurstSpec, FaultSpec
 from parityserve.core.simulate import MODES, ServiceProfile, SimConfig, simulate
 from parityserve.errors import ConfigError, DataError
 
-__all__ = ["add_arguments", "fit_cpu_cost", "load_profile", "profile_model", "real_rows", "run",
-           "run_spread", "sim_config", "transport_ms_per_task"]
+__all__ = ["add_arguments", "build_parser", "fit_cpu_cost", "load_profile", "main", "profile_model",
+           "real_rows", "run", "run_spread", "sim_config", "transport_ms_per_task"]
 
 _MODELS = {
     "mlp": ("zoo:parm-mlp", "parm-mnist-base-mlp.npz", (784,)),
@@ -89,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="reactive re-issue timeout (default: 2x the batch-1 p99 service time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--validate-real", type=Path, action="append", default=[],
-                   help="real-run results JSON (e.g. from `bench tail`) to compare with")
+                   help="real-run results JSON (e.g. from benchmarks.tail) to compare with")
     p.add_argument("--validate-run", action="store_true",
                    help="run a small real-process deployment here and compare")
     p.add_argument("--validate-rate", type=float, default=150.0)
@@ -512,15 +515,15 @@ def _measured_on(doc: Any) -> str | None:
 
 
 def _tail_models(doc: Any) -> Iterator[dict[str, Any]]:
-    """``bench tail``'s per-model sections: dicts with points, cases and a burst model."""
+    """``benchmarks.tail``'s per-model sections: dicts with points, cases and a burst model."""
     return _dicts_where(doc, lambda d: {"points", "cases", "burst"} <= set(d))
 
 
 def _validate_tail(path: Path, model: Mapping[str, Any], args: argparse.Namespace,
                    overhead: Mapping[str, float]) -> list[dict[str, Any]]:
-    """Simulate each point of a ``bench tail`` run: its deployments (cases), rates and its
+    """Simulate each point of a ``benchmarks.tail`` run: its deployments (cases), rates and its
     random-pair burst timeline, drawn by ``bench.tail``'s own helpers."""
-    from parityserve.bench.tail import pair_burst_events
+    from benchmarks.tail import pair_burst_events
 
     source = str(model.get("source", ""))
     name = next((k for k, v in _MODELS.items() if v[0] == source), args.model)
@@ -930,3 +933,34 @@ def _write_validation(validation: dict[str, Any], args: argparse.Namespace) -> N
     paths = write_results("simulate-validation", validation, results_dir=args.results_dir,
                           markdown=md)
     print(f"\n{verdict}\nwrote {paths['json']} and {paths['md']}", flush=True)
+
+# ---- python -m benchmarks.simulate ---------------------------------------------------------------
+
+DESCRIPTION = ("A discrete-event simulator of the serving path that drives the runtime's "
+               "own decision code (deadline queue, AIMD batching, ParM/Berrut groups and "
+               "decoders, burst faults) on a simulated clock, with service times profiled "
+               "from a real worker. Validates p50/p99 against real-process runs and "
+               "projects p50/p99/p99.9 per mode to ParM's cluster sizes (12+6, 24+12) "
+               "and to 100 and 1,000 instances.")
+EXAMPLES = (
+    ('python -m benchmarks.simulate --quick',
+     'small profile, sizes 12 and 24, few queries'),
+    ('python -m benchmarks.simulate --model mlp --no-project --validate-run '
+     '--validate-real benchmarks/results/tail-mlp.json',
+     'validate against real runs (13 min)'),
+    ('python -m benchmarks.simulate --overheads-from '
+     'benchmarks/results/simulate-validation.json --queries 20000',
+     'the projections (2 min)'),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("simulate", DESCRIPTION, _cli.examples(EXAMPLES), add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

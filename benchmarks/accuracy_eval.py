@@ -1,4 +1,4 @@
-"""Accuracy of coded redundancy, measured on outputs: the pure part of ``bench accuracy``.
+"""Accuracy of coded redundancy, measured on outputs: the pure part of ``benchmarks.accuracy``.
 
 Nothing here knows about torch or files: a model is any ``predict(batch) -> outputs``
 callable on numpy arrays, so the unit tests drive every function with synthetic data.

@@ -1,4 +1,4 @@
-"""Tables, claims and plots of ``bench accuracy``; pure functions of the results payload.
+"""Tables, claims and plots of ``benchmarks.accuracy``; pure functions of the results payload.
 
 A payload is ``{"bases": {"dataset|model": {...A_a, majority_rate...}}, "cells": [...]}``;
 each cell is one configuration with its per-grouping ``trials`` and their ``stats``.
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from parityserve.bench.accuracy_eval import default_bound, overall_accuracy
+from benchmarks.accuracy_eval import default_bound, overall_accuracy
 from parityserve.bench.report import markdown_table
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The five models of ``parityserve bench selection``, and the test stream they are asked about.
+"""The five models of ``python -m benchmarks.selection``, and the test stream they are asked about.
 
 cifar10: the published CIFAR ResNet-20/32/44/56 (zoo models, weights from the data folder) plus a
 weak scikit-learn model trained here on ``cifar10-train-20k.npz``. mnist: the ParM MLP plus four

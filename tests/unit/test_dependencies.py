@@ -1,0 +1,33 @@
+"""pyproject.toml: a plain install pulls only what serving needs; the experiments' packages
+come with the ``bench`` extra, which ``dev`` pulls in so that ``make test`` has them."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from parityserve.bench.extra import BENCH_MODULES
+
+PROJECT = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+BENCH_ONLY = {"aiohttp", "matplotlib"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {Requirement(r).name.lower() for r in requirements}
+
+
+def test_core_dependencies_hold_no_bench_only_package() -> None:
+    assert not _names(PROJECT["dependencies"]) & BENCH_ONLY
+
+
+def test_the_bench_extra_holds_them_and_dev_pulls_it_in() -> None:
+    extras = PROJECT["optional-dependencies"]
+    assert _names(extras["bench"]) == BENCH_ONLY == set(BENCH_MODULES)
+    assert "parityserve[bench]" in extras["dev"]
+
+
+def test_torch_stays_pinned_and_out_of_the_core() -> None:
+    assert PROJECT["optional-dependencies"]["torch"] == ["torch==2.13.0"]
+    assert "torch" not in _names(PROJECT["dependencies"])
