@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from parityserve.config import Deployment, Server
 from parityserve.core.batching import AIMDController
-from parityserve.core.restarts import RestartPolicy, restart_delay
+from parityserve.core.restarts import RestartPolicy
 from parityserve.errors import LimitExceeded
 from parityserve.runtime import messages
 from parityserve.runtime.commands import Command, SetFaults, Stop
@@ -35,6 +35,7 @@ from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
 from parityserve.runtime.health import STARTUP_TIMEOUT_S, replica_failure
 from parityserve.runtime.keys import ClientKeys
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.restart_tracker import Restart, RestartTracker, Slot
 from parityserve.runtime.slots import (
     ONE_SHOT_FAULTS,
     parity_pools,
@@ -48,9 +49,6 @@ from parityserve.runtime.worker import WorkerSpec
 __all__ = ["Launcher", "Settings", "Supervisor", "WorkerHandle", "aimd_for"]
 
 log = logging.getLogger(__name__)
-
-Slot = tuple[str, int, str]  # (model, version, slot name): what restarts are counted for
-
 
 class WorkerHandle(Protocol):
     """One launched worker process, as ``launcher.WorkerProcess`` is."""
@@ -96,15 +94,6 @@ class Settings:
                    server.max_local_workers, base_dir=base_dir, data_dir=data_dir)
 
 
-@dataclass(frozen=True)
-class _Restart:
-    at: float
-    path: ModelPath
-    index: int
-    faults: dict[str, Any]
-    pool: str
-
-
 def aimd_for(path: ModelPath) -> AIMDController:
     """A fresh batch-size controller for one replica of ``path``."""
     b = path.deployment.batching
@@ -137,10 +126,8 @@ class Supervisor:
         self.stop_process = stop_process
         self.replicas: dict[str, tuple[ModelPath, Replica]] = {}  # by replica id
         self.load_errors: dict[tuple[str, int], str] = {}  # (model, version) -> why
-        self.failures: dict[Slot, int] = {}  # failures in a row, while never ready
-        self.gave_up: set[Slot] = set()  # not relaunched until an operator asks again
+        self.restarts = RestartTracker(settings.restarts)
         self.closing = False
-        self._restarts: list[_Restart] = []
         self._incarnations = itertools.count(1)
 
     # ---- launching -------------------------------------------------------------------------
@@ -187,7 +174,7 @@ class Supervisor:
             self._sync_faults(replica)
             replica.state = "ready"
         self.load_errors.pop((path.name, path.version), None)
-        self.failures.pop((path.name, path.version, slot_of(replica)), None)
+        self.restarts.ready((path.name, path.version, slot_of(replica)))
         replica.pid = hello.pid if hello.pid is not None else replica.pid
         path.platform = hello.platform or path.platform
         path.input_spec = path.input_spec or hello.input
@@ -282,8 +269,7 @@ class Supervisor:
         without ever becoming ready, and give up after a few (a model that cannot load must
         not spin, nor run a load-time payload again and again)."""
         slot = (path.name, path.version, slot_name(index, pool))
-        failures = self.failures[slot] = self.failures.get(slot, 0) + 1
-        delay = restart_delay(failures, self.settings.restarts)
+        failures, delay = self.restarts.failed(slot)
         if delay is None:
             self._give_up(path, slot, failures)
         elif delay == 0.0:
@@ -291,10 +277,9 @@ class Supervisor:
         else:
             log.warning("restarting replica %d of %s in %.2fs (%d failures in a row)",
                         index, path.name, delay, failures)
-            self._restarts.append(_Restart(self.clock() + delay, path, index, faults, pool))
+            self.restarts.wait(Restart(self.clock() + delay, path, index, faults, pool))
 
     def _give_up(self, path: ModelPath, slot: Slot, failures: int) -> None:
-        self.gave_up.add(slot)
         error = self.load_errors.setdefault(
             (path.name, path.version),
             f"model {path.name!r}: replica {slot[2]} failed {failures} times in a row")
@@ -303,13 +288,10 @@ class Supervisor:
                   slot[2], path.name, path.version, failures, error)
 
     def _run_due_restarts(self) -> None:
-        now = self.clock()
-        due = [r for r in self._restarts if r.at <= now]
-        self._restarts = [r for r in self._restarts if r.at > now]
-        for restart in due:
+        for restart in self.restarts.due(self.clock()):
             self._relaunch(restart)
 
-    def _relaunch(self, restart: _Restart) -> None:
+    def _relaunch(self, restart: Restart) -> None:
         """A delayed restart, unless the slot is no longer wanted or already taken."""
         path, index, pool = restart.path, restart.index, restart.pool
         live = self.models.get(path.name) is path or path in self.retired
@@ -322,12 +304,10 @@ class Supervisor:
 
     def forgive(self, path: ModelPath) -> None:
         """An operator asked again: slots given up on get their full number of tries."""
-        for slot in [s for s in self.failures if s[:2] == (path.name, path.version)]:
-            del self.failures[slot]
-        self.gave_up = {s for s in self.gave_up if s[:2] != (path.name, path.version)}
+        self.restarts.forgive(path.name, path.version)
 
     def gave_up_on(self, path: ModelPath) -> bool:
-        return any(s[:2] == (path.name, path.version) for s in self.gave_up)
+        return self.restarts.gave_up_on(path.name, path.version)
 
     def load_error(self, path: ModelPath) -> str | None:
         return self.load_errors.get((path.name, path.version))

@@ -268,7 +268,7 @@ def test_a_hello_resets_the_failure_count() -> None:
     crash_starting(rig, path)
     rig.tick_after(restart_delay(2, POLICY) or 0)
     rig.hello_all(path)
-    assert rig.sup.failures == {}
+    assert rig.sup.restarts.failures == {}
     only(path).process.code = 1
     rig.sup.tick()
     assert slots(path) == [("data", 0, "starting")]  # relaunched at once, not backed off
