@@ -1,0 +1,173 @@
+"""The admin operations: applications and their links, and what each model runs.
+
+``AppAdmin`` changes applications (it needs no workers). ``ModelAdmin`` deploys, rolls, scales,
+switches redundancy and injects faults; the supervisor carries the changes out. Both validate
+first and change nothing on a bad request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from parityserve.config import (
+    Application,
+    Deployment,
+    FaultConfig,
+    ParityConfig,
+    RedundancyConfig,
+)
+from parityserve.errors import ConfigError, Conflict, InvalidInput, ServiceError, Unavailable
+from parityserve.models.sources import scrub_paths
+from parityserve.runtime.applications import AppRuntime
+from parityserve.runtime.commands import SetFaults
+from parityserve.runtime.dispatch import DATA_POOL, ModelPath
+from parityserve.runtime.health import STARTUP_TIMEOUT_S
+from parityserve.runtime.lookup import find_app, find_model
+from parityserve.runtime.slots import slot_of
+from parityserve.runtime.state_store import StateStore
+from parityserve.runtime.supervisor import Supervisor
+
+__all__ = ["AppAdmin", "ModelAdmin", "slo_for"]
+
+_POLL_S = 0.05
+
+
+def slo_for(apps: dict[str, AppRuntime], model: str, deployment: Deployment) -> float:
+    """AIMD backs off against the tightest SLO of the applications using the model."""
+    slos = [a.config.slo_ms for a in apps.values() if model in a.config.models]
+    return (min(slos) if slos else deployment.timeout_ms) / 1000
+
+
+class AppAdmin:
+    """Adds, removes and relinks applications."""
+
+    def __init__(self, apps: dict[str, AppRuntime], models: dict[str, ModelPath],
+                 store: Callable[[], StateStore]) -> None:
+        self.apps = apps
+        self.models = models
+        self.store = store  # the store is opened at start, so it is looked up when needed
+
+    async def add_application(self, app: Application) -> None:
+        if app.name in self.apps:
+            raise Conflict(f"application {app.name!r} already exists")
+        for model in app.models:
+            find_model(self.models, model)
+        try:
+            runtime = AppRuntime.build(app)
+        except ConfigError as exc:  # an unknown policy, module or option: the caller's mistake
+            raise InvalidInput(f"application {app.name!r}: {exc}") from exc
+        self.apps[app.name] = runtime
+        self.refresh_slos()
+
+    async def remove_application(self, name: str) -> None:
+        find_app(self.apps, name)
+        del self.apps[name]
+        self.refresh_slos()
+        # A later application of the same name starts learning afresh.
+        with contextlib.suppress(ServiceError):
+            await asyncio.to_thread(self.store().delete_prefix, f"{name}/")
+
+    async def link_models(self, app: str, models: Sequence[str]) -> None:
+        state = find_app(self.apps, app)
+        if not models:
+            raise InvalidInput("link needs at least one model")
+        for model in models:
+            find_model(self.models, model)
+        state.relink(state.config.model_copy(update={"models": tuple(models)}))
+        self.refresh_slos()
+
+    def refresh_slos(self) -> None:
+        for path in self.models.values():
+            path.slo_s = slo_for(self.apps, path.name, path.deployment)
+            for replica in path.replicas.values():
+                replica.aimd.set_slo(path.slo_s)
+
+
+class ModelAdmin:
+    """Deploys and changes models through the supervisor."""
+
+    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+        self.supervisor = supervisor
+        self.models = supervisor.models
+        self.clock = clock
+
+    async def deploy(self, deployment: Deployment) -> None:
+        """Deploy a new model, or roll a model to a newer version with no gap in service."""
+        old = self.models.get(deployment.name)
+        if old is not None and deployment.version <= old.version:
+            raise Conflict(
+                f"model {deployment.name!r} already serves version {old.version}; "
+                f"deploy version {old.version + 1} or higher")
+        self.supervisor.check_worker_budget(deployment, replacing=None)
+        if old is not None:  # a redeployed model moves to the end of the listing
+            del self.models[deployment.name]
+        path = self.supervisor.launch_path(deployment)
+        if old is None:
+            self.models[deployment.name] = path
+            return
+        self.models[deployment.name] = old  # keep serving the old version while the new loads
+        await self._await_first_ready(path)
+        self.models[deployment.name] = path
+        self.supervisor.retire(old)
+
+    async def _await_first_ready(self, path: ModelPath) -> None:
+        deadline = self.clock() + STARTUP_TIMEOUT_S
+        while not path.ready_replicas() and path.deployment.replicas:
+            error = self.supervisor.load_error(path)
+            if error is not None:
+                self.supervisor.stop_replicas(path, list(path.replicas.values()))
+                raise Unavailable(f"version {path.version} of {path.name!r} not deployed: "
+                                  f"{scrub_paths(error)}")
+            if self.clock() > deadline:
+                raise Unavailable(f"new version of {path.name!r} did not start")
+            await asyncio.sleep(_POLL_S)
+
+    async def set_replicas(self, model: str, replicas: int) -> None:
+        path = find_model(self.models, model)
+        if not 0 <= replicas <= 256:
+            raise InvalidInput("replicas must be between 0 and 256")
+        deployment = revalidated(path.deployment, replicas=replicas)
+        self.supervisor.check_worker_budget(deployment, replacing=path)
+        self.supervisor.forgive(path)
+        self.supervisor.reconcile(path, deployment)
+
+    async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
+                             parity: ParityConfig | None) -> None:
+        """Switch a model's redundancy mode; groups in flight finish under the old one."""
+        path = find_model(self.models, model)
+        deployment = revalidated(path.deployment, redundancy=redundancy.model_dump(),
+                                 parity=parity.model_dump() if parity else None)
+        self.supervisor.check_worker_budget(deployment, replacing=path)
+        old_parity = path.deployment.parity
+        if old_parity is not None and deployment.parity != old_parity:
+            parity_replicas = [r for r in path.replicas.values() if r.pool != DATA_POOL]
+            self.supervisor.stop_replicas(path, parity_replicas)  # new parity models load afresh
+        self.supervisor.reconcile(path, deployment)
+        path.set_redundancy(deployment)
+
+    async def set_faults(self, model: str, replica: str, faults: FaultConfig) -> None:
+        path = find_model(self.models, model)
+        targets = [r for r in path.replicas.values() if replica in ("all", slot_of(r))]
+        if not targets:
+            raise InvalidInput(
+                f"model {model!r} has no replica {replica!r}; replicas are "
+                f"{sorted({slot_of(r) for r in path.replicas.values()})}")
+        spec = {} if faults.is_noop else faults.model_dump()
+        for target in targets:
+            target.faults = spec
+            self.supervisor.send(target.rid, SetFaults(spec))
+
+
+def revalidated(deployment: Deployment, **changes: Any) -> Deployment:
+    """The deployment with ``changes``, validated again (a coded mode needs enough replicas
+    for one group; parm needs parity models)."""
+    try:
+        return Deployment.model_validate({**deployment.model_dump(), **changes})
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidInput(reasons) from None

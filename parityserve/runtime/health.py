@@ -1,0 +1,36 @@
+"""Whether a replica is healthy, judged from what the frontend saw of it.
+
+Pure functions of a replica record and the time: the supervisor replaces a replica for the
+reason given here, and readiness counts only the replicas that have none.
+"""
+
+from __future__ import annotations
+
+from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+
+__all__ = ["STARTUP_TIMEOUT_S", "live_replicas", "replica_failure"]
+
+STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-core box is slow
+
+
+def replica_failure(replica: Replica, now: float, heartbeat_timeout_s: float,
+                    startup_timeout_s: float = STARTUP_TIMEOUT_S) -> str | None:
+    """Why a replica counts as failed, or None while it is healthy."""
+    if replica.state == "dead":
+        return "unreachable"
+    code = replica.process.exit_code() if replica.process is not None else None
+    if code is not None:
+        return f"process exited with code {code}"
+    if replica.state == "starting":
+        return "did not start in time" if now - replica.started_at > startup_timeout_s else None
+    if now - replica.last_seen > heartbeat_timeout_s:
+        return f"no heartbeat for {now - replica.last_seen:.1f}s"
+    return None
+
+
+def live_replicas(path: ModelPath, now: float, heartbeat_timeout_s: float) -> list[Replica]:
+    """Replicas that can answer now: ready, heartbeating, process alive, and running the
+    model itself (a parity model alone cannot answer). Judged at the moment of asking, not
+    from the supervisor's last verdict, which trails a kill or a hang."""
+    return [r for r in path.ready_replicas()
+            if r.pool == DATA_POOL and replica_failure(r, now, heartbeat_timeout_s) is None]
