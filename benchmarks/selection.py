@@ -714,22 +714,6 @@ def _fig9_markdown(r: dict[str, Any]) -> str:
     return "\n\n".join(lines)
 
 
-def _rerender(results_dir: Path, dataset: str = "cifar10") -> None:
-    """Rewrite the markdown of saved results from their JSON (same numbers, command, machine).
-
-    For presentation fixes only; the Figure 8 plot needs the full curves and is left alone.
-    """
-    suffix = "" if dataset == "cifar10" else f"-{dataset}"
-    for fig, render in (("fig8", _fig8_markdown), ("fig9", _fig9_markdown)):
-        path = results_dir / f"selection-{fig}{suffix}.json"
-        if not path.is_file():
-            continue
-        doc = orjson.loads(path.read_bytes())
-        if fig == "fig9":
-            doc.setdefault("summary", fig9_summary(doc["rows"]))
-        name = doc.pop("name")
-        write_results(name, doc, results_dir=results_dir, markdown=render(doc))
-
 # ---- python -m benchmarks.selection --------------------------------------------------------------
 
 DESCRIPTION = ("Figure 8: exp3 and exp4 applications over five models learn from "

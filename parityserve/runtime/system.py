@@ -204,9 +204,6 @@ class ServingSystem:
                      query_id: str | None = None) -> dict[str, Any]:
         return await self.router.update(app, uid, item, label, query_id)
 
-    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
-        return (await self.infer_detailed(model, version, batch))[0]
-
     async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
                              ) -> tuple[np.ndarray, dict[int, str]]:
         """The outputs, and which rows were rebuilt by decoding (row -> method)."""
