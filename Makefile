@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # flags for a bench target, e.g. make bench-tail ARGS='--part codec'
 ARGS ?=
 
-.PHONY: demo test lint typecheck bench-overhead bench-tail bench-accuracy bench-selection \
+.PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
 	bench-simulate check-plain-install fuzz clean venv
 
 venv: $(STAMP)
@@ -38,6 +38,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy parityserve
+
+# Unused code, found by vulture (names frameworks call are listed in the whitelist, with why).
+deadcode: $(STAMP)
+	$(BIN)/vulture parityserve benchmarks tests scripts/vulture_whitelist.py --min-confidence 60
 
 # The measurements need the bench extra (aiohttp, matplotlib); dev pulls it in, and this makes
 # sure of it in a venv that was installed some other way.
