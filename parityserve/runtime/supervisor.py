@@ -128,6 +128,9 @@ class Supervisor:
         self.load_errors: dict[tuple[str, int], str] = {}  # (model, version) -> why
         self.restarts = RestartTracker(settings.restarts)
         self.closing = False
+        # Processes told to stop whose SIGTERM grace may still run in a thread: shutting down
+        # must still wait for them, or the server exits with workers (and Popens) unreaped.
+        self.stopping: list[WorkerHandle] = []
         self._incarnations = itertools.count(1)
 
     # ---- launching -------------------------------------------------------------------------
@@ -336,8 +339,13 @@ class Supervisor:
             self.send(replica.rid, Stop())
             self._drop(path, replica)
             if replica.process is not None:
-                self.stop_process(replica.process)
+                self._stop(replica.process)
         path.pump()
+
+    def _stop(self, process: WorkerHandle) -> None:
+        self.stopping = [p for p in self.stopping if p.exit_code() is None]
+        self.stopping.append(process)
+        self.stop_process(process)
 
     def retire(self, path: ModelPath) -> None:
         """An old version: it keeps its replicas until its queue and batches are done."""
@@ -385,4 +393,5 @@ class Supervisor:
                 if replica.state == "ready":
                     self.send(replica.rid, Stop())
             path.fail_all("server shutting down")
-        return [r.process for p in paths for r in p.replicas.values() if r.process is not None]
+        serving = [r.process for p in paths for r in p.replicas.values() if r.process is not None]
+        return [*serving, *(p for p in self.stopping if p.exit_code() is None)]

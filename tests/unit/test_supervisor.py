@@ -479,3 +479,17 @@ def test_shut_down_stops_ready_workers_and_restarts_nothing_after() -> None:
         replica.process.code = 0
     rig.tick_after(POLICY.max_delay_s)
     assert len(rig.launcher.started) == 2
+
+
+def test_shut_down_still_waits_for_workers_scaled_away_that_have_not_exited() -> None:
+    # Their SIGTERM grace runs in a thread; a server closing meanwhile must still reap them
+    # (found by the API fuzz run: "subprocess ... is still running" at interpreter exit).
+    rig = Rig()
+    path = rig.deploy(replicas=2)
+    rig.hello_all(path)
+    rig.sup.reconcile(path, path.deployment.model_copy(update={"replicas": 1}))
+    (gone,) = [p for p in rig.launcher.started if p.terminated]
+    (kept,) = [r.process for r in path.replicas.values()]
+    assert sorted(p.pid for p in rig.sup.shut_down()) == sorted([gone.pid, kept.pid])
+    gone.code = 0  # once it has exited, there is nothing left to wait for
+    assert [p.pid for p in rig.sup.shut_down()] == [kept.pid]
