@@ -122,13 +122,12 @@ def _one_run(tree: Path, args: argparse.Namespace, results: Path) -> dict[str, A
 
 def _points(model: dict[str, Any]) -> dict[str, Any]:
     """Per system: p50/p99/p99.9 at the lowest rate, and peak throughput at saturation."""
-    finite = [p for p in model["points"] if math.isfinite(p["rate"])]
+    finite = [p for p in model["points"] if p["rate"] is not None and math.isfinite(p["rate"])]
     low = min(p["rate"] for p in finite)
     found: dict[str, Any] = {}
     for system in SYSTEMS:
         at_low = next(p for p in finite if p["system"] == system and p["rate"] == low)
-        peak = next(p for p in model["points"] if p["system"] == system
-                    and not math.isfinite(p["rate"]))
+        peak = model["peak"][system]  # the saturation run is reported apart from the points
         found[system] = {"rate": low, "n": at_low["n"], "p50_ms": at_low["p50_ms"],
                          "p99_ms": at_low["p99_ms"], "p999_ms": at_low["p999_ms"],
                          "peak_qps": peak["throughput_qps"], "peak_n": peak["n"]}

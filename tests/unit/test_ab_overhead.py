@@ -20,17 +20,19 @@ def _module() -> ModuleType:
     return module
 
 
-def _point(system: str, rate: float, p50: float, qps: float) -> dict:
+def _point(system: str, rate: float | None, p50: float, qps: float) -> dict:
     return {"system": system, "rate": rate, "n": 2000, "p50_ms": p50, "p99_ms": 2 * p50,
             "p999_ms": 3 * p50, "throughput_qps": qps}
 
 
 def test_points_take_the_lowest_finite_rate_and_the_saturation_row() -> None:
+    # The shape `bench overhead` writes: paced points, and the saturation runs under "peak"
+    # with no rate (null in the JSON).
     model = {"points": [_point("bare", 400, 9, 400), _point("bare", 100, 1.0, 100),
-                        _point("bare", float("inf"), 50, 3000),
                         _point("parityserve", 100, 2.0, 100),
-                        _point("parityserve", 400, 9, 400),
-                        _point("parityserve", float("inf"), 80, 1500)]}
+                        _point("parityserve", 400, 9, 400)],
+             "peak": {"bare": _point("bare", None, 50, 3000),
+                      "parityserve": _point("parityserve", None, 80, 1500)}}
     found = _module()._points(model)
     assert found["parityserve"] == {"rate": 100, "n": 2000, "p50_ms": 2.0, "p99_ms": 4.0,
                                     "p999_ms": 6.0, "peak_qps": 1500, "peak_n": 2000}
