@@ -31,6 +31,7 @@ from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.core.inputs import scan
 from parityserve.core.restarts import RestartPolicy, restart_delay
+from parityserve.core.scheduling import parity_index, slot_name
 from parityserve.core.selection import DEFAULT_CONTEXT, weight_shares
 from parityserve.errors import (
     ConfigError,
@@ -58,8 +59,13 @@ from parityserve.runtime.applications import (
     describe_combined,
     read_state,
 )
-from parityserve.runtime.coding import parity_pool
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath, QueryExpired, Replica
+from parityserve.runtime.dispatch import (
+    DATA_POOL,
+    ModelPath,
+    QueryExpired,
+    Replica,
+    deployed_parity_pools,
+)
 from parityserve.runtime.keys import ClientKeys, ServerKeys
 from parityserve.runtime.launcher import LocalLauncher
 from parityserve.runtime.metrics import Metrics
@@ -946,7 +952,7 @@ def _scrubbed(error: str | None) -> str | None:
 
 def _slot_name(index: int, pool: str) -> str:
     """How admin calls and replica ids name a replica: "2", or "parity0-1" for parity ones."""
-    return str(index) if pool == DATA_POOL else f"{pool}-{index}"
+    return slot_name(index, pool)
 
 
 def _slot_of(replica: Replica) -> str:
@@ -954,16 +960,15 @@ def _slot_of(replica: Replica) -> str:
 
 
 def _parity_pools(deployment: Deployment) -> list[str]:
-    if deployment.redundancy.mode != "parm" or deployment.parity is None:
-        return []
-    return [parity_pool(j) for j in range(deployment.parity.r)]
+    return deployed_parity_pools(deployment)
 
 
 def _pool_model(dep: Deployment, pool: str) -> tuple[str, str | None, dict[str, Any]]:
     """(source, weights, options) a replica of ``pool`` loads."""
     if pool == DATA_POOL or dep.parity is None:
         return dep.source, dep.weights, dict(dep.options)
-    j = int(pool.removeprefix("parity"))
+    j = parity_index(pool)
+    assert j is not None
     parity = dep.parity
     weights = parity.weight_files[j]
     options = dict(parity.options if parity.options is not None else dep.options)

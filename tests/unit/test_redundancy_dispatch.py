@@ -1,4 +1,4 @@
-"""Redundancy modes in the serving path (runtime/coding.py driven by runtime/dispatch.py).
+"""Redundancy modes in the serving path (core/scheduling/modes.py driven by runtime/dispatch.py).
 
 Same approach as ``test_dispatch.py``: a fake link records what would go to workers, results
 are handed to ``ModelPath.on_result`` by hand (usually "echo": outputs = inputs, a linear
@@ -20,8 +20,9 @@ from dispatch_fakes import T0, FakeClock, FakeLink
 from parityserve.config import BatchingConfig, Deployment, ParityConfig, RedundancyConfig
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.scheduling import modes
 from parityserve.errors import PredictError
-from parityserve.runtime import coding, wire
+from parityserve.runtime import wire
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.metrics import Metrics
 
@@ -96,13 +97,13 @@ def parm(k: int = 2, **options: Any) -> Deployment:
 
 
 @pytest.mark.parametrize(("dep", "kind", "mode"), [
-    (deployment(), coding.Redundancy, "none"),
-    (deployment("equal-resources"), coding.Redundancy, "none"),
-    (deployment("replication", replicas=3, d=3), coding.Replication, "replication"),
-    (deployment("reactive", timeout_ms=20), coding.Reactive, "reactive"),
-    (parm(), coding.Parm, "parm"),
-    (deployment("berrut", replicas=3, K=2, S=1), coding.Berrut, "berrut"),
-    (deployment("systematic-berrut", replicas=3, K=2, S=1), coding.Berrut,
+    (deployment(), modes.Redundancy, "none"),
+    (deployment("equal-resources"), modes.Redundancy, "none"),
+    (deployment("replication", replicas=3, d=3), modes.Replication, "replication"),
+    (deployment("reactive", timeout_ms=20), modes.Reactive, "reactive"),
+    (parm(), modes.Parm, "parm"),
+    (deployment("berrut", replicas=3, K=2, S=1), modes.Berrut, "berrut"),
+    (deployment("systematic-berrut", replicas=3, K=2, S=1), modes.Berrut,
      "systematic-berrut"),
 ])
 def test_make_redundancy_picks_the_mode(dep: Deployment, kind: type, mode: str) -> None:
@@ -116,11 +117,11 @@ def test_make_redundancy_picks_the_mode(dep: Deployment, kind: type, mode: str) 
 def test_make_redundancy_carries_the_settings() -> None:
     async def body() -> None:
         replication = Rig(deployment("replication", replicas=3, d=3)).path.redundancy
-        assert isinstance(replication, coding.Replication) and replication.copies == 3
+        assert isinstance(replication, modes.Replication) and replication.copies == 3
         reactive = Rig(deployment("reactive", timeout_ms=20)).path.redundancy
-        assert isinstance(reactive, coding.Reactive) and reactive.timeout_s == pytest.approx(0.02)
+        assert isinstance(reactive, modes.Reactive) and reactive.timeout_s == pytest.approx(0.02)
         berrut = Rig(deployment("berrut", replicas=6, K=2, S=0, E=1)).path.redundancy
-        assert isinstance(berrut, coding.Berrut)
+        assert isinstance(berrut, modes.Berrut)
         assert (berrut.K, berrut.S, berrut.E, berrut.batches_per_dispatch) == (2, 0, 1, 2)
         assert not berrut.systematic
         assert Rig(deployment()).path.redundancy.batches_per_dispatch == 1
@@ -808,7 +809,7 @@ def test_set_redundancy_new_batches_use_the_new_mode() -> None:
         assert rig.link.rids() == ["r1"]
         rig.echo(0)
         rig.path.set_redundancy(deployment("replication", replicas=2, d=2))
-        assert isinstance(rig.path.redundancy, coding.Replication)
+        assert isinstance(rig.path.redundancy, modes.Replication)
         assert rig.path.deployment.redundancy.mode == "replication"
         second = rig.submit([2.0])
         assert rig.link.rids() == ["r1", "r1", "r2"]  # now copied
@@ -835,7 +836,7 @@ def test_set_redundancy_moves_queued_tasks_to_the_new_mode() -> None:
         copy = old.pending["data"][0]
         rig.path.set_redundancy(deployment(replicas=2))
         new = rig.path.redundancy
-        assert new is not old and type(new) is coding.Redundancy
+        assert new is not old and type(new) is modes.Redundancy
         assert list(new.pending["data"]) == [copy]
         r2.state = "ready"
         rig.path.pump()
