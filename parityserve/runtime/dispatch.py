@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import Deployment, TensorSpec
+from parityserve.core.admission import ServiceEstimate
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.inputs import Leaves
@@ -177,8 +178,12 @@ class ModelPath:
         return self.machine.mode
 
     @property
-    def service(self) -> Any:
+    def service(self) -> ServiceEstimate:
         return self.machine.service
+
+    @service.setter
+    def service(self, estimate: ServiceEstimate) -> None:
+        self.machine.service = estimate
 
     @property
     def shed(self) -> int:

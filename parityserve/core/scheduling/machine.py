@@ -86,6 +86,7 @@ class Scheduler:
         self.shed = 0  # queries refused at admission or not dispatched (too late to finish)
         self.replicas: dict[str, Replica] = {}
         self.inflight: dict[int, InflightBatch] = {}
+        self.groups = 0  # coding groups formed
         self.decodes = 0  # groups decoded (rebuilt outputs delivered)
         self.now = 0.0
         self._bids = itertools.count(1)
@@ -276,6 +277,9 @@ class Scheduler:
         for entry in entries:
             if not entry.item.answered:
                 self.queue.requeue(entry)
+
+    def group_opened(self) -> None:
+        self.groups += 1
 
     def emit(self, action: Action) -> None:
         self._out.append(action)

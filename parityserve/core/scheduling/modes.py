@@ -87,6 +87,8 @@ class Host(Protocol):
 
     def located(self, rid: str | None) -> None: ...
 
+    def group_opened(self) -> None: ...
+
 
 class Redundancy:
     """``none``: each formed batch is one task; subclasses add copies, parities, codes."""
@@ -243,6 +245,7 @@ class Parm(Redundancy):
         run = self.open
         if run is None:
             run = self.open = GroupRun(ParmGroup(self.code, self.encoder, self.grace_s), "parm")
+            self.host.group_opened()
             self._closer = self.host.at(self.host.now + self.group_wait_s, self._close_open)
         core = _parm_core(run)
         task.group, task.slot = run, core.add(task.payload, self.host.now)
@@ -365,6 +368,7 @@ class Berrut(Redundancy):
             self._send_plainly(chunks)
             return
         run = GroupRun(core, self.mode, dict(enumerate(chunks)))
+        self.host.group_opened()
         if self.systematic:
             for slot, (chunk, payload) in enumerate(zip(chunks, arrays, strict=True)):
                 self._add(run, self.host.new_task(chunk, payload=payload), slot)
