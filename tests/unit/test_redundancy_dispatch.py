@@ -4,7 +4,8 @@ Same approach as ``test_dispatch.py``: a fake link records what would go to work
 are handed to ``ModelPath.on_result`` by hand (usually "echo": outputs = inputs, a linear
 model that every code decodes exactly or nearly so), and the path reads a fake clock. Only
 the modes' own timers (reactive re-issue, ParM's group wait) run on the real event loop,
-with timeouts of a few milliseconds.
+with timeouts of a few milliseconds. The modes' timer decisions themselves are tested on the
+scheduler alone, on a fake clock, in ``test_scheduler.py``.
 """
 
 from __future__ import annotations
@@ -304,37 +305,6 @@ def test_reactive_reissues_an_unanswered_batch_to_another_replica() -> None:
     run(body)
 
 
-def test_reactive_batch_answered_in_time_is_not_reissued() -> None:
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=20))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([7.0])
-        rig.echo(0)
-        await asyncio.sleep(0.06)
-        assert future.result().tolist() == [7.0]
-        assert rig.link.rids() == ["r1"]
-        assert not rig.path.redundancy.has_pending("data")
-
-    run(body)
-
-
-def test_reactive_error_while_the_reissue_runs_does_not_fail() -> None:
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=10))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([8.0])
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["r1", "r2"]
-        rig.fail(0)
-        assert not future.done()
-        rig.echo(1)
-        assert future.result().tolist() == [8.0]
-
-    run(body)
-
-
 # --- ParM -----------------------------------------------------------------------------------
 
 
@@ -454,30 +424,6 @@ def test_parm_parity_before_the_others_waits_for_them() -> None:
     run(body)
 
 
-def test_parm_single_batch_group_closes_after_group_wait() -> None:
-    async def body() -> None:
-        rig = Rig(parm(group_wait_ms=10))
-        d0 = rig.add("d0")
-        rig.add("d1")
-        rig.add("p0", pool="parity0")
-        future = rig.submit([5.0, 6.0])
-        assert rig.link.rids() == ["d0"] and rig.path.redundancy.open is not None
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["d0", "p0"] and rig.path.redundancy.open is None
-        np.testing.assert_array_equal(rig.link.batch(1), [[5.0, 6.0]])  # plus a zero batch
-        assert rig.path.take_back(d0) == 1  # d0 dies: its batch is retried on d1
-        d0.state = "dead"
-        rig.path.pump()
-        assert rig.link.rids() == ["d0", "p0", "d1"]
-        rig.echo(1)  # but the parity answers first: the batch is rebuilt
-        assert future.result().tolist() == [5.0, 6.0]
-        assert rig.path.reconstruction(future) == "parm-subtraction"
-        rig.echo(2)  # the retry's answer, late, changes nothing
-        assert future.result().tolist() == [5.0, 6.0]
-
-    run(body)
-
-
 def test_parm_second_group_opens_after_the_first_is_full() -> None:
     async def body() -> None:
         rig = Rig(parm())
@@ -498,35 +444,6 @@ def test_parm_second_group_opens_after_the_first_is_full() -> None:
         assert values(futures) == [[0.0], [1.0], [2.0], [3.0]]
         assert [rig.path.reconstruction(f) for f in futures] == [
             None, "parm-subtraction", "parm-subtraction", None]
-
-    run(body)
-
-
-def test_parm_grace_delays_the_decode() -> None:
-    async def body() -> None:
-        rig, futures = parm_rig(timeout_ms=20)
-        rig.echo(1)
-        rig.echo(2)
-        assert not futures[0].done()  # the slow batch gets its grace period first
-        rig.clock.advance(0.03)
-        await asyncio.sleep(0.05)
-        assert values(futures[:2]) == [[1.0, 2.0], [3.0, 4.0]]
-        assert rig.path.reconstruction(futures[0]) == "parm-subtraction"
-
-    run(body)
-
-
-def test_parm_error_during_the_grace_period_still_rebuilds_the_batch() -> None:
-    async def body() -> None:
-        rig, futures = parm_rig(timeout_ms=20)
-        rig.echo(1)
-        rig.echo(2)  # the decode is due once batch 0's grace is over
-        rig.fail(0)  # ... and batch 0's replica errors meanwhile: the decode still answers
-        assert not futures[0].done()
-        rig.clock.advance(0.03)
-        await asyncio.sleep(0.05)
-        assert values(futures[:2]) == [[1.0, 2.0], [3.0, 4.0]]
-        assert rig.path.reconstruction(futures[0]) == "parm-subtraction"
 
     run(body)
 
@@ -881,23 +798,6 @@ def test_set_redundancy_from_parm_drops_the_parity_queue() -> None:
     run(body)
 
 
-def test_set_redundancy_keeps_reissuing_tasks_of_the_old_mode() -> None:
-    # A task the old mode sent re-issues after the switch: the copy must reach the queues
-    # idle replicas pull from (the new mode's), not the old mode's, which nobody reads.
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=10))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([6.0])
-        rig.path.set_redundancy(deployment("reactive", replicas=2, timeout_ms=1000))
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["r1", "r2"]
-        rig.echo(1)
-        assert future.result().tolist() == [6.0]
-
-    run(body)
-
-
 def test_set_redundancy_then_a_lost_task_of_the_old_mode_is_sent_again() -> None:
     async def body() -> None:
         rig = Rig(deployment("replication", replicas=2, d=2))
@@ -912,25 +812,5 @@ def test_set_redundancy_then_a_lost_task_of_the_old_mode_is_sent_again() -> None
         assert rig.link.rids() == ["r1", "r2", "r3"]
         rig.echo(2)
         assert future.result().tolist() == [4.0]
-
-    run(body)
-
-
-def test_set_redundancy_from_parm_with_an_open_group() -> None:
-    # The old mode's open group closes after the switch; its parity goes to the parity pool
-    # still deployed (parm -> parm, e.g. a new group wait), and rebuilds the lost batch.
-    async def body() -> None:
-        rig = Rig(parm(group_wait_ms=10))
-        d0 = rig.add("d0")
-        rig.add("p0", pool="parity0")
-        future = rig.submit([5.0])
-        rig.path.set_redundancy(parm(group_wait_ms=1000))
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["d0", "p0"]
-        rig.path.take_back(d0)
-        d0.state = "dead"
-        rig.echo(1)
-        assert future.result().tolist() == [5.0]
-        assert rig.path.reconstruction(future) == "parm-subtraction"
 
     run(body)
