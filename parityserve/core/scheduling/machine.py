@@ -309,7 +309,10 @@ class Scheduler:
         """Answer queries with their own predictions. A prediction arriving after its query
         was answered (rebuilt, or by a faster copy) is not an answer; if the query was
         rebuilt, it is still the model's own output (``Late``)."""
-        if all(not e.item.answered for e in entries):
+        for entry in entries:
+            if entry.item.answered:
+                break
+        else:  # the common case: all of them still wait, answered with the whole batch
             for entry in entries:
                 entry.item.answered = True
             self._out.append(Answer(entries, outputs))

@@ -7,7 +7,6 @@ simulator (``core/simulate.py``) all import it and none of them imports another.
 
 from __future__ import annotations
 
-from collections.abc import Sized
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -112,6 +111,10 @@ class Task:
     slot: int = -1
     done: bool = False  # its output arrived (from any copy): later copies are not needed
     running: int = 0  # replicas working on it now
+    rows: int = field(init=False)  # rows of the payload: what the replica computes
+
+    def __post_init__(self) -> None:
+        self.rows = rows_of(self.payload)
 
     def needed(self) -> bool:
         if self.done:
@@ -120,13 +123,10 @@ class Task:
             return self.group.needs(self)
         return any(not e.item.answered for e in self.entries)
 
-    @property
-    def rows(self) -> int:
-        return rows_of(self.payload)
-
 
 def rows_of(payload: object) -> int:
-    return len(payload) if isinstance(payload, Sized) else 1
+    size = getattr(payload, "__len__", None)  # not isinstance(Sized): the hot path
+    return int(size()) if size is not None else 1
 
 
 @dataclass(eq=False)
