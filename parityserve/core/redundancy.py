@@ -1,7 +1,7 @@
 """Coding groups: the pure decisions of ParM, Berrut (ApproxIFER) and systematic Berrut serving.
 
-A *group* ties together the batches one redundancy scheme codes jointly. The runtime
-(``runtime/dispatch.py``) forms batches, sends the tasks a group asks for, and reports each
+A *group* ties together the batches one redundancy scheme codes jointly. The scheduler
+(``core/scheduling``) forms batches, sends the tasks a group asks for, and reports each
 task's outputs back; the group says when it can decode and rebuilds the missing outputs.
 Nothing here touches a clock, a socket or a random generator: time comes in as ``now``.
 
@@ -22,7 +22,7 @@ model is trained on full groups, so a short group decodes a little less accurate
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -56,11 +56,18 @@ class Decoded:
     suspected: tuple[int, ...] = ()  # coded slots the error locator excluded
 
 
-class _Queued(Protocol):
-    """A queued task: the runtime's ``Task`` and the simulator's both fit."""
+class _Assigned(Protocol):
+    """A coding group in flight, as far as pulling work goes: the workers that took a task."""
 
     @property
-    def group(self) -> Any: ...  # None, or a group run with an ``assigned`` set of workers
+    def assigned(self) -> Collection[Hashable]: ...
+
+
+class _Queued(Protocol):
+    """A queued task (``core.scheduling.records.Task``)."""
+
+    @property
+    def group(self) -> _Assigned | None: ...
 
     def needed(self) -> bool: ...
 

@@ -1,32 +1,33 @@
-"""A discrete-event simulator of one model's serving path, on the runtime's own decision code.
+"""A discrete-event simulator of one model's serving path: an event heap driving the runtime's
+own scheduler.
 
-``runtime/dispatch.py`` and ``runtime/coding.py`` wrap pure decisions in I/O: the deadline
-queue (``core/deadline_queue.py``), adaptive batching (``core/batching.py``), coding groups
-and their decoders (``core/redundancy.py``, ``core/coding``) and the fault model
-(``core/faults.py``). This module drives the *same* objects from a simulated clock instead
-of an event loop and sockets, so a projection to hundreds of replicas exercises the very
-code that serves queries: batch sizes come from ``decide_batch`` and per-replica
-``AIMDController``s, ParM groups close, encode and decode through ``ParmGroup`` (on small
-stand-in arrays), Berrut groups through ``BerrutGroup``/``SystematicGroup``, and every data
-replica draws its fault delays, background bursts included, from its own ``FaultPlan``.
+``core/scheduling`` holds one model's serving path as a sans-I/O state machine
+(``Scheduler``): the deadline queue, adaptive batching (``core/batching.py``), admission's
+"drop what cannot finish in time", the redundancy modes and their coding groups
+(``core/redundancy.py``, ``core/coding``). The asyncio runtime (``runtime/dispatch.py``)
+drives it with sockets and a loop timer; this module drives the *same* object from a
+simulated clock, so a projection to hundreds of replicas exercises the very decisions that
+serve queries. Nothing of the scheduling is written here: which idle replica pulls what, what
+each mode queues and when a task is still needed are all the scheduler's.
 
-What is *not* the runtime's code is the plumbing this module mirrors by hand: the order in
-which idle replicas pull work (``ModelPath.pump``), what each redundancy mode queues
-(``runtime/coding.py``), and when a task is still needed. Service times come from a
-``ServiceProfile`` (per batch size, an empirical distribution measured on a real worker);
-a fixed ``rpc_overhead_s`` per task (the transport that holds a replica) and
-``frontend_overhead_s`` per query (latency outside any queue: client, kernel, HTTP) stand for
-the costs the profile does not see. With ``host_cores`` set, the frontend's CPU (a FIFO
-server), the workers' compute and the load generator's CPU share that many cores.
+What this module adds is the world around it: service times from a ``ServiceProfile`` (per
+batch size, an empirical distribution measured on a real worker) on small stand-in arrays,
+every data replica's fault delays, background bursts included, from its own ``FaultPlan``,
+replica crashes at set times (``SimConfig.crashes``), a fixed ``rpc_overhead_s`` per task
+(the transport that holds a replica) and ``frontend_overhead_s`` per query (latency outside
+any queue: client, kernel, HTTP) for the costs the profile does not see. With
+``host_cores`` set, the frontend's CPU (a FIFO server), the workers' compute and the load
+generator's CPU share that many cores.
 
 Pure: no I/O and no wall clock; time is simulated and randomness comes from the caller's
 ``numpy.random.Generator``. A run is a function of (config, profile, arrivals, seed).
-Not modelled: worker crashes and hangs, heartbeats and restarts, the response cache, and
-Byzantine outputs (decoders see exact stand-in outputs).
+Not modelled: heartbeats and restarts, admission at submit (the queue's ``max_queue`` still
+rejects), the response cache, and Byzantine outputs (decoders see exact stand-in outputs).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -38,20 +39,33 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from parityserve.core.batching import AIMDController, decide_batch
-from parityserve.core.coding.berrut import BerrutCode, SystematicBerrut, minimum_workers
-from parityserve.core.coding.parity import LinearCode
-from parityserve.core.deadline_queue import DeadlineQueue, Entry
+from parityserve.core.batching import AIMDController
+from parityserve.core.coding.berrut import minimum_workers
+from parityserve.core.deadline_queue import Entry
 from parityserve.core.faults import FaultPlan, FaultSpec
-from parityserve.core.redundancy import (
-    BerrutGroup,
-    Decoded,
-    ParmGroup,
-    SystematicGroup,
-    split_even,
-    take_task,
+from parityserve.core.scheduling import (
+    DATA_POOL,
+    MODES,
+    Abort,
+    Action,
+    Answer,
+    Batching,
+    CodingFailed,
+    Expire,
+    Fail,
+    InflightBatch,
+    ModeSettings,
+    ParitySettings,
+    Query,
+    Redundant,
+    Replica,
+    ReplicaState,
+    Scheduler,
+    Send,
+    WakeAt,
+    parity_pools,
 )
-from parityserve.errors import CodingError, ConfigError, QueueFull
+from parityserve.errors import ConfigError, QueueFull
 
 __all__ = [
     "MODES",
@@ -60,12 +74,10 @@ __all__ = [
     "SimResult",
     "Simulator",
     "latency_percentiles",
+    "mode_settings",
     "simulate",
 ]
 
-MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",
-         "systematic-berrut")
-DATA_POOL = "data"
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -207,6 +219,9 @@ class SimConfig:
     # that starts inside a window takes ``delay_s`` longer (``bench tail``'s random pairs).
     delay_windows: Mapping[int, Sequence[tuple[float, float, float]]] = field(
         default_factory=dict)
+    # Instance slot -> the time it crashes: what it holds goes back to the queue, and it
+    # is not restarted.
+    crashes: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -250,77 +265,25 @@ class SimConfig:
 
 # ---- the simulated serving path -------------------------------------------------------------
 @dataclass(eq=False, slots=True)
-class _Query:
+class _Record:
+    """One simulated query's fate (a ``Query``'s handle)."""
+
     qid: int
     arrival: float
     deadline: float
     answered_at: float = math.nan
-    how: str = ""  # direct | <decoding method> | expired | rejected
-
-    @property
-    def done(self) -> bool:
-        return bool(self.how)
+    how: str = ""  # direct | <decoding method> | expired | failed | rejected
 
 
 @dataclass(eq=False)
-class _Group:
-    core: Any
-    mode: str
-    entries: dict[int, list[Entry[_Query]]] = field(default_factory=dict)
-    assigned: set[int] = field(default_factory=set)
-    tasks: list[_Task] = field(default_factory=list)
-    finished: bool = False
+class _Instance:
+    """What the simulator adds to a replica: its faults, delay windows and busy time."""
 
-    def needs(self, task: _Task) -> bool:
-        """``runtime.coding.GroupRun.needs``."""
-        if self.finished:
-            return False
-        pending = any(not e.item.done for es in self.entries.values() for e in es)
-        if task.kind == "data":
-            return any(not e.item.done for e in task.entries) or (pending and self.mode == "parm")
-        return pending
-
-
-@dataclass(eq=False)
-class _Task:
-    payload: npt.NDArray[Any]
-    entries: list[Entry[_Query]]
-    pool: str = DATA_POOL
-    kind: str = "data"  # data | parity | coded
-    group: _Group | None = None
-    slot: int = -1
-    done: bool = False
-    running: int = 0
-
-    @property
-    def rows(self) -> int:
-        return len(self.payload)
-
-    def needed(self) -> bool:
-        """``runtime.dispatch.Task.needed``."""
-        if self.done:
-            return False
-        if self.group is not None:
-            return self.group.needs(self)
-        return any(not e.item.done for e in self.entries)
-
-
-@dataclass(eq=False)
-class _Replica:
-    rid: int
-    index: int
-    pool: str
-    aimd: AIMDController
+    replica: Replica
     plan: FaultPlan | None
-    task: _Task | None = None
     windows: tuple[tuple[float, float, float], ...] = ()
-    sent_at: float = 0.0
     busy_s: float = 0.0
-    served: int = 0
-
-    @property
-    def idle(self) -> bool:
-        return self.task is None
+    crash_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -369,8 +332,23 @@ class _Timer:
         self.cancelled = False
 
 
+def mode_settings(config: SimConfig) -> ModeSettings:
+    """The scheduler's settings for ``config``'s redundancy mode."""
+    parity = ParitySettings(k=config.k, r=config.r, grace_s=config.parity_timeout_s,
+                            group_wait_s=config.group_wait_s) if config.mode == "parm" else None
+    return ModeSettings(mode=config.mode, copies=config.d,
+                        reissue_after_s=config.reactive_timeout_s, parity=parity, K=config.K,
+                        S=config.S, E=config.E, workers=config.workers)
+
+
+def _stand_in(entries: list[Entry[Query]]) -> npt.NDArray[np.float32]:
+    """A batch's payload: one small row per query, enough for groups to encode and decode."""
+    return np.ones((max(1, len(entries)), 1), dtype=np.float32)
+
+
 class Simulator:
-    """The serving path of one model on a simulated clock."""
+    """The serving path of one model on a simulated clock: an event heap driving the runtime's
+    own ``Scheduler``."""
 
     def __init__(self, config: SimConfig, profile: ServiceProfile,
                  rng: np.random.Generator) -> None:
@@ -381,37 +359,23 @@ class Simulator:
         self._service_rng = service_rng
         self._events: list[tuple[float, int, Callable[[], None], _Timer | None]] = []
         self._seq = itertools.count()
-        self.queue: DeadlineQueue[_Query] = DeadlineQueue(config.max_queue)
-        self.pending: dict[str, deque[_Task]] = {}
+        self.machine = Scheduler(Batching(config.max_batch_size, config.max_delay_s),
+                                 mode_settings(config), slo_s=config.slo_s,
+                                 max_queue=config.max_queue, assemble=_stand_in)
         self.counters: dict[str, int] = {
             "batches": 0, "rows": 0, "tasks_data": 0, "tasks_parity": 0, "tasks_coded": 0,
             "copies": 0, "reissues": 0, "groups": 0, "decodes": 0, "decode_failures": 0,
             "expired": 0, "rejected": 0}
         self._wake: _Timer | None = None
-        self._wake_at = 0.0
         self._frontend_free = 0.0  # when the frontend's CPU is next free
         self.frontend_busy_s = 0.0
         self._cpu = _SharedCPU(self, config.host_cores) if config.host_cores > 0 else None
         self._frontend_fifo: deque[tuple[float, Callable[[], None]]] = deque()
-        self._open: _Group | None = None
-        self._closer: _Timer | None = None
-        self.replicas = self._make_replicas(fault_rng)
-        self.batches_per_dispatch = config.K if config.mode in ("berrut",
-                                                                "systematic-berrut") else 1
-        # Codes are immutable (frozen nodes): one instance serves every group, as a new one
-        # per group (the runtime's way) would compute the same nodes again.
-        self._berrut: Any = None
-        if config.mode == "berrut":
-            self._berrut = BerrutCode(config.K, config.S, config.E, config.workers)
-        elif config.mode == "systematic-berrut":
-            self._berrut = SystematicBerrut(config.K, config.S)
-        if config.mode == "parm":
-            self._code = (LinearCode.addition(config.k) if config.r == 1
-                          else LinearCode.default(config.k, config.r))
+        self.instances = self._make_instances(fault_rng)
 
-    def _make_replicas(self, fault_rng: np.random.Generator) -> list[_Replica]:
+    def _make_instances(self, fault_rng: np.random.Generator) -> dict[str, _Instance]:
         cfg = self.config
-        out: list[_Replica] = []
+        out: dict[str, _Instance] = {}
         streams = iter(fault_rng.spawn(cfg.data_replicas()))
         for index in range(cfg.data_replicas()):
             spec = cfg.faults_for(index)
@@ -423,18 +387,22 @@ class Simulator:
                 spec.burst.every_ms + spec.burst.duration_ms) / 1000
             plan = None if spec is None or spec.is_noop else FaultPlan(
                 spec, stream if spec.seed is None else np.random.default_rng(spec.seed), start)
-            out.append(_Replica(len(out), index, DATA_POOL, self._aimd(), plan))
-        for j in range(cfg.r if cfg.mode == "parm" else 0):
+            self._add_instance(out, index, DATA_POOL, plan)
+        for pool in parity_pools(cfg.r if cfg.mode == "parm" else 0):
             for index in range(cfg.parity_replicas()):
-                out.append(_Replica(len(out), index, f"parity{j}", self._aimd(), None))
-        for replica in out:
-            replica.windows = tuple(sorted(cfg.delay_windows.get(replica.rid, ())))
+                self._add_instance(out, index, pool, None)
         return out
 
-    def _aimd(self) -> AIMDController:
+    def _add_instance(self, out: dict[str, _Instance], index: int, pool: str,
+                      plan: FaultPlan | None) -> None:
+        slot = len(out)
         c = self.config
-        return AIMDController(c.max_batch_size, c.slo_s, additive_step=c.additive_step,
+        aimd = AIMDController(c.max_batch_size, c.slo_s, additive_step=c.additive_step,
                               backoff=c.backoff)
+        replica = Replica(str(slot), index, aimd, state=ReplicaState.READY, pool=pool)
+        self.machine.replicas[replica.rid] = replica
+        out[replica.rid] = _Instance(replica, plan, tuple(sorted(c.delay_windows.get(slot, ()))),
+                                     crash_at=c.crashes.get(slot))
 
     # ---- the event loop ---------------------------------------------------------------------
     def _at(self, when: float, fn: Callable[[], None], timer: _Timer | None = None) -> None:
@@ -444,10 +412,11 @@ class Simulator:
         times = np.asarray(list(arrivals), dtype=float)
         if times.size and (np.any(np.diff(times) < 0) or times[0] < 0):
             raise ConfigError("arrival times must be non-negative and sorted")
-        queries = [_Query(i, float(t), float(t) + self.config.slo_s) for i, t in enumerate(times)]
+        queries = [_Record(i, float(t), float(t) + self.config.slo_s)
+                   for i, t in enumerate(times)]
         feed = iter(queries)
 
-        def arrive(q: _Query) -> None:
+        def arrive(q: _Record) -> None:
             if self._cpu is not None and self.config.client_query_cpu_s > 0:
                 self._cpu.start(self.config.client_query_cpu_s, _nothing)
             if self.config.frontend_query_cpu_s > 0:
@@ -458,6 +427,9 @@ class Simulator:
             if nxt is not None:
                 self._at(nxt.arrival, lambda: arrive(nxt))
 
+        for instance in self.instances.values():
+            if instance.crash_at is not None:
+                self._at(instance.crash_at, functools.partial(self._crash, instance))
         first = next(feed, None)
         if first is not None:
             self._at(first.arrival, lambda: arrive(first))
@@ -469,12 +441,12 @@ class Simulator:
             fn()
         return self._result(queries, times, warmup)
 
-    def _result(self, queries: list[_Query], times: FloatArray, warmup: int) -> SimResult:
+    def _result(self, queries: list[_Record], times: FloatArray, warmup: int) -> SimResult:
         slo, extra = self.config.slo_s, self.config.frontend_overhead_s
         lat = np.empty(len(queries))
         how: list[str] = []
         for i, q in enumerate(queries):
-            if q.how not in ("", "expired", "rejected"):
+            if q.how not in ("", "expired", "rejected", "failed"):
                 if q.answered_at - q.arrival + extra <= slo:
                     lat[i] = q.answered_at - q.arrival + extra
                     how.append(q.how)
@@ -485,12 +457,14 @@ class Simulator:
             lat[i] = slo
         end = self.now
         util: dict[str, float] = {}
-        for pool in sorted({r.pool for r in self.replicas}):
-            reps = [r for r in self.replicas if r.pool == pool]
-            util[pool] = sum(r.busy_s for r in reps) / (len(reps) * end) if end > 0 else 0.0
+        instances = list(self.instances.values())
+        for pool in sorted({i.replica.pool for i in instances}):
+            busy = [i.busy_s for i in instances if i.replica.pool == pool]
+            util[pool] = sum(busy) / (len(busy) * end) if end > 0 else 0.0
         util["frontend"] = self.frontend_busy_s / end if end > 0 else 0.0
-        return SimResult(times, lat, how, dict(self.counters), util, min(warmup, len(queries)),
-                         end)
+        counters = dict(self.counters, groups=self.machine.groups,
+                        decodes=self.machine.decodes)
+        return SimResult(times, lat, how, counters, util, min(warmup, len(queries)), end)
 
     def _on_frontend(self, cost: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the frontend's CPU has spent ``cost`` on it, after earlier work."""
@@ -510,263 +484,99 @@ class Simulator:
             self._cpu.start(self._frontend_fifo[0][0], self._frontend_next)
         fn()
 
-    # ---- queries (ModelPath.submit / _expire) -----------------------------------------------
-    def _submit(self, q: _Query) -> None:
+    # ---- events into the scheduler ----------------------------------------------------------
+    def _submit(self, q: _Record) -> None:
         try:
-            self.queue.try_put(q, deadline=q.deadline, enqueued_at=self.now)
+            actions = self.machine.submit(Query(None, None, q), q.deadline, self.now)
         except QueueFull:
             q.how, q.answered_at = "rejected", self.now
             self.counters["rejected"] += 1
             return
-        self.pump()
+        self._apply(actions)
 
-    def _expire(self, expired: list[Entry[_Query]]) -> None:
-        for entry in expired:
-            if not entry.item.done:
-                entry.item.how, entry.item.answered_at = "expired", self.now
-                self.counters["expired"] += 1
+    def _crash(self, instance: _Instance) -> None:
+        """The replica dies: what it held goes back, as the runtime's supervisor does it
+        (``take_back``, then the replica is gone, then a pump). It is not restarted."""
+        replica = instance.replica
+        self.machine.take_back(replica)
+        replica.state = ReplicaState.DEAD
+        self._apply(self.machine.pump_at(self.now))
 
-    # ---- dispatch (ModelPath.pump / _dispatch_to / send_task) -------------------------------
-    def pump(self) -> None:
-        forming = True
-        for replica in self.replicas:
-            if not len(self.queue) and not any(self.pending.values()):
-                break  # nothing left that any replica could take: the rest would all skip
-            if not replica.idle:
-                continue
-            task = self._next_task(replica.pool, replica.rid)
-            if task is not None:
-                self._send(replica, task)
-                continue
-            if replica.pool != DATA_POOL or not forming or not len(self.queue):
-                continue
-            forming = self._dispatch_to(replica)
+    def _on_result(self, batch: InflightBatch) -> None:
+        if batch.replica.batch is not batch:
+            return  # its replica died meanwhile: the work was taken back
+        outputs = np.ones((batch.task.rows, 1), dtype=np.float32)  # stand-in outputs
+        self._apply(self.machine.task_output(batch, outputs, self.now))
 
-    def _dispatch_to(self, replica: _Replica) -> bool:
-        now = self.now
-        limit = replica.aimd.max_batch_size * self.batches_per_dispatch
-        decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now, limit,
-                                self.config.max_delay_s)
-        if not decision.dispatch:
-            self._schedule_wake(decision.wake_at)
-            return False
-        entries, expired = self.queue.pop_batch(now, decision.size)
-        self._expire(expired)
-        live = [e for e in entries if not e.item.done]
-        if live:
-            self._dispatch(replica, live)
-        elif len(self.queue):
-            return self._dispatch_to(replica)
-        return True
+    # ---- actions out of the scheduler -------------------------------------------------------
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self._send(action.batch)
+            elif isinstance(action, Answer):
+                self._answered(action.entries, action.method or "direct")
+            elif isinstance(action, WakeAt):
+                self._wake_at(action.when)
+            elif isinstance(action, Expire):
+                self.counters["expired"] += len(action.entries)
+                self._answered(action.entries, "expired")
+            elif isinstance(action, Fail | Abort):
+                self._answered(action.entries, "failed")
+            elif isinstance(action, Redundant):
+                name = {"copy": "copies", "reissue": "reissues"}.get(action.kind)
+                if name is not None:
+                    self.counters[name] += 1
+            elif isinstance(action, CodingFailed):
+                self.counters["decode_failures"] += 1
 
-    def _schedule_wake(self, wake_at: float | None) -> None:
-        if wake_at is None or (self._wake is not None and self._wake_at <= wake_at):
-            return
+    def _answered(self, entries: Sequence[Entry[Query]], how: str) -> None:
+        for entry in entries:
+            record: _Record = entry.item.handle
+            record.how, record.answered_at = how, self.now
+
+    def _wake_at(self, when: float) -> None:
+        """One pending wake-up, as the runtime's one loop timer."""
         if self._wake is not None:
             self._wake.cancelled = True
-        timer = _Timer()
-        self._wake, self._wake_at = timer, wake_at
+        timer = self._wake = _Timer()
 
-        def wake() -> None:
+        def fire() -> None:
             self._wake = None
-            self.pump()
+            self._apply(self.machine.tick(self.now))
 
-        self._at(max(wake_at, self.now), wake, timer)
+        self._at(max(when, self.now), fire, timer)
 
-    def _next_task(self, pool: str, rid: int) -> _Task | None:
-        """``Redundancy.next_task``: the first queued task still needed that ``rid`` may take."""
-        queue = self.pending.get(pool)
-        return take_task(queue, rid) if queue else None
-
-    def _push(self, task: _Task) -> None:
-        self.pending.setdefault(task.pool, deque()).append(task)
-
-    def _send(self, replica: _Replica, task: _Task) -> None:
-        now = self.now
-        task.running += 1
-        if task.group is not None:
-            task.group.assigned.add(replica.rid)
-        replica.task, replica.sent_at = task, now
+    def _send(self, batch: InflightBatch) -> None:
+        """Simulate the replica computing ``batch``: its result arrives after the profiled
+        service time, the fault delays and the transport."""
+        now, task = self.now, batch.task
+        instance = self.instances[batch.replica.rid]
+        rows = task.rows
         self.counters["batches"] += 1
-        self.counters["rows"] += task.rows
+        self.counters["rows"] += rows
         self.counters[f"tasks_{task.kind}"] += 1
-        compute = self.profile.sample_s(task.rows, self._service_rng)
+        compute = self.profile.sample_s(rows, self._service_rng)
         wait = self.config.rpc_overhead_s
-        if replica.plan is not None:
-            wait += replica.plan.next_batch(now).delay_s
-        for start, end, delay in replica.windows:
+        if instance.plan is not None:
+            wait += instance.plan.next_batch(now).delay_s
+        for start, end, delay in instance.windows:
             if start <= now < end:
                 wait += delay
                 break
 
         def arrived() -> None:
-            replica.busy_s += self.now - now
+            instance.busy_s += self.now - now
             if self.config.frontend_task_cpu_s > 0:
                 self._on_frontend(self.config.frontend_task_cpu_s,
-                                  lambda: self._on_result(replica, task))
+                                  lambda: self._on_result(batch))
             else:
-                self._on_result(replica, task)
+                self._on_result(batch)
 
         if self._cpu is not None:  # compute on the shared cores, then the waits
             work = compute + self.config.worker_task_cpu_s
             self._cpu.start(work, lambda: self._at(self.now + wait, arrived))
         else:
             self._at(now + compute + wait, arrived)
-
-    def _on_result(self, replica: _Replica, task: _Task) -> None:
-        replica.task = None
-        task.running -= 1
-        replica.served += 1
-        replica.aimd.observe(len(task.entries) or 1, self.now - replica.sent_at)
-        self._on_output(replica, task)
-        self.pump()
-
-    def _new_task(self, entries: list[Entry[_Query]], rows: int | None = None, *,
-                  pool: str = DATA_POOL, kind: str = "data") -> _Task:
-        n = len(entries) if rows is None else rows
-        return _Task(np.ones((max(1, n), 1), dtype=np.float32), entries, pool, kind)
-
-    # ---- what each mode sends (runtime/coding.py) -------------------------------------------
-    def _dispatch(self, replica: _Replica, entries: list[Entry[_Query]]) -> None:
-        mode = self.config.mode
-        if mode in ("berrut", "systematic-berrut"):
-            self._dispatch_berrut(entries)
-            return
-        task = self._new_task(entries)
-        self._send(replica, task)
-        if mode == "replication":
-            for _ in range(self.config.d - 1):
-                self._push(task)
-                self.counters["copies"] += 1
-        elif mode == "reactive":
-            assert self.config.reactive_timeout_s is not None
-            self._at(self.now + self.config.reactive_timeout_s, lambda: self._reissue(task))
-        elif mode == "parm":
-            self._join(task)
-
-    def _reissue(self, task: _Task) -> None:
-        if task.needed():
-            self._push(task)
-            self.counters["reissues"] += 1
-            self.pump()
-
-    def _settle(self, entries: list[Entry[_Query]]) -> None:
-        for entry in entries:
-            if not entry.item.done:
-                entry.item.how, entry.item.answered_at = "direct", self.now
-
-    def _deliver_decoded(self, run: _Group, decoded: Decoded) -> None:
-        self.counters["decodes"] += 1
-        for slot in decoded.outputs:
-            for entry in run.entries.get(slot, []):
-                if not entry.item.done:
-                    entry.item.how, entry.item.answered_at = decoded.method, self.now
-
-    def _on_output(self, replica: _Replica, task: _Task) -> None:
-        if task.kind == "data":
-            task.done = True
-            self._settle(task.entries)
-        run = task.group
-        if run is None or run.finished:
-            return
-        outputs = np.ones((task.rows, 1), dtype=np.float32)
-        if run.mode == "parm":
-            if task.kind == "parity":
-                run.core.arrive_parity(task.slot, outputs)
-            else:
-                run.core.arrive(task.slot, outputs)
-            self._try_decode(run)
-            return
-        core = run.core
-        systematic = run.mode == "systematic-berrut"
-        if task.kind == "coded":
-            if systematic:
-                core.arrive_coded(task.slot, outputs)
-            else:
-                core.arrive(task.slot, outputs)
-        else:
-            core.arrive(task.slot, outputs)
-        if systematic and not core.missing():
-            run.finished = True
-            return
-        if core.ready():
-            try:
-                decoded: Decoded = core.decode()
-            except CodingError:
-                self.counters["decode_failures"] += 1
-                return
-            self._deliver_decoded(run, decoded)
-            run.finished = True
-
-    # ---- ParM (runtime.coding.Parm) ---------------------------------------------------------
-    def _join(self, task: _Task) -> None:
-        run = self._open
-        if run is None:
-            grace = self.config.parity_timeout_s
-            run = self._open = _Group(ParmGroup(self._code, "addition", grace), "parm")
-            self.counters["groups"] += 1
-            timer = self._closer = _Timer()
-            self._at(self.now + self.config.group_wait_s, self._close_open, timer)
-        task.group, task.slot = run, run.core.add(task.payload, self.now)
-        run.entries[task.slot] = task.entries
-        run.tasks.append(task)
-        if run.core.full:
-            self._close_open()
-
-    def _close_open(self) -> None:
-        run, self._open = self._open, None
-        if self._closer is not None:
-            self._closer.cancelled = True
-            self._closer = None
-        if run is None:
-            return
-        parities = run.core.close()
-        for j, payload in enumerate(parities):
-            task = _Task(np.asarray(payload), [], f"parity{j}", "parity", run, j)
-            run.tasks.append(task)
-            self._push(task)
-        self.pump()
-
-    def _try_decode(self, run: _Group) -> None:
-        decision = run.core.decision(self.now)
-        if isinstance(decision, float):
-            self._at(max(decision, self.now), lambda: self._try_decode(run))
-            return
-        if not decision:
-            if not run.core.missing() and run.core.closed:  # runtime.coding.Parm._try_decode
-                run.finished = True
-            return
-        try:
-            decoded = run.core.decode(decision)
-        except CodingError:
-            self.counters["decode_failures"] += 1
-            return
-        self._deliver_decoded(run, decoded)
-        run.finished = not run.core.missing()
-
-    # ---- Berrut (runtime.coding.Berrut) -----------------------------------------------------
-    def _dispatch_berrut(self, entries: list[Entry[_Query]]) -> None:
-        cfg = self.config
-        systematic = cfg.mode == "systematic-berrut"
-        chunks = split_even(entries, cfg.K)
-        payloads = [np.ones((len(c), 1), dtype=np.float32) for c in chunks]
-        core: Any = (SystematicGroup(self._berrut) if systematic
-                     else BerrutGroup(self._berrut))
-        run = _Group(core, cfg.mode)
-        self.counters["groups"] += 1
-        coded = core.encode(payloads)
-        run.entries = dict(enumerate(chunks))
-        if systematic:
-            for slot, (chunk, payload) in enumerate(zip(chunks, payloads, strict=True)):
-                self._add(run, _Task(payload, chunk), slot)
-        for i, payload in enumerate(coded):
-            self._add(run, _Task(np.asarray(payload), [], kind="coded"), i)
-        self.pump()
-
-    def _add(self, run: _Group, task: _Task, slot: int) -> None:
-        task.group, task.slot = run, slot
-        run.tasks.append(task)
-        self._push(task)
 
 
 def _nothing() -> None:

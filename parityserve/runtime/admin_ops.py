@@ -21,11 +21,12 @@ from parityserve.config import (
     ParityConfig,
     RedundancyConfig,
 )
+from parityserve.core.scheduling import DATA_POOL
 from parityserve.errors import ConfigError, Conflict, InvalidInput, ServiceError, Unavailable
 from parityserve.models.sources import scrub_paths
 from parityserve.runtime.applications import AppRuntime
 from parityserve.runtime.commands import SetFaults
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath
+from parityserve.runtime.dispatch import ModelPath
 from parityserve.runtime.health import STARTUP_TIMEOUT_S
 from parityserve.runtime.lookup import find_app, find_model
 from parityserve.runtime.slots import slot_of

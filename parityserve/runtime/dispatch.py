@@ -1,34 +1,57 @@
-"""One model's serving path: cache, deadline-ordered queue, adaptive batches, idle replicas.
+"""One model's serving path, driven on asyncio: the I/O around ``core/scheduling``.
 
-Single-queue load balancing (Clipper, ParM): every query of a model waits in one queue ordered by
-deadline, and whichever replica is idle pulls the next batch. Batch sizes come from each
-replica's AIMD controller and the delayed-batching rule in ``core/batching.py``; this module is
-only the I/O around those decisions.
+The decisions (which idle replica pulls what, batch sizes, what each redundancy mode sends,
+when a group decodes, what is dropped as too late) are the sans-I/O ``Scheduler``'s. This
+module feeds it events (a query, a result, a failed send, a due wake-up) and carries out the
+actions it returns: ``WorkerLink`` sends, futures resolved, one ``loop.call_later`` timer for
+the wake-up it asks for, metrics. It also owns what only the runtime has: the response cache,
+the checks a worker's outputs must pass before they count, and the wire format.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from parityserve.config import Deployment, TensorSpec
-from parityserve.core import admission
 from parityserve.core.admission import ServiceEstimate
-from parityserve.core.batching import AIMDController, decide_batch
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.inputs import Leaves
-from parityserve.core.redundancy import Decoded
+from parityserve.core.scheduling import (
+    DATA_POOL,
+    Abort,
+    Action,
+    Answer,
+    Batching,
+    CodingFailed,
+    Expire,
+    Fail,
+    InflightBatch,
+    Late,
+    Located,
+    ModeSettings,
+    ParitySettings,
+    Query,
+    Redundant,
+    ReplicaState,
+    Scheduler,
+    Send,
+    Task,
+    WakeAt,
+    parity_pools,
+)
+from parityserve.core.scheduling import Replica as ReplicaCore
+from parityserve.core.scheduling.modes import Redundancy
 from parityserve.errors import InvalidInput, Overloaded, PredictError, WorkerError
 from parityserve.runtime import messages, wire
-from parityserve.runtime.coding import GroupRun, make_redundancy
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import Link
 from parityserve.runtime.tensors import coerce_item
@@ -36,8 +59,8 @@ from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats", "Task"]
 
-_batch_ids = itertools.count(1)
-DATA_POOL = "data"
+log = logging.getLogger(__name__)
+
 # The queue's own capacity when ``server.max_queue`` is unset: a backstop only, since
 # admission (core/admission.py) sheds long before it on the model's measured service rate.
 _BACKSTOP_QUEUE = 1 << 20
@@ -48,77 +71,16 @@ class QueryExpired(WorkerError):
     computed. The V2 route answers it 504; an application answers it with its default."""
 
 
-@dataclass(eq=False, slots=True)
-class Query:
-    """One queued input and the future its answer resolves."""
-
-    item: Any
-    key: tuple[str, int, bytes] | None
-    future: asyncio.Future[Any]
-
-
 @dataclass(eq=False)
-class Task:
-    """One unit of work for a replica: a batch of queries, a copy of one, or a coded batch.
+class Replica(ReplicaCore):
+    """The frontend's view of one worker process: what scheduling knows of it, plus the
+    process bookkeeping of the supervisor."""
 
-    ``entries`` are the queries its output answers directly (none for parity and Berrut-coded
-    tasks, whose outputs only feed a decoder). ``group``/``slot`` place it in a coding group;
-    a replicated or re-issued task is the same object sent to several replicas.
-    """
-
-    payload: Any
-    entries: list[Entry[Query]]
-    pool: str = DATA_POOL
-    kind: str = "data"  # data | parity | coded
-    group: Any = None  # runtime.coding.GroupRun, or None
-    slot: int = -1
-    done: bool = False  # its output arrived (from any copy): later copies are not needed
-    running: int = 0  # replicas working on it now
-    via: Any = None  # the runtime.coding.Redundancy that made it (modes can change live)
-
-    def needed(self) -> bool:
-        if self.done:
-            return False
-        if self.group is not None:
-            return bool(self.group.needs(self))
-        return any(not e.item.future.done() for e in self.entries)
-
-
-@dataclass(eq=False)
-class InflightBatch:
-    bid: int
-    replica: Replica
-    entries: list[Entry[Query]]
-    sent_at: float
-    task: Task
-
-
-@dataclass(eq=False)
-class Replica:
-    """The frontend's view of one worker process."""
-
-    rid: str
-    index: int
-    aimd: AIMDController
-    last_seen: float
-    state: str = "starting"  # starting | ready | dead | retiring
+    last_seen: float = 0.0
     process: Any = None  # WorkerProcess, or None for a worker that joined by itself
-    batch: InflightBatch | None = None
-    served: int = 0
     pid: int | None = None
     started_at: float = 0.0
     faults: dict[str, Any] = field(default_factory=dict)
-    pool: str = DATA_POOL  # "data" runs the model; "parity<j>" runs parity model j
-    located: int = 0  # results of this replica the Byzantine error locator excluded
-    # Summed over its answered batches: send to result as the frontend saw it, and the time
-    # the worker says it spent (predict plus any injected delay). The difference is transport
-    # and socket queueing: what the replica is held for beyond its own work.
-    round_trip_s: float = 0.0
-    worker_s: float = 0.0
-
-    @property
-    def idle(self) -> bool:
-        return self.state == "ready" and self.batch is None
 
 
 @dataclass(frozen=True)
@@ -136,38 +98,111 @@ class ReplicaStats:
     worker_s: float = 0.0
 
 
+def deployed_parity_pools(deployment: Deployment) -> list[str]:
+    """The parity pools ``deployment`` runs (ParM only)."""
+    parity = deployment.parity if deployment.redundancy.mode == "parm" else None
+    return parity_pools(parity.r) if parity is not None else []
+
+
+def batching_of(deployment: Deployment) -> Batching:
+    b = deployment.batching
+    return Batching(b.max_batch_size, b.max_delay_ms / 1000)
+
+
+def mode_of(deployment: Deployment) -> ModeSettings:
+    """The scheduler's settings for ``deployment``'s redundancy mode."""
+    cfg, parity = deployment.redundancy, deployment.parity
+    return ModeSettings(
+        mode=cfg.mode, copies=cfg.d,
+        reissue_after_s=cfg.timeout_ms / 1000 if cfg.timeout_ms is not None else None,
+        parity=None if parity is None else ParitySettings(
+            k=parity.k, r=parity.r, coefficients=parity.coefficients, encoder=parity.encoder,
+            grace_s=parity.timeout_ms / 1000 if parity.timeout_ms is not None else None,
+            group_wait_s=parity.group_wait_ms / 1000),
+        K=cfg.K, S=cfg.S, E=cfg.E, workers=cfg.workers)
+
+
 class ModelPath:
-    """Queue, replicas and in-flight batches of one deployed model version."""
+    """Queue, replicas and in-flight batches of one deployed model version: the asyncio driver
+    of its ``Scheduler`` (``self.machine``)."""
 
     def __init__(self, deployment: Deployment, *, link: Link, metrics: Metrics,
                  cache: ClockCache[tuple[str, int, bytes], Any], clock: Callable[[], float],
                  slo_s: float, max_queue: int | None) -> None:
-        self.deployment = deployment
         self.name = deployment.name
         self.version = deployment.version
         self.link = link
         self.metrics = metrics
         self.cache = cache
         self.clock = clock
-        self.slo_s = slo_s
-        self.queue: DeadlineQueue[Query] = DeadlineQueue(max_queue or _BACKSTOP_QUEUE)
-        self.service = ServiceEstimate()  # measured from completed data batches
-        self.shed = 0  # queries refused at admission or not dispatched (too late to finish)
-        self.replicas: dict[str, Replica] = {}
-        self.inflight: dict[int, InflightBatch] = {}
-        self.pending: dict[tuple[str, int, bytes], asyncio.Future[Any]] = {}
-        self.wanted_until: dict[tuple[str, int, bytes], float] = {}
+        self.machine = Scheduler(batching_of(deployment), mode_of(deployment), slo_s=slo_s,
+                                 max_queue=max_queue or _BACKSTOP_QUEUE,
+                                 assemble=self.assemble)
+        self._deployment = deployment
+        self.pending: dict[tuple[str, int, bytes], Query] = {}
         self.input_spec: TensorSpec | None = deployment.input
         self.output_spec: TensorSpec | None = deployment.output
         self.platform = "unknown"
         self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
         # Read once: the hot path should not build a statistics record per query.
         self._caching = cache.statistics().capacity_bytes > 0
-        self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
-        self.redundancy = make_redundancy(self, deployment)
         # Futures answered by decoding, and how; a late real prediction still goes to the cache.
         self.rebuilt: weakref.WeakKeyDictionary[asyncio.Future[Any], str] = (
             weakref.WeakKeyDictionary())
+
+    # ---- the scheduler's state, as the rest of the runtime reads it --------------------------
+    @property
+    def deployment(self) -> Deployment:
+        return self._deployment
+
+    @deployment.setter
+    def deployment(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self.machine.batching = batching_of(deployment)
+
+    @property
+    def replicas(self) -> dict[str, Replica]:
+        # The machine keeps what scheduling knows of a replica (ReplicaCore). Every replica of
+        # this driver's machine is put in through this dict, as the runtime's Replica, so the
+        # same dict is the supervisor's view with the process bookkeeping.
+        return cast("dict[str, Replica]", self.machine.replicas)
+
+    @property
+    def inflight(self) -> dict[int, InflightBatch]:
+        return self.machine.inflight
+
+    @property
+    def queue(self) -> DeadlineQueue[Query]:
+        return self.machine.queue
+
+    @property
+    def redundancy(self) -> Redundancy:
+        return self.machine.mode
+
+    @property
+    def service(self) -> ServiceEstimate:
+        return self.machine.service
+
+    @service.setter
+    def service(self, estimate: ServiceEstimate) -> None:
+        self.machine.service = estimate
+
+    @property
+    def shed(self) -> int:
+        return self.machine.shed
+
+    @shed.setter
+    def shed(self, count: int) -> None:
+        self.machine.shed = count
+
+    @property
+    def slo_s(self) -> float:
+        return self.machine.slo_s
+
+    @slo_s.setter
+    def slo_s(self, slo_s: float) -> None:
+        self.machine.slo_s = slo_s
 
     # ---- queries -------------------------------------------------------------------------
     def coerce(self, item: Any, leaves: Leaves | None = None) -> Any:
@@ -191,41 +226,36 @@ class ModelPath:
         if not admitted:
             self.admit(1, deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.queue.try_put(Query(item, key, future), deadline=deadline, enqueued_at=self.clock())
+        query = Query(item, key, future)
+        actions = self.machine.submit(query, deadline, self.clock())
         if key is not None:
-            self._track_pending(key, future)
-        self.pump()
+            self._track_pending(key, query)
+        self._apply(actions)
         return future, False
 
     def admit(self, count: int, deadline: float) -> None:
         """Raise Overloaded unless ``count`` more queries can still be served by ``deadline``."""
-        depth = len(self.queue)
-        decision = admission.admit(
-            self.service, depth=depth, count=count, now=self.clock(), deadline=deadline,
-            slo_s=self.slo_s, replicas=self.serving_replicas(),
-            max_batch_size=self.deployment.batching.max_batch_size)
+        decision = self.machine.admit(count, deadline, self.clock())
         if not decision.admitted:
-            self.shed += count
             raise Overloaded(f"model {self.name!r} is overloaded: {decision.reason}; "
-                             f"retry in {decision.retry_after_s:g}s",
-                             model=self.name, depth=depth, retry_after_s=decision.retry_after_s)
+                             f"retry in {decision.retry_after_s:g}s", model=self.name,
+                             depth=len(self.queue), retry_after_s=decision.retry_after_s)
 
     def queue_bound(self) -> int:
         """The derived queue bound now (``server.max_queue`` caps it further)."""
-        return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
-                                     self.deployment.batching.max_batch_size)
+        return self.machine.queue_bound()
 
     def admission_state(self) -> dict[str, Any]:
         """What admission sees now (for /admin/state): bound, depth, service, shed."""
+        service = self.service
         return {"bound": self.queue_bound(), "depth": len(self.queue),
                 "max_queue": self.queue.statistics().capacity,
-                "measured": self.service.measured,
-                "service_ms_per_query": self.service.per_query_s * 1000,
-                "batch_ms": self.service.batch_s * 1000, "shed": self.shed}
+                "measured": service.measured,
+                "service_ms_per_query": service.per_query_s * 1000,
+                "batch_ms": service.batch_s * 1000, "shed": self.shed}
 
     def serving_replicas(self) -> int:
-        return sum(1 for r in self.replicas.values()
-                   if r.state == "ready" and r.pool == DATA_POOL)
+        return self.machine.serving_replicas()
 
     def _key(self, item: Any) -> tuple[str, int, bytes] | None:
         if not self._caching:
@@ -246,187 +276,89 @@ class ModelPath:
         if pending is None:
             return None
         # The sharer may wait longer than the query that queued the work: keep it wanted.
-        self.wanted_until[key] = max(self.wanted_until.get(key, deadline), deadline)
-        return pending, True
+        pending.wanted_until = max(pending.wanted_until or deadline, deadline)
+        future: asyncio.Future[Any] = pending.handle
+        return future, True
 
-    def _track_pending(self, key: tuple[str, int, bytes], future: asyncio.Future[Any]) -> None:
-        self.pending[key] = future
+    def _track_pending(self, key: tuple[str, int, bytes], query: Query) -> None:
+        self.pending[key] = query
 
         def settle(done: asyncio.Future[Any]) -> None:
-            self.pending.pop(key, None)
-            self.wanted_until.pop(key, None)
+            if self.pending.get(key) is query:
+                del self.pending[key]
             if not done.cancelled() and done.exception() is None and done not in self.rebuilt:
                 value = done.result()
                 self.cache.put(key, (value,), _nbytes(value))
 
-        future.add_done_callback(settle)
+        query.handle.add_done_callback(settle)
 
-    # ---- dispatch ------------------------------------------------------------------------
+    # ---- events into the scheduler ---------------------------------------------------------
     def pump(self) -> None:
-        """Hand work to idle replicas: queued tasks (copies, parities, coded batches) first,
-        then new batches from the deadline queue."""
-        forming = True
-        for replica in list(self.replicas.values()):
-            if not replica.idle:
-                continue
-            task = self.redundancy.next_task(replica.pool, replica.rid)
-            if task is not None:
-                self.send_task(replica, task, self.clock())
-                continue
-            if replica.pool != DATA_POOL or not forming or not self.queue:
-                continue
-            forming = self._dispatch_to(replica)
-
-    def _dispatch_to(self, replica: Replica) -> bool:
-        now = self.clock()
-        limit = replica.aimd.max_batch_size * self.redundancy.batches_per_dispatch
-        decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now, limit,
-                                self.deployment.batching.max_delay_ms / 1000)
-        if not decision.dispatch:
-            self._schedule_wake(decision.wake_at)
-            return False
-        entries, expired = self.queue.pop_batch(now, decision.size)
-        self._expire(expired)
-        entries = self._drop_doomed(entries, now)
-        live = [e for e in entries if not e.item.future.done()]
-        if live:
-            self.redundancy.dispatch(replica, live, now)
-        elif self.queue:  # all it popped expired (some perhaps requeued for a later sharer)
-            return self._dispatch_to(replica)
-        return True
-
-    def _drop_doomed(self, entries: list[Entry[Query]], now: float) -> list[Entry[Query]]:
-        """Answer at once the queries one batch can no longer finish in time (see
-        core/admission.py): computing them would only be thrown away."""
-        if not self.service.measured:
-            return entries
-        keep: list[Entry[Query]] = []
-        doomed: list[Entry[Query]] = []
-        for entry in entries:
-            fits = admission.can_finish(self.service, now, entry.deadline)
-            (keep if fits else doomed).append(entry)
-        if not keep and not self.queue:
-            return entries  # nothing else waits: a probe, which refreshes the estimate
-        if doomed:
-            self.shed += len(doomed)
-            self._expire(doomed, "cannot finish before its deadline")
-        return keep
-
-    def new_task(self, entries: list[Entry[Query]], *, payload: Any = None,
-                 pool: str = DATA_POOL, kind: str = "data") -> Task:
-        task = Task(self.assemble(entries) if payload is None else payload, entries, pool, kind)
-        task.via = self.redundancy
-        return task
+        """Hand work to idle replicas (call after a replica joined or became ready)."""
+        self._apply(self.machine.pump_at(self.clock()))
 
     def set_redundancy(self, deployment: Deployment) -> None:
         """Serve new batches under the deployment's (new) mode; old groups finish as they were.
         Tasks the old mode still had queued move over to the new one's queues."""
-        old, self.deployment = self.redundancy, deployment
-        self.redundancy = make_redundancy(self, deployment)
-        for tasks in old.pending.values():
-            for task in tasks:
-                if task.pool == DATA_POOL or task.pool in _pools(deployment):
-                    self.redundancy.push(task)
-                elif task.needed() and not task.entries:
-                    continue  # a parity task whose pool is gone: its group decodes without it
-        self.pump()
+        self.deployment = deployment
+        self._apply(self.machine.set_mode(mode_of(deployment), self.clock()))
 
     def assemble(self, entries: list[Entry[Query]]) -> Any:
         return _assemble([e.item.item for e in entries])
 
-    def send_task(self, replica: Replica, task: Task, now: float) -> bool:
-        """Send ``task`` to an idle replica; False (and the task back) if the worker is gone."""
-        batch = InflightBatch(next(_batch_ids), replica, task.entries, now, task)
-        desc, frames = wire.pack_payload(task.payload)
-        try:
-            self.link.send(replica.rid, {"t": wire.PREDICT, "bid": batch.bid, "in": desc}, frames)
-        except WorkerError:
-            replica.state = "dead"  # the supervisor notices the dead worker and restarts it
-            task.via.take_back(task)
-            return False
-        task.running += 1
-        if task.group is not None:
-            task.group.assigned.add(replica.rid)
-        replica.batch = batch
-        self.inflight[batch.bid] = batch
-        rows = _rows(task.payload)
-        self.metrics.batch(self.name, rows)
-        self.metrics.set_inflight(self.name, replica.rid, rows)
-        for entry in task.entries:
-            self.metrics.queue_time(self.name, now - entry.enqueued_at)
-        return True
-
-    def _schedule_wake(self, wake_at: float | None) -> None:
-        if wake_at is None or (self._wake is not None and self._wake_at <= wake_at):
-            return
-        if self._wake is not None:
-            self._wake.cancel()
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, wake_at - self.clock())
-        self._wake, self._wake_at = loop.call_later(delay, self._on_wake), wake_at
-
-    def _on_wake(self) -> None:
-        self._wake = None
-        self.pump()
-
-    def _expire(self, expired: list[Entry[Query]],
-                reason: str = "deadline passed while queued") -> None:
-        """Queued work whose deadline passed is dropped, not computed; its waiter has answered.
-
-        Work that a later query shares (same input, later deadline) goes back in the queue
-        under that deadline instead.
-        """
-        for entry in expired:
-            query = entry.item
-            later = self.wanted_until.pop(query.key, None) if query.key is not None else None
-            if later is not None and later > entry.deadline and not query.future.done():
-                self.queue.try_put(query, deadline=later, enqueued_at=entry.enqueued_at)
-                continue
-            _fail(query.future, QueryExpired(f"model {self.name!r}: {reason}"))
-
     def expire_stale(self, now: float) -> None:
         """Drop queued work whose deadline passed even while no replica is pulling."""
-        self._expire(self.queue.drop_expired(now))
+        self._apply(self.machine.expire_stale(now))
 
     def requeue(self, entries: list[Entry[Query]]) -> None:
         """Put a lost batch back at the front of its deadline order (it keeps its deadline)."""
-        for entry in entries:
-            if not entry.item.future.done():
-                self.queue.requeue(entry)
+        self.machine.requeue(entries)
+
+    def take_back(self, replica: ReplicaCore) -> int:
+        """Requeue the work a failed replica held; returns how many queries went back."""
+        if replica.batch is not None:
+            self.metrics.set_inflight(self.name, replica.rid, 0)
+        return self.machine.take_back(replica)
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        # The timer may fire a little early (the loop's clock resolution): it is due anyway.
+        self._apply(self.machine.tick(max(self.clock(), self._wake_at)))
 
     # ---- results -------------------------------------------------------------------------
-    def on_result(self, replica: Replica, header: dict[str, Any], buffers: list[Any]) -> None:
+    def on_result(self, replica: ReplicaCore, header: dict[str, Any],
+                  buffers: list[Any]) -> None:
         """A RESULT as the wire carries it (raises ProtocolError); see ``accept_result``."""
         result = messages.parse({**header, "t": wire.RESULT}, buffers)
         assert isinstance(result, messages.Result)
         self.accept_result(replica, result)
 
-    def accept_result(self, replica: Replica,
+    def accept_result(self, replica: ReplicaCore,
                       result: messages.Result) -> tuple[str, str] | None:
         """Take a replica's result for a batch sent to *that* replica; anything else (a batch it
         was never sent, or one already answered) changes nothing. Returns (reason, detail)
         when the result was refused or unusable, for the caller to count and log."""
-        batch = self.inflight.get(result.bid)
+        batch = self.machine.inflight.get(result.bid)
         if batch is None or batch.replica is not replica:
             return "unknown_batch", f"result for batch {result.bid}, not in flight on this replica"
-        del self.inflight[result.bid]
-        replica.batch = None
         self.metrics.set_inflight(self.name, replica.rid, 0)
-        batch.task.running -= 1
-        replica.served += 1
-        round_trip = self.clock() - batch.sent_at
-        replica.round_trip_s += round_trip
         if result.ms is not None:  # a worker of another version may not say
             replica.worker_s += result.ms / 1000
-        # AIMD learns from the rows the replica computed (a coded task answers no query itself).
-        replica.aimd.observe(_rows(batch.task.payload), round_trip)
-        if batch.task.kind == "data" and result.ok:  # the model's own service rate
-            self.service = self.service.observe(round_trip, _rows(batch.task.payload))
-        refused = self._deliver(batch, result)
-        self.pump()
-        return refused
+        now = self.clock()
+        if not result.ok:
+            self._apply(self.machine.task_error(
+                batch, f"model {self.name!r} failed: {result.error}", now))
+            return None
+        refused = self._check_outputs(result.outputs, batch.task.rows)
+        if refused is not None:
+            self._apply(self.machine.task_error(
+                batch, f"model {self.name!r} returned unusable outputs: {refused[1]}", now,
+                computed=True))
+            return refused
+        self._apply(self.machine.task_output(batch, result.outputs, now))
+        return None
 
-    def refuse_batch(self, replica: Replica, why: str) -> bool:
+    def refuse_batch(self, replica: ReplicaCore, why: str) -> bool:
         """A malformed result from ``replica``: fail the batch it holds (its queries get the
         error, so the default), rather than leave the replica busy forever. A worker runs one
         batch at a time, so any result it sends is about that batch, whatever bid it names."""
@@ -435,19 +367,6 @@ class ModelPath:
             return False
         self.accept_result(replica, messages.Result(batch.bid, False, error=why))
         return True
-
-    def _deliver(self, batch: InflightBatch, result: messages.Result) -> tuple[str, str] | None:
-        if not result.ok:
-            error = PredictError(f"model {self.name!r} failed: {result.error}")
-            batch.task.via.on_error(batch, error)
-            return None
-        refused = self._check_outputs(result.outputs, _rows(batch.task.payload))
-        if refused is not None:
-            error = PredictError(f"model {self.name!r} returned unusable outputs: {refused[1]}")
-            batch.task.via.on_error(batch, error)
-            return refused
-        batch.task.via.on_output(batch, result.outputs)
-        return None
 
     def _check_outputs(self, outputs: Any, rows: int) -> tuple[str, str] | None:
         """(reason, detail) when a batch's outputs cannot be served, else None."""
@@ -464,62 +383,89 @@ class ModelPath:
             return "nonfinite", "NaN or infinity in the outputs"
         return None
 
-    def settle(self, entries: list[Entry[Query]], outputs: list[Any], *, late: bool) -> None:
-        """Answer queries with their own predictions. A prediction arriving after its query
-        was answered (rebuilt, or by a faster copy) goes to the cache, not to the client."""
-        for entry, output in zip(entries, outputs, strict=False):
-            query = entry.item
-            if not query.future.done():
-                query.future.set_result(_own(output))
-            elif query.key is not None and query.future in self.rebuilt:
-                value = _own(output)
-                self.cache.put(query.key, (value,), _nbytes(value))
-
-    def deliver_decoded(self, run: GroupRun, decoded: Decoded) -> None:
-        """Answer the queries of rebuilt batches, flagged with the decoding method."""
-        count = 0
-        for slot, rows in decoded.outputs.items():
-            for entry, row in zip(run.entries.get(slot, []), rows, strict=False):
-                future = entry.item.future
-                if not future.done():
-                    self.rebuilt[future] = decoded.method
-                    future.set_result(_own(row))
-                    count += 1
-        if count:
-            self.metrics.reconstructed(self.name, decoded.method, count)
-
     def reconstruction(self, future: Any) -> str | None:
         """How a query was answered by decoding (``parm-subtraction``, ``berrut``...), or None."""
         return self.rebuilt.get(future) if isinstance(future, asyncio.Future) else None
 
-    def located(self, rid: str | None) -> None:
-        replica = self.replicas.get(rid or "")
-        if replica is not None:
-            replica.located += 1
-            self.metrics.byzantine(self.name, f"{replica.pool}/{replica.index}")
+    # ---- actions out of the scheduler ------------------------------------------------------
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self._send(action.batch)
+            elif isinstance(action, Answer):
+                self._answer(action.entries, action.outputs, action.method)
+            elif isinstance(action, WakeAt):
+                self._schedule_wake(action.when)
+            elif isinstance(action, Expire):
+                _fail_all(action.entries, QueryExpired(f"model {self.name!r}: {action.reason}"))
+            elif isinstance(action, Fail):
+                _fail_all(action.entries, PredictError(action.error))
+            else:
+                self._apply_rare(action)
 
-    def take_back(self, replica: Replica) -> int:
-        """Requeue the work a failed replica held; returns how many queries went back."""
-        batch = replica.batch
-        replica.batch = None
-        if batch is None:
-            return 0
-        self.inflight.pop(batch.bid, None)
-        self.metrics.set_inflight(self.name, replica.rid, 0)
-        batch.task.running -= 1
-        return int(batch.task.via.take_back(batch.task))
+    def _apply_rare(self, action: Action) -> None:
+        if isinstance(action, Late):
+            self._cache_late(action.entries, action.outputs)
+        elif isinstance(action, Redundant):
+            self.metrics.redundant_task(self.name, action.kind)
+        elif isinstance(action, Located):
+            replica = self.replicas[action.rid]
+            self.metrics.byzantine(self.name, f"{replica.pool}/{replica.index}")
+        elif isinstance(action, CodingFailed):
+            log.warning("model %s: %s", self.name, action.message)
+
+    def _send(self, batch: InflightBatch) -> None:
+        """Send a batch to its replica; a replica that cannot be reached gives it back."""
+        task, rid = batch.task, batch.replica.rid
+        desc, frames = wire.pack_payload(task.payload)
+        try:
+            self.link.send(rid, {"t": wire.PREDICT, "bid": batch.bid, "in": desc}, frames)
+        except WorkerError:
+            self._apply(self.machine.send_failed(batch, self.clock()))
+            return
+        rows = task.rows
+        self.metrics.batch(self.name, rows)
+        self.metrics.set_inflight(self.name, rid, rows)
+        for entry in task.entries:
+            self.metrics.queue_time(self.name, batch.sent_at - entry.enqueued_at)
+
+    def _answer(self, entries: Sequence[Entry[Query]], outputs: Sequence[Any],
+                method: str | None) -> None:
+        for entry, output in zip(entries, outputs, strict=False):
+            future = entry.item.handle
+            if not future.done():
+                if method is not None:
+                    self.rebuilt[future] = method
+                future.set_result(_own(output))
+        if method is not None and entries:
+            self.metrics.reconstructed(self.name, method, len(entries))
+
+    def _cache_late(self, entries: Sequence[Entry[Query]], outputs: Sequence[Any]) -> None:
+        """A prediction arriving after its query was rebuilt goes to the cache, not the client."""
+        for entry, output in zip(entries, outputs, strict=False):
+            if entry.item.key is not None:
+                value = _own(output)
+                self.cache.put(entry.item.key, (value,), _nbytes(value))
+
+    def _schedule_wake(self, wake_at: float) -> None:
+        """The one loop timer: the scheduler only ever asks for an earlier one."""
+        if self._wake is not None:
+            self._wake.cancel()
+        delay = max(0.0, wake_at - self.clock())
+        self._wake = asyncio.get_running_loop().call_later(delay, self._on_wake)
+        self._wake_at = wake_at
 
     # ---- state ---------------------------------------------------------------------------
     def ready_replicas(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.state == "ready"]
+        return [r for r in self.replicas.values() if r.state == ReplicaState.READY]
 
     def has_capacity(self) -> bool:
         """True while some model replica is serving or about to (so waiting makes sense)."""
-        return any(r.state in ("ready", "starting") and r.pool == DATA_POOL
+        return any(r.state in (ReplicaState.READY, ReplicaState.STARTING) and r.pool == DATA_POOL
                    for r in self.replicas.values())
 
     def replica_stats(self) -> list[ReplicaStats]:
-        return [ReplicaStats(r.rid, r.index, r.state, r.pid,
+        return [ReplicaStats(r.rid, r.index, r.state, getattr(r, "pid", None),
                              len(r.batch.entries) if r.batch else 0, r.served,
                              r.aimd.max_batch_size, r.pool, r.located, r.round_trip_s,
                              r.worker_s)
@@ -528,24 +474,20 @@ class ModelPath:
     def fail_all(self, reason: str) -> None:
         """Answer every queued and in-flight query with an error (shutdown)."""
         error = WorkerError(reason)
-        for batch in self.inflight.values():
-            for entry in batch.entries:
-                _fail(entry.item.future, error)
-            if batch.task.group is not None:
-                for entry in batch.task.group.unanswered():
-                    _fail(entry.item.future, error)
-        for tasks in self.redundancy.pending.values():
-            for task in tasks:
-                for entry in task.entries:
-                    _fail(entry.item.future, error)
-        for entry in self.queue.drop_expired(float("inf")):
-            _fail(entry.item.future, error)  # not a deadline: the server is going away
+        for action in self.machine.shutdown():
+            if isinstance(action, Abort):
+                _fail_all(action.entries, error)
         if self._wake is not None:
             self._wake.cancel()
+            self._wake = None
 
 
-def _rows(payload: Any) -> int:
-    return len(payload) if hasattr(payload, "__len__") else 1
+def _fail_all(entries: Sequence[Entry[Query]], error: Exception) -> None:
+    for entry in entries:
+        future = entry.item.handle
+        if not future.done():
+            future.set_exception(error)
+            future.exception()  # mark retrieved: the waiter may already have answered by deadline
 
 
 # Which array kinds a declared V2 datatype accepts (float64 from an "FP32" model is fine;
@@ -582,11 +524,6 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def _pools(deployment: Deployment) -> set[str]:
-    parity = deployment.parity if deployment.redundancy.mode == "parm" else None
-    return {f"parity{j}" for j in range(parity.r)} if parity is not None else set()
-
-
 def _assemble(items: list[Any]) -> Any:
     """Stack equal-shaped arrays into one batch array; anything else travels as a list."""
     first = items[0]
@@ -607,11 +544,3 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, np.ndarray):
         return base + value.nbytes
     return base + len(repr(value))
-
-
-def _fail(future: asyncio.Future[Any], error: Exception) -> None:
-    if not future.done():
-        future.set_exception(error)
-        future.exception()  # mark retrieved: the waiter may already have answered by deadline
-
-

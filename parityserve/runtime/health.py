@@ -6,7 +6,8 @@ reason given here, and readiness counts only the replicas that have none.
 
 from __future__ import annotations
 
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+from parityserve.core.scheduling import DATA_POOL, ReplicaState
+from parityserve.runtime.dispatch import ModelPath, Replica
 
 __all__ = ["STARTUP_TIMEOUT_S", "live_replicas", "replica_failure"]
 
@@ -16,12 +17,12 @@ STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-cor
 def replica_failure(replica: Replica, now: float, heartbeat_timeout_s: float,
                     startup_timeout_s: float = STARTUP_TIMEOUT_S) -> str | None:
     """Why a replica counts as failed, or None while it is healthy."""
-    if replica.state == "dead":
+    if replica.state == ReplicaState.DEAD:
         return "unreachable"
     code = replica.process.exit_code() if replica.process is not None else None
     if code is not None:
         return f"process exited with code {code}"
-    if replica.state == "starting":
+    if replica.state == ReplicaState.STARTING:
         return "did not start in time" if now - replica.started_at > startup_timeout_s else None
     if now - replica.last_seen > heartbeat_timeout_s:
         return f"no heartbeat for {now - replica.last_seen:.1f}s"

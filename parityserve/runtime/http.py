@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from time import perf_counter
@@ -38,6 +37,7 @@ from parityserve.config import (
     TensorSpec,
 )
 from parityserve.core.inputs import depth_error, scan
+from parityserve.core.scheduling import is_parity_slot
 from parityserve.errors import (
     InvalidInput,
     LimitExceeded,
@@ -281,13 +281,11 @@ class _FaultsBody(_Body):
     @classmethod
     def _replica(cls, value: str) -> str:
         index = value.isascii() and value.isdigit()  # ASCII: "²".isdigit() is True too
-        if value != "all" and not index and not _PARITY_SLOT.match(value):
+        if value != "all" and not index and not is_parity_slot(value):
             raise ValueError("must be a replica index, a parity replica like 'parity0-1', "
                              "or 'all'")
         return value
 
-
-_PARITY_SLOT = re.compile(r"^parity\d+-\d+$")
 
 
 class _RedundancyBody(_Body):

@@ -28,17 +28,17 @@ from typing import Any, Protocol
 from parityserve.config import Deployment, Server
 from parityserve.core.batching import AIMDController
 from parityserve.core.restarts import RestartPolicy
+from parityserve.core.scheduling import DATA_POOL, ReplicaState
 from parityserve.errors import LimitExceeded
 from parityserve.runtime import messages
 from parityserve.runtime.commands import Command, SetFaults, Stop
-from parityserve.runtime.dispatch import DATA_POOL, ModelPath, Replica
+from parityserve.runtime.dispatch import ModelPath, Replica, deployed_parity_pools
 from parityserve.runtime.health import STARTUP_TIMEOUT_S, replica_failure
 from parityserve.runtime.keys import ClientKeys
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.restart_tracker import Restart, RestartTracker, Slot
 from parityserve.runtime.slots import (
     ONE_SHOT_FAULTS,
-    parity_pools,
     pool_model,
     slot_name,
     slot_of,
@@ -173,9 +173,9 @@ class Supervisor:
 
     def ready(self, path: ModelPath, replica: Replica, hello: messages.Hello) -> None:
         """A hello: the replica serves from now on, and its slot's failures are forgiven."""
-        if replica.state == "starting":
+        if replica.state == ReplicaState.STARTING:
             self._sync_faults(replica)
-            replica.state = "ready"
+            replica.state = ReplicaState.READY
         self.load_errors.pop((path.name, path.version), None)
         self.restarts.ready((path.name, path.version, slot_of(replica)))
         replica.pid = hello.pid if hello.pid is not None else replica.pid
@@ -255,7 +255,7 @@ class Supervisor:
             replica.process.kill()
         self.metrics.set_replica_up(path.name, str(replica.index), False)
         if replica.process is not None and replica.state != "retiring" and not self.closing:
-            if replica.state == "starting" and reason.startswith("process exited"):
+            if replica.state == ReplicaState.STARTING and reason.startswith("process exited"):
                 self.load_errors.setdefault(
                     (path.name, path.version),
                     f"model {path.name!r} ({path.deployment.source}): the worker {reason} "
@@ -320,7 +320,7 @@ class Supervisor:
         """Start or stop replicas so every pool has the size ``deployment`` asks for."""
         pools = {r.pool for r in path.replicas.values()}
         wanted = {DATA_POOL: deployment.data_replicas(),
-                  **dict.fromkeys(parity_pools(deployment), deployment.parity_replicas())}
+                  **dict.fromkeys(deployed_parity_pools(deployment), deployment.parity_replicas())}
         for pool, count in wanted.items():
             managed = sorted((r for r in path.replicas.values()
                               if r.process is not None and r.pool == pool), key=lambda r: r.index)
@@ -334,7 +334,7 @@ class Supervisor:
 
     def stop_replicas(self, path: ModelPath, replicas: list[Replica]) -> None:
         for replica in replicas:
-            replica.state = "retiring"
+            replica.state = ReplicaState.RETIRING
             path.take_back(replica)
             self.send(replica.rid, Stop())
             self._drop(path, replica)
@@ -381,7 +381,7 @@ class Supervisor:
     def starting(self) -> list[str]:
         """Ids of the served replicas that have not said hello yet."""
         return [r.rid for p in self.models.values() for r in p.replicas.values()
-                if r.state == "starting"]
+                if r.state == ReplicaState.STARTING]
 
     def shut_down(self) -> list[WorkerHandle]:
         """Tell ready workers to stop, answer everything still waiting, and return the
@@ -390,7 +390,7 @@ class Supervisor:
         paths = [*self.models.values(), *self.retired]
         for path in paths:
             for replica in path.replicas.values():
-                if replica.state == "ready":
+                if replica.state == ReplicaState.READY:
                     self.send(replica.rid, Stop())
             path.fail_all("server shutting down")
         serving = [r.process for p in paths for r in p.replicas.values() if r.process is not None]

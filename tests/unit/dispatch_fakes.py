@@ -48,6 +48,3 @@ class FakeLink:
         _, header, frames = self.sent[index]
         return wire.unpack_payload(header["in"], frames)
 
-    def index_of(self, rid: str, nth: int = 0) -> int:
-        """Position in the log of the ``nth`` message sent to ``rid``."""
-        return [i for i, (r, _, _) in enumerate(self.sent) if r == rid][nth]

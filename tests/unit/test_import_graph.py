@@ -6,7 +6,8 @@ of three kinds, all counted and each named in a failure:
 
 - ``module``: at module level (inside a module-level ``try``/``if`` too); it runs on import.
 - ``TYPE_CHECKING``: never runs, but it is still a dependency. Hiding a cycle there is how
-  ``runtime/dispatch.py`` <-> ``runtime/coding.py`` came to put ``Any`` on the task links.
+  ``runtime/dispatch.py`` <-> ``runtime/coding.py`` once came to put ``Any`` on the task links
+  (that pair is now the driver and ``core/scheduling``, which never imports the runtime).
 - ``function``: a lazy import inside a function. It defers an optional or heavy module
   (torch, the bench commands) until it is used; a lazy import that closes a cycle would
   only hide the cycle, so it counts too.
@@ -26,13 +27,6 @@ import parityserve
 
 Graph = dict[str, dict[str, str]]  # module -> {imported module: kind of import}
 _KINDS = ("module", "TYPE_CHECKING", "function")
-
-# lead: empty this after merging s16-sched, which removes the cycle (then delete it, its two
-# uses and test_known_cycles_are_still_cycles). That test fails as soon as the cycle is gone,
-# so the allowlist cannot outlive it; any other cycle, or this one grown, fails at once.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"parityserve.runtime.coding", "parityserve.runtime.dispatch"}),
-})
 
 # room -> rooms it must never import, lazily or not: a decision or a model never knows how it
 # is served, benchmarked or started.
@@ -183,13 +177,8 @@ def test_cycles_finds_every_loop_and_only_loops():
 
 
 def test_no_import_cycles():
-    found = [c for c in cycles(PACKAGE) if c not in KNOWN_CYCLES]
+    found = list(cycles(PACKAGE))
     assert not found, "import cycles:\n" + "\n".join(describe(PACKAGE, c) for c in found)
-
-
-def test_known_cycles_are_still_cycles():
-    gone = KNOWN_CYCLES - set(cycles(PACKAGE))
-    assert not gone, f"no longer cycles, delete them from KNOWN_CYCLES: {sorted(map(sorted, gone))}"
 
 
 def test_lower_rooms_never_reach_up():

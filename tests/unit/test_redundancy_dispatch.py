@@ -1,10 +1,11 @@
-"""Redundancy modes in the serving path (runtime/coding.py driven by runtime/dispatch.py).
+"""Redundancy modes in the serving path (core/scheduling/modes.py driven by runtime/dispatch.py).
 
 Same approach as ``test_dispatch.py``: a fake link records what would go to workers, results
 are handed to ``ModelPath.on_result`` by hand (usually "echo": outputs = inputs, a linear
 model that every code decodes exactly or nearly so), and the path reads a fake clock. Only
 the modes' own timers (reactive re-issue, ParM's group wait) run on the real event loop,
-with timeouts of a few milliseconds.
+with timeouts of a few milliseconds. The modes' timer decisions themselves are tested on the
+scheduler alone, on a fake clock, in ``test_scheduler.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from dispatch_fakes import T0, FakeClock, FakeLink
 from parityserve.config import BatchingConfig, Deployment, ParityConfig, RedundancyConfig
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
+from parityserve.core.scheduling import modes
 from parityserve.errors import PredictError
-from parityserve.runtime import coding, wire
+from parityserve.runtime import wire
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.metrics import Metrics
 
@@ -96,13 +98,13 @@ def parm(k: int = 2, **options: Any) -> Deployment:
 
 
 @pytest.mark.parametrize(("dep", "kind", "mode"), [
-    (deployment(), coding.Redundancy, "none"),
-    (deployment("equal-resources"), coding.Redundancy, "none"),
-    (deployment("replication", replicas=3, d=3), coding.Replication, "replication"),
-    (deployment("reactive", timeout_ms=20), coding.Reactive, "reactive"),
-    (parm(), coding.Parm, "parm"),
-    (deployment("berrut", replicas=3, K=2, S=1), coding.Berrut, "berrut"),
-    (deployment("systematic-berrut", replicas=3, K=2, S=1), coding.Berrut,
+    (deployment(), modes.Redundancy, "none"),
+    (deployment("equal-resources"), modes.Redundancy, "none"),
+    (deployment("replication", replicas=3, d=3), modes.Replication, "replication"),
+    (deployment("reactive", timeout_ms=20), modes.Reactive, "reactive"),
+    (parm(), modes.Parm, "parm"),
+    (deployment("berrut", replicas=3, K=2, S=1), modes.Berrut, "berrut"),
+    (deployment("systematic-berrut", replicas=3, K=2, S=1), modes.Berrut,
      "systematic-berrut"),
 ])
 def test_make_redundancy_picks_the_mode(dep: Deployment, kind: type, mode: str) -> None:
@@ -116,11 +118,11 @@ def test_make_redundancy_picks_the_mode(dep: Deployment, kind: type, mode: str) 
 def test_make_redundancy_carries_the_settings() -> None:
     async def body() -> None:
         replication = Rig(deployment("replication", replicas=3, d=3)).path.redundancy
-        assert isinstance(replication, coding.Replication) and replication.copies == 3
+        assert isinstance(replication, modes.Replication) and replication.copies == 3
         reactive = Rig(deployment("reactive", timeout_ms=20)).path.redundancy
-        assert isinstance(reactive, coding.Reactive) and reactive.timeout_s == pytest.approx(0.02)
+        assert isinstance(reactive, modes.Reactive) and reactive.timeout_s == pytest.approx(0.02)
         berrut = Rig(deployment("berrut", replicas=6, K=2, S=0, E=1)).path.redundancy
-        assert isinstance(berrut, coding.Berrut)
+        assert isinstance(berrut, modes.Berrut)
         assert (berrut.K, berrut.S, berrut.E, berrut.batches_per_dispatch) == (2, 0, 1, 2)
         assert not berrut.systematic
         assert Rig(deployment()).path.redundancy.batches_per_dispatch == 1
@@ -303,37 +305,6 @@ def test_reactive_reissues_an_unanswered_batch_to_another_replica() -> None:
     run(body)
 
 
-def test_reactive_batch_answered_in_time_is_not_reissued() -> None:
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=20))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([7.0])
-        rig.echo(0)
-        await asyncio.sleep(0.06)
-        assert future.result().tolist() == [7.0]
-        assert rig.link.rids() == ["r1"]
-        assert not rig.path.redundancy.has_pending("data")
-
-    run(body)
-
-
-def test_reactive_error_while_the_reissue_runs_does_not_fail() -> None:
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=10))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([8.0])
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["r1", "r2"]
-        rig.fail(0)
-        assert not future.done()
-        rig.echo(1)
-        assert future.result().tolist() == [8.0]
-
-    run(body)
-
-
 # --- ParM -----------------------------------------------------------------------------------
 
 
@@ -453,30 +424,6 @@ def test_parm_parity_before_the_others_waits_for_them() -> None:
     run(body)
 
 
-def test_parm_single_batch_group_closes_after_group_wait() -> None:
-    async def body() -> None:
-        rig = Rig(parm(group_wait_ms=10))
-        d0 = rig.add("d0")
-        rig.add("d1")
-        rig.add("p0", pool="parity0")
-        future = rig.submit([5.0, 6.0])
-        assert rig.link.rids() == ["d0"] and rig.path.redundancy.open is not None
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["d0", "p0"] and rig.path.redundancy.open is None
-        np.testing.assert_array_equal(rig.link.batch(1), [[5.0, 6.0]])  # plus a zero batch
-        assert rig.path.take_back(d0) == 1  # d0 dies: its batch is retried on d1
-        d0.state = "dead"
-        rig.path.pump()
-        assert rig.link.rids() == ["d0", "p0", "d1"]
-        rig.echo(1)  # but the parity answers first: the batch is rebuilt
-        assert future.result().tolist() == [5.0, 6.0]
-        assert rig.path.reconstruction(future) == "parm-subtraction"
-        rig.echo(2)  # the retry's answer, late, changes nothing
-        assert future.result().tolist() == [5.0, 6.0]
-
-    run(body)
-
-
 def test_parm_second_group_opens_after_the_first_is_full() -> None:
     async def body() -> None:
         rig = Rig(parm())
@@ -497,35 +444,6 @@ def test_parm_second_group_opens_after_the_first_is_full() -> None:
         assert values(futures) == [[0.0], [1.0], [2.0], [3.0]]
         assert [rig.path.reconstruction(f) for f in futures] == [
             None, "parm-subtraction", "parm-subtraction", None]
-
-    run(body)
-
-
-def test_parm_grace_delays_the_decode() -> None:
-    async def body() -> None:
-        rig, futures = parm_rig(timeout_ms=20)
-        rig.echo(1)
-        rig.echo(2)
-        assert not futures[0].done()  # the slow batch gets its grace period first
-        rig.clock.advance(0.03)
-        await asyncio.sleep(0.05)
-        assert values(futures[:2]) == [[1.0, 2.0], [3.0, 4.0]]
-        assert rig.path.reconstruction(futures[0]) == "parm-subtraction"
-
-    run(body)
-
-
-def test_parm_error_during_the_grace_period_still_rebuilds_the_batch() -> None:
-    async def body() -> None:
-        rig, futures = parm_rig(timeout_ms=20)
-        rig.echo(1)
-        rig.echo(2)  # the decode is due once batch 0's grace is over
-        rig.fail(0)  # ... and batch 0's replica errors meanwhile: the decode still answers
-        assert not futures[0].done()
-        rig.clock.advance(0.03)
-        await asyncio.sleep(0.05)
-        assert values(futures[:2]) == [[1.0, 2.0], [3.0, 4.0]]
-        assert rig.path.reconstruction(futures[0]) == "parm-subtraction"
 
     run(body)
 
@@ -808,7 +726,7 @@ def test_set_redundancy_new_batches_use_the_new_mode() -> None:
         assert rig.link.rids() == ["r1"]
         rig.echo(0)
         rig.path.set_redundancy(deployment("replication", replicas=2, d=2))
-        assert isinstance(rig.path.redundancy, coding.Replication)
+        assert isinstance(rig.path.redundancy, modes.Replication)
         assert rig.path.deployment.redundancy.mode == "replication"
         second = rig.submit([2.0])
         assert rig.link.rids() == ["r1", "r1", "r2"]  # now copied
@@ -835,7 +753,7 @@ def test_set_redundancy_moves_queued_tasks_to_the_new_mode() -> None:
         copy = old.pending["data"][0]
         rig.path.set_redundancy(deployment(replicas=2))
         new = rig.path.redundancy
-        assert new is not old and type(new) is coding.Redundancy
+        assert new is not old and type(new) is modes.Redundancy
         assert list(new.pending["data"]) == [copy]
         r2.state = "ready"
         rig.path.pump()
@@ -880,23 +798,6 @@ def test_set_redundancy_from_parm_drops_the_parity_queue() -> None:
     run(body)
 
 
-def test_set_redundancy_keeps_reissuing_tasks_of_the_old_mode() -> None:
-    # A task the old mode sent re-issues after the switch: the copy must reach the queues
-    # idle replicas pull from (the new mode's), not the old mode's, which nobody reads.
-    async def body() -> None:
-        rig = Rig(deployment("reactive", replicas=2, timeout_ms=10))
-        rig.add("r1")
-        rig.add("r2")
-        future = rig.submit([6.0])
-        rig.path.set_redundancy(deployment("reactive", replicas=2, timeout_ms=1000))
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["r1", "r2"]
-        rig.echo(1)
-        assert future.result().tolist() == [6.0]
-
-    run(body)
-
-
 def test_set_redundancy_then_a_lost_task_of_the_old_mode_is_sent_again() -> None:
     async def body() -> None:
         rig = Rig(deployment("replication", replicas=2, d=2))
@@ -911,25 +812,5 @@ def test_set_redundancy_then_a_lost_task_of_the_old_mode_is_sent_again() -> None
         assert rig.link.rids() == ["r1", "r2", "r3"]
         rig.echo(2)
         assert future.result().tolist() == [4.0]
-
-    run(body)
-
-
-def test_set_redundancy_from_parm_with_an_open_group() -> None:
-    # The old mode's open group closes after the switch; its parity goes to the parity pool
-    # still deployed (parm -> parm, e.g. a new group wait), and rebuilds the lost batch.
-    async def body() -> None:
-        rig = Rig(parm(group_wait_ms=10))
-        d0 = rig.add("d0")
-        rig.add("p0", pool="parity0")
-        future = rig.submit([5.0])
-        rig.path.set_redundancy(parm(group_wait_ms=1000))
-        await asyncio.sleep(0.05)
-        assert rig.link.rids() == ["d0", "p0"]
-        rig.path.take_back(d0)
-        d0.state = "dead"
-        rig.echo(1)
-        assert future.result().tolist() == [5.0]
-        assert rig.path.reconstruction(future) == "parm-subtraction"
 
     run(body)
