@@ -39,7 +39,7 @@ SYSTEMS = ("parityserve", "bare")
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    out = args.results_dir
+    out = args.results_dir.resolve()  # the runs execute with their tree as the working directory
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "ab-overhead.json"
     state = _load(state_path, args)
