@@ -288,15 +288,13 @@ class _Instance:
 
 @dataclass(frozen=True)
 class SimResult:
-    """Per query (in arrival order): arrival, latency and how it was answered."""
+    """Per query (in arrival order): latency and how it was answered."""
 
-    arrival_s: FloatArray
     latency_s: FloatArray
     how: list[str]
     counters: dict[str, int]
     utilisation: dict[str, float]
     warmup: int = 0
-    sim_end_s: float = 0.0
 
     def measured(self) -> FloatArray:
         return self.latency_s[self.warmup:]
@@ -439,9 +437,9 @@ class Simulator:
                 continue
             self.now = when
             fn()
-        return self._result(queries, times, warmup)
+        return self._result(queries, warmup)
 
-    def _result(self, queries: list[_Record], times: FloatArray, warmup: int) -> SimResult:
+    def _result(self, queries: list[_Record], warmup: int) -> SimResult:
         slo, extra = self.config.slo_s, self.config.frontend_overhead_s
         lat = np.empty(len(queries))
         how: list[str] = []
@@ -464,7 +462,7 @@ class Simulator:
         util["frontend"] = self.frontend_busy_s / end if end > 0 else 0.0
         counters = dict(self.counters, groups=self.machine.groups,
                         decodes=self.machine.decodes)
-        return SimResult(times, lat, how, counters, util, min(warmup, len(queries)), end)
+        return SimResult(lat, how, counters, util, min(warmup, len(queries)))
 
     def _on_frontend(self, cost: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the frontend's CPU has spent ``cost`` on it, after earlier work."""
