@@ -428,10 +428,6 @@ class BerrutGroup:
         self.results: dict[int, np.ndarray] = {}
         self.decoded = False
 
-    @property
-    def tasks(self) -> int:
-        return self.code.n_workers
-
     def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
         """The ``n_workers`` coded batches; fewer than K batches are padded with zero batches."""
         stacked = _k_batches(batches, self.code.K, "a Berrut group")
@@ -463,10 +459,6 @@ class SystematicGroup:
         self._slots = _Slots()
         self.coded: dict[int, np.ndarray] = {}
         self._rows = 0
-
-    @property
-    def tasks(self) -> int:
-        return self.code.n_workers
 
     def encode(self, batches: Sequence[Array]) -> list[np.ndarray]:
         """The S coded batches (the originals are sent as they are)."""
