@@ -226,6 +226,11 @@ class Deployment(_Frozen):
     )
     input: TensorSpec | None = None
     output: TensorSpec | None = None
+    json_inputs: Literal["arrays", "python"] = Field(
+        "arrays", description="what a model with no input signature gets from the Clipper JSON "
+        "route: 'arrays' turns a rectangular list of numbers into one numpy array (int64 when "
+        "all are integers, else float64; anything else stays as decoded); 'python' keeps every "
+        "input as decoded JSON (lists of Python numbers). V2 inputs are arrays either way")
     timeout_ms: float = Field(10_000, gt=0, description="deadline for V2 queries that name no app")
     allow_nonfinite: bool = Field(
         False, description="accept NaN and infinity in inputs (and serve them in outputs)")

@@ -208,8 +208,17 @@ class ModelPath:
     def coerce(self, item: Any, leaves: Leaves | None = None) -> Any:
         """Check one input against the model's signature (raises InvalidInput); ``leaves``
         is the JSON scan already made of it, if any."""
+        deployment = self.deployment
         return coerce_item(item, self.input_spec, where=f"model {self.name!r}",
-                           allow_nonfinite=self.deployment.allow_nonfinite, leaves=leaves)
+                           allow_nonfinite=deployment.allow_nonfinite, leaves=leaves,
+                           json_arrays=deployment.json_inputs == "arrays")
+
+    @property
+    def input_form(self) -> tuple[TensorSpec | None, bool, str]:
+        """Everything ``coerce`` depends on besides the item: models whose forms are equal
+        get the same coerced input, so one coercion per request serves them all."""
+        deployment = self.deployment
+        return self.input_spec, deployment.allow_nonfinite, deployment.json_inputs
 
     def submit(self, item: Any, deadline: float, *, admitted: bool = False
                ) -> tuple[asyncio.Future[Any], bool]:

@@ -73,17 +73,19 @@ class QueryRouter:
 
     def _coerce_for(self, paths: dict[str, ModelPath], item: Any) -> dict[str, Any]:
         """The item checked against the request limits, then against each linked model's
-        signature (once per distinct one). One pass over the JSON serves both."""
+        signature (once per distinct input form: signature, NaN rule, JSON-to-array rule).
+        One pass over the JSON serves both."""
         # An input counts from depth 3 (body, input_batch, item) however it was sent, so one
         # query may nest max_json_depth - 2 levels in either form.
         leaves = scan(item, max_depth=self.limits.max_json_depth,
                       max_elements=self.limits.max_input_elements, depth=3)
-        by_spec: dict[Any, Any] = {}
+        by_form: dict[Any, Any] = {}
         out = {}
         for name, path in paths.items():
-            if path.input_spec not in by_spec:
-                by_spec[path.input_spec] = path.coerce(item, leaves)
-            out[name] = by_spec[path.input_spec]
+            form = path.input_form
+            if form not in by_form:
+                by_form[form] = path.coerce(item, leaves)
+            out[name] = by_form[form]
         return out
 
     async def _read_state(self, runtime: AppRuntime, context: str) -> dict[str, Any]:

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import TensorSpec
-from parityserve.core.inputs import Leaves, scan
+from parityserve.core.inputs import Leaves, as_array, scan
 from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput
+from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = ["coerce_item", "shape_matches"]
 
@@ -29,16 +30,18 @@ def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
 
 
 def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
-                allow_nonfinite: bool = False, leaves: Leaves | None = None) -> Any:
+                allow_nonfinite: bool = False, leaves: Leaves | None = None,
+                json_arrays: bool = True) -> Any:
     """One query's input as an array of the model's dtype and shape, or InvalidInput.
 
-    Models that declare no signature receive the decoded JSON value unchanged (a python:
-    model may take strings or objects). A declared numeric signature means a rectangular
-    array of JSON numbers (booleans for BOOL), finite for float types unless the deployment
-    sets ``allow_nonfinite``.
+    Models that declare no signature accept any JSON value (a python: model may take strings
+    or objects); with ``json_arrays`` (the deployment's ``json_inputs: arrays``) a rectangular
+    list of numbers still becomes one array, else the value is passed on as decoded. A declared
+    numeric signature means a rectangular array of JSON numbers (booleans for BOOL), finite for
+    float types unless the deployment sets ``allow_nonfinite``.
     """
     if spec is None:
-        return item
+        return _no_signature(item, leaves) if json_arrays else item
     if spec.datatype == "BYTES":
         return item
     dtype = datatype_to_dtype(spec.datatype)
@@ -57,6 +60,15 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
                            f"number too large for {spec.datatype}); set allow_nonfinite: true "
                            "on the deployment to accept NaN and infinity")
     return array
+
+
+def _no_signature(item: Any, leaves: Leaves | None) -> Any:
+    """A no-signature input: numbers become one array here, once, so that the cache digest,
+    the feedback memory and the wire never walk the list (core/inputs.py ``as_array``)."""
+    if type(item) is not list:  # scalars, strings, objects: nothing to stack
+        return item
+    # One rank is left for the batch axis, within what a worker accepts over the wire.
+    return as_array(item, leaves or _leaves(item), max_ndim=MAX_DIMS - 1)
 
 
 def _leaves(item: Any) -> Leaves:

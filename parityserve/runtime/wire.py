@@ -25,6 +25,7 @@ __all__ = [
     "RESULT",
     "PREDICT",
     "FAULT",
+    "MAX_DIMS",
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "STOP",
@@ -53,7 +54,7 @@ Frames = list[Any]
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_FRAMES = 8
 _MAX_ITEMS = 1 << 20  # elements of one msgpack array or map
-_MAX_DIMS = 32  # numpy's own limit is 64
+MAX_DIMS = 32  # rank of one array payload; numpy's own limit is 64
 # dtype.str of the arrays a model may return: byte order, kind, item size ('<f4', '|b1', '<U3').
 _DTYPE = re.compile(r"[<>|=][biufcSU][0-9]{1,6}")
 
@@ -83,7 +84,7 @@ def unpack_payload(desc: Any, frames: list[Any]) -> Any:
     dtype, shape = desc.get("dtype"), desc.get("shape")
     if not isinstance(dtype, str) or not _DTYPE.fullmatch(dtype):
         raise ProtocolError(f"unsupported array dtype {_short(dtype)}")
-    if not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
             type(n) is int and n >= 0 for n in shape):
         raise ProtocolError(f"bad array shape {_short(shape)}")
     buf = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]

@@ -51,6 +51,8 @@ def served(server_factory, text_labels):
                                 "noise_sigma": 5}}},
             {"name": "plain", "source": "zoo:echo", "replicas": 1,  # no declared signature
              "faults": {"0": {"wrong_probability": 1.0, "noise_sigma": 5}}},
+            {"name": "plain-lists", "source": "zoo:echo", "replicas": 1, "json_inputs": "python",
+             "faults": {"0": {"wrong_probability": 1.0, "noise_sigma": 5}}},
             {"name": "text", "source": f"sklearn:{text_labels}", "replicas": 1,
              "faults": {"0": {"wrong_probability": 1.0, "wrong_kind": "labels"}}},
             {"name": "relabel", "source": "zoo:echo", "replicas": 1, "input": VECTOR,
@@ -63,8 +65,8 @@ def served(server_factory, text_labels):
              "faults": {"0": {"burst": {"every_ms": 200, "duration_ms": 200,
                                         "delay_ms": 100}}}},
         ],
-        "applications": [_app("delayed"), _app("noisy"), _app("plain"), _app("text"),
-                         _app("relabel"),
+        "applications": [_app("delayed"), _app("noisy"), _app("plain"), _app("plain-lists"),
+                         _app("text"), _app("relabel"),
                          _app("crashy", slo_ms=10_000), _app("bursty"), _app("scaled")],
     }
     return server_factory(config)
@@ -110,10 +112,12 @@ def test_noise_makes_outputs_differ_from_inputs(client) -> None:
         assert not np.allclose(out, x, atol=1e-3), (out, x)
 
 
-def test_noise_reaches_a_model_without_a_signature(client) -> None:
-    # zoo:echo with no declared input gets (and returns) plain JSON lists, not arrays.
+@pytest.mark.parametrize("app", ["plain", "plain-lists"])
+def test_noise_reaches_a_model_without_a_signature(client, app: str) -> None:
+    # zoo:echo with no declared input gets (and returns) one array per batch by default, and
+    # plain JSON lists with json_inputs: python; the worker corrupts either.
     x = [1.0, 2.0, 3.0]
-    answer, _ = _timed(client, "plain", x)
+    answer, _ = _timed(client, app, x)
     assert len(answer["output"]) == 3 and answer["output"] != x
 
 

@@ -27,7 +27,8 @@ def test_public_names() -> None:
     assert sorted(admission.__all__) == sorted([
         "UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish",
         "queue_bound", "retry_after"])
-    assert sorted(inputs.__all__) == ["Leaves", "depth_error", "scan"]
+    assert sorted(inputs.__all__) == ["Leaves", "array_dtype", "as_array", "depth_error",
+                                      "scan"]
 
 
 @pytest.mark.parametrize(("estimate", "slo_s", "replicas", "max_batch", "bound"), [
@@ -119,7 +120,10 @@ def test_service_estimate_ignores_unusable_samples(batch_s: float, rows: int) ->
     ([1.0, 2, 3.0], Leaves(frozenset({float, int}), 3)),
     ([[1.0, 2.0], [3.0, True]], Leaves(frozenset({float, bool}), 4)),
     ([[1.0], 2.0], Leaves(frozenset({float}), 2, ragged=True)),
-    ({"a": [1, 2], "b": None}, Leaves(frozenset({int, type(None)}), 3, ragged=True)),
+    ({"a": [1, 2], "b": None}, Leaves(frozenset({int, type(None)}), 3, ragged=True,
+                                      objects=True)),
+    ([[1.0], {"a": 2.0}], Leaves(frozenset({float}), 2, objects=True)),
+    ({"a": 1}, Leaves(frozenset({int}), 1, objects=True)),
     ([], Leaves(frozenset(), 0)),
     ([["x"], [None]], Leaves(frozenset({str, type(None)}), 2)),
 ])

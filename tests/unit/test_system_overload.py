@@ -36,14 +36,17 @@ BOUND = 9
 class Rig:
     def __init__(self, models: list[str], policy: str = "single",
                  allow_nonfinite: bool = False, limits: dict[str, int] | None = None,
-                 spec: dict[str, object] | None = VECTOR) -> None:
+                 spec: dict[str, object] | None = VECTOR,
+                 settings: dict[str, dict[str, object]] | None = None) -> None:
+        """``settings`` adds deployment settings per model name."""
         self.clock = FakeClock()
         self.link = FakeLink()
         config = ServingConfig.model_validate({
             "server": {"limits": limits or {}},
             "models": [{"name": m, "source": "zoo:echo", "input": spec, "timeout_ms": 500,
                         "batching": {"max_batch_size": 1},
-                        "allow_nonfinite": allow_nonfinite} for m in models],
+                        "allow_nonfinite": allow_nonfinite, **(settings or {}).get(m, {})}
+                       for m in models],
             "applications": [{"name": "app", "models": models, "slo_ms": 500,
                               "policy": policy, "default_output": "D"}]})
         self.system = ServingSystem(config, clock=self.clock)
