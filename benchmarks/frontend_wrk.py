@@ -304,18 +304,52 @@ def _measure_system(system: str, round_: int, case: Case, args: argparse.Namespa
             if key not in points:
                 print(f"   {route} {kind}", file=sys.stderr, flush=True)
                 url = f"http://127.0.0.1:{port}{_route_path(system, route, case)}"
+                batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
                 where.save(key, _http_point(proc.pid, url, where.bodies[f"{route}/{kind}"],
-                                            where.lua, args))
+                                            where.lua, args, batches))
         if grpc_key and grpc_key not in points:
             where.save(grpc_key, _grpc_point(proc.pid, grpc_port, args, where.work))
     finally:
         _stop(proc)
 
 
-def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
-                args: argparse.Namespace) -> dict[str, Any]:
-    _wrk(url, spec, lua, 8, min(2.0, args.duration))  # warm up
-    return _point(pid, url, spec, lua, args)
+class _BatchCounter:
+    """Queries and batches a server has run so far, where it says: parityserve's batch-size
+    histogram on /metrics, the bare MLP app's /stats. LitServe does not say."""
+
+    def __init__(self, system: str, base: str) -> None:
+        self.system, self.base = system, base
+
+    def read(self) -> tuple[float, float] | None:
+        import httpx
+
+        try:
+            if self.system == "parityserve":
+                return _histogram(httpx.get(self.base + "/metrics", timeout=5).text,
+                                  "parityserve_batch_size")
+            if self.system == "bare":
+                doc = httpx.get(self.base + "/stats", timeout=5).json()
+                return (doc["queries"], doc["batches"]) if doc else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        return None
+
+
+def _histogram(text: str, name: str) -> tuple[float, float] | None:
+    """(sum, count) of a Prometheus histogram, over all its label sets."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for line in text.splitlines():
+        for suffix in totals:
+            if line.startswith(name + suffix):
+                totals[suffix] += float(line.rsplit(" ", 1)[1])
+    return (totals["_sum"], totals["_count"]) if totals["_count"] else None
+
+
+def _mean_batch(before: tuple[float, float] | None, after: tuple[float, float] | None
+                ) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _start(system: str, port: int, case: Case, work: Path
@@ -364,14 +398,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _point(pid: int, url: str, spec: dict[str, Any], lua: Path,
-           args: argparse.Namespace) -> dict[str, Any]:
+def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
+                args: argparse.Namespace, batches: _BatchCounter) -> dict[str, Any]:
+    """Warm up, then 64 connections (req/s, tail, CPU, mean batch), then one connection."""
+    _wrk(url, spec, lua, 8, min(2.0, args.duration))
+    batched = batches.read()  # first: the scrape's own CPU stays out of the figures
     before = _cpu_ticks(pid)
     loaded = _wrk(url, spec, lua, args.connections, args.duration)
     after = _cpu_ticks(pid)
+    mean_batch = _mean_batch(batched, batches.read())
     single = _wrk(url, spec, lua, 1, max(2.0, args.duration / 2))
     return {**_rates(loaded), "p50_1conn_ms": single["p50_us"] / 1e3,
-            **_cpu_split(before, after, loaded["requests"])}
+            **_cpu_split(before, after, loaded["requests"]), "mean_batch": mean_batch}
 
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,

@@ -39,6 +39,8 @@ def _median_row(group: tuple[str, ...], runs: list[dict[str, Any]]) -> dict[str,
     for metric in _METRICS:
         row[metric] = statistics.median(r[metric] for r in runs)
     row["rps_rounds"] = [round(r["rps"]) for r in runs]
+    batches = [r["mean_batch"] for r in runs if r.get("mean_batch") is not None]
+    row["mean_batch"] = statistics.median(batches) if batches else None
     return row
 
 
@@ -66,10 +68,14 @@ _INTRO = ("Medians over rounds (each round's req/s listed). 64 connections close
           "req/s and p50/p99/p99.9 (n requests); p50 at 1 connection; CPU per request from "
           "/proc for the server process (frontend) and its parityserve worker processes "
           "(worker). The bare app runs its model in its own process, so all its CPU is "
-          "frontend; LitServe's processes are all counted as frontend too.")
+          "frontend; LitServe's processes are all counted as frontend too. Mean batch: "
+          "queries per model call during the 64-connection run, from parityserve's "
+          "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
+          "not say).")
 _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs LitServe | p50 1-conn ms"
-           " | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | worker us/req |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           " | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | worker us/req |"
+           " mean batch @64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -114,7 +120,8 @@ def _table_row(r: dict[str, Any]) -> str:
             f"{r['rps_rounds']} | {_fmt(r['vs_bare'], '.2f')} | {_fmt(r['vs_litserve'], '.2f')}"
             f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
-            f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} |")
+            f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
+            f"{_fmt(r.get('mean_batch'), '.1f')} |")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -101,3 +101,16 @@ def test_the_mlp_deployment_batches_like_the_baselines_with_the_cache_off() -> N
     assert "--batch-run" not in case.app_args("litserve")
     assert case.routes("parityserve") == ("clipper-json", "v2-binary")
     assert not case.has_grpc("parityserve")
+
+
+def test_mean_batch_from_the_histogram_before_and_after_the_run() -> None:
+    text = ("# HELP parityserve_batch_size Queries per dispatched batch\n"
+            'parityserve_batch_size_bucket{model="mlp",le="1.0"} 3.0\n'
+            'parityserve_batch_size_count{model="mlp"} 10.0\n'
+            'parityserve_batch_size_sum{model="mlp"} 120.0\n')
+    after = frontend_wrk._histogram(text, "parityserve_batch_size")
+    assert after == (120.0, 10.0)
+    assert frontend_wrk._mean_batch((20.0, 5.0), after) == 20.0
+    assert frontend_wrk._mean_batch(None, after) is None
+    assert frontend_wrk._mean_batch(after, after) is None  # no batch ran
+    assert frontend_wrk._histogram("", "parityserve_batch_size") is None
