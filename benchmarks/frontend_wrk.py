@@ -96,7 +96,7 @@ DESCRIPTION = ("Throughput, latency and CPU per request under wrk, one core for 
                "and the MNIST MLP with batching (issue 17).")
 EXAMPLES = (
     ("python -m benchmarks.frontend_wrk --data-dir ../shared/data",
-     "both models, 2 rounds x 10 s per point (about 25 min)"),
+     "both models, 2 rounds x 10 s per point (about 20 min)"),
     ("python -m benchmarks.frontend_wrk --models mlp --quick --data-dir ../shared/data",
      "check the MLP harness: 1 round x 3 s (about 2 min)"),
     ("python -m benchmarks.frontend_wrk --models noop --systems bare,parityserve",
@@ -149,13 +149,11 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         lua = work / "bodies.lua"
         lua.write_text(_LUA)
-        for name, case in cases.items():
+        for case in cases.values():
             where = _Where(state, state_path, lua, _write_bodies(work, case), work)
             for round_ in range(args.rounds):
                 order = systems if round_ % 2 == 0 else systems[::-1]
                 for system in order:
-                    print(f"== {name}, round {round_ + 1}: {system}", file=sys.stderr,
-                          flush=True)
                     _measure_system(system, round_, case, args, where)
     _write_results(state, state_path, out)
     return 0
@@ -296,7 +294,8 @@ def _measure_system(system: str, round_: int, case: Case, args: argparse.Namespa
     grpc_key = f"{prefix}/grpc/distinct" if case.has_grpc(system) else None
     points = where.state["points"]
     if all(k in points for k in [*keys, *([grpc_key] if grpc_key else [])]):
-        return
+        return  # measured before this run resumed
+    print(f"== {case.name}, round {round_ + 1}: {system}", file=sys.stderr, flush=True)
     port = _free_port()
     proc, grpc_port = _start(system, port, case, where.work)
     try:
@@ -345,11 +344,14 @@ def _histogram(text: str, name: str) -> tuple[float, float] | None:
     return (totals["_sum"], totals["_count"]) if totals["_count"] else None
 
 
-def _mean_batch(before: tuple[float, float] | None, after: tuple[float, float] | None
-                ) -> float | None:
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
+def _batching(before: tuple[float, float] | None, after: tuple[float, float] | None
+              ) -> dict[str, float | None]:
+    """Model calls during a run and their mean batch size (None: the server does not say;
+    0 calls: every answer came from elsewhere, e.g. parityserve's cache)."""
+    if before is None or after is None:
+        return {"model_calls": None, "mean_batch": None}
+    calls = after[1] - before[1]
+    return {"model_calls": calls, "mean_batch": (after[0] - before[0]) / calls if calls else None}
 
 
 def _start(system: str, port: int, case: Case, work: Path
@@ -406,10 +408,10 @@ def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
     before = _cpu_ticks(pid)
     loaded = _wrk(url, spec, lua, args.connections, args.duration)
     after = _cpu_ticks(pid)
-    mean_batch = _mean_batch(batched, batches.read())
+    batching = _batching(batched, batches.read())
     single = _wrk(url, spec, lua, 1, max(2.0, args.duration / 2))
     return {**_rates(loaded), "p50_1conn_ms": single["p50_us"] / 1e3,
-            **_cpu_split(before, after, loaded["requests"]), "mean_batch": mean_batch}
+            **_cpu_split(before, after, loaded["requests"]), **batching}
 
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,

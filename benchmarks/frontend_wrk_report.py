@@ -39,8 +39,9 @@ def _median_row(group: tuple[str, ...], runs: list[dict[str, Any]]) -> dict[str,
     for metric in _METRICS:
         row[metric] = statistics.median(r[metric] for r in runs)
     row["rps_rounds"] = [round(r["rps"]) for r in runs]
-    batches = [r["mean_batch"] for r in runs if r.get("mean_batch") is not None]
-    row["mean_batch"] = statistics.median(batches) if batches else None
+    for metric in ("mean_batch", "model_calls"):  # absent where the server does not say
+        known = [r[metric] for r in runs if r.get(metric) is not None]
+        row[metric] = statistics.median(known) if known else None
     return row
 
 
@@ -60,6 +61,11 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _models(rows: list[dict[str, Any]]) -> list[str]:
+    """The models in these rows, noop first."""
+    return sorted({r["model"] for r in rows}, key=lambda m: (m != "noop", m))
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
@@ -69,7 +75,8 @@ _INTRO = ("Medians over rounds (each round's req/s listed). 64 connections close
           "/proc for the server process (frontend) and its parityserve worker processes "
           "(worker). The bare app runs its model in its own process, so all its CPU is "
           "frontend; LitServe's processes are all counted as frontend too. Mean batch: "
-          "queries per model call during the 64-connection run, from parityserve's "
+          "queries per model call during the 64-connection run (median over rounds), from "
+          "parityserve's "
           "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
           "not say).")
 _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs LitServe | p50 1-conn ms"
@@ -81,8 +88,7 @@ _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs LitServe |
 def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
     lines = ["# The frontend under wrk: one core for the server, one for the client", "",
              f"Command: `{state['command']}`", "", _INTRO, ""]
-    models = list(dict.fromkeys(r["model"] for r in state["summary"]))
-    for model in models:
+    for model in _models(state["summary"]):
         lines += [*_section(model, state), ""]
     lines += ["Machine: " + ", ".join(f"{k} {machine[k]}" for k in
                                       ("cpu_model", "cpu_count", "python", "date"))]
@@ -104,9 +110,11 @@ _TITLES = {"noop": "No-op model (`zoo:noop`)",
            "mlp": "MNIST MLP (`zoo:parm-mlp`, published weights) on real MNIST test images"}
 _NOTES = {
     "noop": ("2,000 distinct random 784-float bodies, or one fixed body; parityserve with its "
-             "default prediction cache. gRPC is measured with `parityserve bench load` (wrk "
-             "speaks only HTTP) and compared with the bare app's V2 binary route."),
-    "mlp": ("{bodies} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "
+             "default prediction cache on, so once wrk has sent each of the 2,000 bodies once "
+             "parityserve answers them from its cache (see the model calls). gRPC is measured "
+             "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
+             "app's V2 binary route."),
+    "mlp": ("{bodies:,} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "
             "binary). Every system batches up to {max_batch_size} queries per model call: "
             "parityserve with AIMD adaptive batching (one replica, cache off so every query "
             "runs the model), the bare app with an in-process batcher that takes the queries "
@@ -121,7 +129,13 @@ def _table_row(r: dict[str, Any]) -> str:
             f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
             f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
-            f"{_fmt(r.get('mean_batch'), '.1f')} |")
+            f"{_batch_cell(r)} |")
+
+
+def _batch_cell(r: dict[str, Any]) -> str:
+    if r.get("model_calls") == 0:
+        return "no model calls"
+    return _fmt(r.get("mean_batch"), ".1f")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -132,7 +146,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    models = _models(rows)
     distinct = {m: [r for r in rows if r["model"] == m and r["bodies"] == "distinct"]
                 for m in models}
     widths = [max(2, len(d)) for d in distinct.values()]
@@ -155,3 +169,17 @@ def _panel(ax: Any, model: str, rows: list[dict[str, Any]]) -> None:
     ax.set_xticks(range(len(rows)), [f"{r['system']}\n{r['route']}" for r in rows], fontsize=7)
     ax.set_title({"noop": "no-op model, 2,000 distinct 784-float bodies",
                   "mlp": "MNIST MLP, 2,000 MNIST test images"}.get(model, model), fontsize=9)
+    if model == "mlp":
+        _target_marks(ax, rows)
+
+
+def _target_marks(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """A dashed line over each parityserve bar at 90% of the bare app's req/s on its route."""
+    label: str | None = f"target: {MLP_TARGET:.0%} of bare"
+    for i, r in enumerate(rows):
+        if r["system"] == "parityserve" and r["vs_bare"]:
+            ax.hlines(MLP_TARGET * r["rps"] / r["vs_bare"], i - 0.4, i + 0.4, colors="black",
+                      linestyles="dashed", label=label)
+            label = None  # one legend entry
+    if label is None:
+        ax.legend(fontsize=7, loc="upper right")

@@ -110,7 +110,8 @@ def test_mean_batch_from_the_histogram_before_and_after_the_run() -> None:
             'parityserve_batch_size_sum{model="mlp"} 120.0\n')
     after = frontend_wrk._histogram(text, "parityserve_batch_size")
     assert after == (120.0, 10.0)
-    assert frontend_wrk._mean_batch((20.0, 5.0), after) == 20.0
-    assert frontend_wrk._mean_batch(None, after) is None
-    assert frontend_wrk._mean_batch(after, after) is None  # no batch ran
+    assert frontend_wrk._batching((20.0, 5.0), after) == {"model_calls": 5.0,
+                                                          "mean_batch": 20.0}
+    assert frontend_wrk._batching(None, after) == {"model_calls": None, "mean_batch": None}
+    assert frontend_wrk._batching(after, after) == {"model_calls": 0.0, "mean_batch": None}
     assert frontend_wrk._histogram("", "parityserve_batch_size") is None
