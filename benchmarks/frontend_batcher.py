@@ -128,10 +128,6 @@ class Batcher:
         self._queue.batch_done()
         self._schedule()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-
 
 def _call(predict: Callable[[np.ndarray], Any], rows: np.ndarray
           ) -> tuple[Any, BaseException | None]:
