@@ -1,14 +1,19 @@
-"""The comparison servers of ``frontend_wrk.py``, each serving a no-op model in-process.
+"""The comparison servers of ``frontend_wrk.py``, each serving the model in-process.
 
-    python benchmarks/frontend_apps.py bare --port 9001
-    python benchmarks/frontend_apps.py litserve --port 9002     (pip install litserve)
+    python -m benchmarks.frontend_apps bare --port 9001
+    python -m benchmarks.frontend_apps bare --port 9001 --model mlp --weights W.npz
+    python -m benchmarks.frontend_apps litserve --port 9002 [--model mlp --weights W.npz]
 
 ``bare`` is the ceiling: Starlette on uvicorn (httptools, uvloop) with the three routes
 parityserve serves, each doing the same decoding parityserve does and nothing else:
 ``POST /{app}/predict`` (Clipper JSON, the input made a numpy array), and
 ``POST /v2/models/{m}/infer`` in V2 JSON or the binary tensor extension (parityserve's own
-``runtime/v2`` codec, so the bare app pays the same binary decode). ``litserve`` is LitServe
-with one worker, its default ``/predict`` route taking ``{"input": [...]}``.
+``runtime/v2`` codec, so the bare app pays the same binary decode). With ``--model noop`` it
+answers each query's first value; with ``--model mlp`` it runs the zoo MNIST MLP through the
+in-process batcher of ``frontend_batcher.py`` (up to ``--max-batch`` queries per call, the
+batch run ``--batch-run inline`` or in a thread). ``litserve`` is LitServe with one worker,
+its default ``/predict`` route taking ``{"input": [...]}``; for the MLP with LitServe's own
+batching (``max_batch_size``, ``batch_timeout``).
 
 Each prints ``ready`` on stdout once it is listening.
 """
@@ -17,15 +22,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import orjson
 
+from benchmarks.frontend_cases import LITSERVE_BATCH_TIMEOUT_S
 
-def bare_app() -> Any:
+# The model call each route awaits: one query's input row -> its output row.
+Infer = Callable[[np.ndarray], Awaitable[np.ndarray]]
+
+
+def bare_app(infer: Infer, output_name: str = "output",
+             stats: Callable[[], dict[str, int]] | None = None) -> Any:
+    """The routes; ``GET /stats`` answers ``stats()`` (the batcher's counts) when given."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -37,31 +51,60 @@ def bare_app() -> Any:
 
     async def predict(request: Request) -> Response:
         doc = orjson.loads(await request.body())
-        x = np.asarray(doc["input"], dtype=np.float32)
-        out = {"query_id": str(next(ids)), "output": x[:1].tolist(), "default": False}
-        return Response(orjson.dumps(out), media_type="application/json")
+        out = await infer(np.asarray(doc["input"], dtype=np.float32))
+        doc = {"query_id": str(next(ids)), "output": out.tolist(), "default": False}
+        return Response(orjson.dumps(doc), media_type="application/json")
 
-    async def infer(request: Request) -> Response:
+    async def infer_route(request: Request) -> Response:
         length = request.headers.get(v2.HEADER_LENGTH)
         decoded = v2.decode_infer_request(await request.body(),
                                           int(length) if length else None)
         x = decoded.inputs[0].array
-        name = "output"
+        out = (await infer(x[0]))[None] if len(x) == 1 else np.stack(
+            await asyncio.gather(*map(infer, x)))
         body, headers = v2.encode_infer_response(
-            request.path_params["model"], "1", decoded.id, [(name, x[:, :1])],
-            {name: decoded.wants_binary(name)})
+            request.path_params["model"], "1", decoded.id, [(output_name, out)],
+            {output_name: decoded.wants_binary(output_name)})
         return Response(body, headers=headers)
 
+    async def stats_route(request: Request) -> Response:
+        return Response(orjson.dumps(stats() if stats else {}), media_type="application/json")
+
     return Starlette(routes=[Route("/{app}/predict", predict, methods=["POST"]),
-                             Route("/v2/models/{model}/infer", infer, methods=["POST"])])
+                             Route("/v2/models/{model}/infer", infer_route, methods=["POST"]),
+                             Route("/stats", stats_route, methods=["GET"])])
 
 
-def serve_bare(port: int) -> None:
+async def _first_value(row: np.ndarray) -> np.ndarray:
+    return row[:1]  # the no-op "model": nothing to compute, a tiny answer
+
+
+def _load_mlp(weights: str) -> Callable[[np.ndarray], Any]:
+    from parityserve.bench.baseline_app import load_predict
+
+    # One intra-op thread, as parityserve's worker (threads_per_replica: 1).
+    return load_predict("zoo:parm-mlp", weights, threads=1)
+
+
+def serve_bare(port: int, args: argparse.Namespace) -> None:
     import uvicorn
     import uvloop
 
     async def main() -> None:
-        config = uvicorn.Config(bare_app(), host="127.0.0.1", port=port, log_level="warning",
+        if args.model == "mlp":
+            from benchmarks.frontend_batcher import Batcher
+
+            batcher = Batcher(_load_mlp(args.weights), args.max_batch, args.batch_run)
+            # torch leaves ~200,000 objects that every full cyclic-GC pass would walk (over
+            # 100 ms here, stalling all 64 connections); take them out of the walks, as
+            # parityserve's frontend does with what its startup built.
+            gc.collect()
+            gc.freeze()
+            app = bare_app(batcher, output_name="logits", stats=lambda: {
+                "batches": batcher.batches, "queries": batcher.queries})
+        else:
+            app = bare_app(_first_value)
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                 http="httptools", lifespan="off", access_log=False)
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())
@@ -91,21 +134,56 @@ try:  # module level: LitServe pickles the API into its worker process
 
         def encode_response(self, output: np.ndarray) -> dict[str, Any]:
             return {"output": output[:1].tolist()}
+
+    class MLPAPI(ls.LitAPI):  # type: ignore[misc]
+        """The MLP with LitServe's batching: its default ``batch`` stacks the decoded arrays
+        and its default ``unbatch`` splits the outputs by row."""
+
+        def __init__(self, weights: str, max_batch_size: int) -> None:
+            super().__init__(max_batch_size=max_batch_size,
+                             batch_timeout=LITSERVE_BATCH_TIMEOUT_S)
+            self.weights = weights
+
+        def setup(self, device: str) -> None:
+            self.model = _load_mlp(self.weights)
+
+        def decode_request(self, request):  # type: ignore[no-untyped-def]  # LitServe reads the annotation
+            return np.asarray(request["input"], dtype=np.float32)
+
+        def predict(self, x: np.ndarray) -> np.ndarray:
+            return self.model(x)
+
+        def encode_response(self, output: np.ndarray) -> dict[str, Any]:
+            return {"output": output.tolist()}
 except ImportError:
     ls = None
 
 
-def serve_litserve(port: int) -> None:
+def serve_litserve(port: int, args: argparse.Namespace) -> None:
     if ls is None:
         raise SystemExit("litserve is not installed: pip install litserve")
-    server = ls.LitServer(NoOpAPI(), accelerator="cpu", workers_per_device=1)
+    api = MLPAPI(args.weights, args.max_batch) if args.model == "mlp" else NoOpAPI()
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
     server.run(port=port, generate_client_file=False)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.frontend_apps",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("system", choices=("bare", "litserve"))
     parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    (serve_bare if args.system == "bare" else serve_litserve)(args.port)
+    parser.add_argument("--model", choices=("noop", "mlp"), default="noop")
+    parser.add_argument("--weights", help="the MLP's weights (parm-mnist-base-mlp.npz)")
+    parser.add_argument("--max-batch", type=int, default=64,
+                        help="the MLP's largest batch (bare batcher and LitServe)")
+    parser.add_argument("--batch-run", choices=("inline", "thread"), default="inline",
+                        help="bare MLP: run each batch on the event loop or in one thread")
+    return parser
+
+
+if __name__ == "__main__":
+    args = _parser().parse_args()
+    if args.model == "mlp" and not args.weights:
+        raise SystemExit("--model mlp needs --weights")
+    (serve_bare if args.system == "bare" else serve_litserve)(args.port, args)
     sys.exit(0)

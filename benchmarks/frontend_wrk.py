@@ -1,20 +1,22 @@
 """The frontend on the terms users compare servers on: ``wrk``, one core each (issue 17).
 
 Each server is pinned to core 1 (``taskset -c 1``; its worker processes inherit the pin) and
-``wrk`` to core 0. Bodies are 784-float JSON (or V2 binary) queries: 2,000 distinct ones, and
-one fixed one (which a cache can answer). Closed loop: 64 connections for ``--duration``
-seconds, then one connection for the p50 of an unloaded server. Systems, interleaved in every
-round: ``bare`` (Starlette calling a no-op in-process, with the same decoding: the ceiling),
-``litserve`` (when installed) and ``parityserve`` (``zoo:noop``, one replica), on the Clipper
-route, V2 JSON and V2 binary; parityserve's V2 gRPC runs through ``parityserve bench load``
-(closed loop, 64 in flight) since wrk speaks only HTTP. CPU per request is read from /proc
-for the server process and, separately, its workers.
+``wrk`` to core 0. Closed loop: 64 connections for ``--duration`` seconds, then one connection
+for the p50 of an unloaded server. Systems, interleaved in every round: ``bare`` (Starlette
+calling the model in-process, with the same decoding: the ceiling), ``litserve`` (when
+installed) and ``parityserve`` (one replica). CPU per request is read from /proc for the
+server process and, separately, its workers. Two models (``--models``, see
+``frontend_cases.py``):
 
-    python benchmarks/frontend_wrk.py                 # 2 rounds x 10 s per point (~15 min)
-    python benchmarks/frontend_wrk.py --quick         # 1 round x 3 s (~3 min)
+  noop  ``zoo:noop`` on Clipper JSON, V2 JSON, V2 binary (2,000 distinct random 784-float
+        bodies, and one fixed body a cache can answer) and parityserve's V2 gRPC (through
+        ``parityserve bench load``, closed loop, 64 in flight, since wrk speaks only HTTP);
+  mlp   the zoo MNIST MLP with its published weights on 2,000 distinct MNIST test images
+        (Clipper JSON, V2 binary), every system batching up to 64 queries per model call;
+        the target: parityserve >= 90% of the bare app's req/s. Needs ``--data-dir``.
 
-Results (JSON, markdown, plot, the command) go to ``benchmarks/results/frontend-wrk/``; a
-stopped run resumes (finished points are kept in the JSON).
+Results (JSON, markdown, plot, the command) go to ``--results-dir``; a stopped run resumes
+(finished points are kept in the JSON).
 """
 
 from __future__ import annotations
@@ -26,22 +28,38 @@ import re
 import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
-HERE = Path(__file__).resolve().parent
-SERVER_CORE, CLIENT_CORE = "1", "0"
-ROUTES = ("clipper-json", "v2-json", "v2-binary")
-_TICK = os.sysconf("SC_CLK_TCK")
+if __package__ in (None, ""):  # run as a script: python benchmarks/frontend_wrk.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _cli  # noqa: E402
+from benchmarks import frontend_wrk_report as report  # noqa: E402
+from benchmarks.frontend_cases import (  # noqa: E402
+    BODIES,
+    LITSERVE_BATCH_TIMEOUT_S,
+    MAX_BATCH,
+    MODELS,
+    ROOT,
+    Case,
+    default_data_dir,
+    load_case,
+)
+from benchmarks.frontend_wrk_report import summarise  # noqa: E402
+
+__all__ = ["build_parser", "main", "run", "summarise"]
+
+SERVER_CORE, CLIENT_CORE = "1", "0"
+_TICK = os.sysconf("SC_CLK_TCK")
 _LUA = r"""
 local bodies = {}
 local path_ = os.getenv("WRK_PATH")
@@ -73,57 +91,136 @@ end
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+DESCRIPTION = ("Throughput, latency and CPU per request under wrk, one core for the server and "
+               "one for the client: bare Starlette, LitServe and parityserve, on a no-op model "
+               "and the MNIST MLP with batching (issue 17).")
+EXAMPLES = (
+    ("python -m benchmarks.frontend_wrk --data-dir ../shared/data",
+     "both models, 2 rounds x 10 s per point (about 20 min)"),
+    ("python -m benchmarks.frontend_wrk --models mlp --quick --data-dir ../shared/data",
+     "check the MLP harness: 1 round x 3 s (about 2 min)"),
+    ("python -m benchmarks.frontend_wrk --models noop --systems bare,parityserve",
+     "the no-op rows without LitServe (no data needed)"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of noop, mlp")
+    p.add_argument("--systems", default="bare,litserve,parityserve",
+                   help="comma list of bare, litserve, parityserve")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians reported")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="1 round of 3 s runs")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="MNIST and weights for --models mlp (default: $PARITYSERVE_DATA, else "
+                        "../shared/data)")
+    p.add_argument("--bare-batch-run", choices=("inline", "thread"), default="inline",
+                   help="mlp: the bare app runs each batch on its event loop or in a thread "
+                        "(inline measured faster on one core)")
+    p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results/frontend-wrk"))
+    p.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("frontend_wrk", DESCRIPTION, _cli.examples(EXAMPLES),
+                             add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.rounds, args.duration = 1, 3.0
+    cases = _cases(args)  # the data is checked before anything runs
     out = args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "frontend-wrk.json"
     state = _load(state_path)
-    given = sys.argv[1:] if argv is None else argv
-    state["command"] = " ".join(["python", "benchmarks/frontend_wrk.py",
-                                 *map(shlex.quote, given)])
-    systems = [s for s in args.systems.split(",") if s]
-    if "litserve" in systems and not _has("litserve"):
-        print("note: litserve is not installed (pip install litserve); skipped", file=sys.stderr)
-        systems.remove("litserve")
+    state["command"] = _command(args)
+    if "mlp" in cases:
+        state["mlp"] = {"bodies": BODIES, "max_batch_size": MAX_BATCH,
+                        "bare_batch_run": args.bare_batch_run,
+                        "litserve_batch_timeout_s": LITSERVE_BATCH_TIMEOUT_S}
+    systems = _systems(args.systems)
     with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
         work = Path(tmp)
         lua = work / "bodies.lua"
         lua.write_text(_LUA)
-        bodies = _write_bodies(work)
-        for round_ in range(args.rounds):
-            order = systems if round_ % 2 == 0 else systems[::-1]
-            for system in order:
-                _measure_system(system, round_, args, state, state_path, lua, bodies, work)
-    state["summary"] = summarise(state["points"])
-    state_path.write_text(json.dumps(state, indent=2))
-    (out / "frontend-wrk.md").write_text(_markdown(state))
-    _plot(state["summary"], out / "frontend-wrk.png")
-    print((out / "frontend-wrk.md").read_text())
+        for case in cases.values():
+            where = _Where(state, state_path, lua, _write_bodies(work, case), work)
+            for round_ in range(args.rounds):
+                order = systems if round_ % 2 == 0 else systems[::-1]
+                for system in order:
+                    _measure_system(system, round_, case, args, where)
+    _write_results(state, state_path, out)
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--systems", default="bare,litserve,parityserve")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
-    p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--quick", action="store_true", help="1 round of 3 s runs")
-    p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results/frontend-wrk"))
-    return p
+def _cases(args: argparse.Namespace) -> dict[str, Case]:
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    data_dir = args.data_dir or default_data_dir()
+    return {n: load_case(n, data_dir, args.bare_batch_run) for n in names}
+
+
+def _systems(given: str) -> list[str]:
+    systems = [s for s in given.split(",") if s]
+    if "litserve" in systems and not _has("litserve"):
+        print("note: litserve is not installed (pip install litserve); skipped", file=sys.stderr)
+        systems.remove("litserve")
+    return systems
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command, rerun from the project root: paths relative to it, the data folder named
+    even when it came from the environment."""
+    parts = ["python", "-m", "benchmarks.frontend_wrk", "--models", args.models]
+    if args.systems != "bare,litserve,parityserve":
+        parts += ["--systems", args.systems]
+    parts += ["--quick"] if args.quick else ["--rounds", str(args.rounds),
+                                              "--duration", f"{args.duration:g}"]
+    if args.connections != 64:
+        parts += ["--connections", str(args.connections)]
+    if "mlp" in args.models:
+        parts += ["--data-dir", _relative(args.data_dir or default_data_dir())]
+        if args.bare_batch_run != "inline":
+            parts += ["--bare-batch-run", args.bare_batch_run]
+    parts += ["--results-dir", _relative(args.results_dir)]
+    return " ".join(map(shlex.quote, parts))
+
+
+def _relative(path: Path) -> str:
+    return os.path.relpath(path.resolve(), ROOT)
+
+
+def _write_results(state: dict[str, Any], state_path: Path, out: Path) -> None:
+    from parityserve.bench.report import machine_info
+
+    state["summary"] = summarise(state["points"])
+    state["verdicts"] = report.verdicts(state["summary"])
+    state_path.write_text(json.dumps(state, indent=2))
+    (out / "frontend-wrk.md").write_text(report.markdown(state, machine_info()))
+    report.plot(state["summary"], out / "frontend-wrk.png")
+    print((out / "frontend-wrk.md").read_text())
 
 
 def _load(path: Path) -> dict[str, Any]:
     if path.exists():
         saved = json.loads(path.read_text())
         if "points" in saved:
-            return dict(saved)
+            return {**saved, "points": _with_model(saved["points"])}
     return {"points": {}}
+
+
+def _with_model(points: dict[str, Any]) -> dict[str, Any]:
+    """Keys from before ``--models`` (``round/system/route/bodies``) were the noop model's."""
+    out = {}
+    for key, point in points.items():
+        parts = key.split("/")
+        out["/".join([parts[0], "noop", *parts[1:]]) if len(parts) == 4 else key] = point
+    return out
 
 
 def _has(module: str) -> bool:
@@ -135,89 +232,142 @@ def _has(module: str) -> bool:
 # ---- bodies ------------------------------------------------------------------------------
 
 
-def _write_bodies(work: Path) -> dict[str, dict[str, Any]]:
-    """Per route and body set: the file wrk reads, the path, content type, header length."""
-    from parityserve.runtime import v2
+def _write_bodies(work: Path, case: Case) -> dict[str, dict[str, Any]]:
+    """Per route and body set: the file wrk reads, the content type, the header length."""
+    from parityserve.runtime.v2 import HEADER_LENGTH
 
-    rows = np.random.default_rng(0).random((2000, 784), dtype=np.float32)
+    routes = dict.fromkeys(r for s in ("bare", "litserve", "parityserve") for r in case.routes(s))
     found: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
-        for kind, chosen in (("distinct", rows), ("fixed", rows[:1])):
-            encoded: list[tuple[bytes, dict[str, str]]] = []
-            for row in chosen:
-                if route == "clipper-json":
-                    encoded.append((orjson.dumps({"input": row.tolist()}),
-                                    {"content-type": "application/json"}))
-                else:
-                    encoded.append(v2.encode_infer_request(
-                        [("input", row[None])], binary=route == "v2-binary",
-                        binary_output=route == "v2-binary" or None))
-            path = work / f"{route}-{kind}.bin"
+    for route in routes:
+        for kind in case.kinds:
+            chosen = case.rows if kind == "distinct" else case.rows[:1]
+            encoded = [_encode(route, row) for row in chosen]
+            path = work / f"{case.name}-{route}-{kind}.bin"
             with path.open("wb") as f:
                 for body, _ in encoded:
                     f.write(b"%d\n" % len(body) + body)
             headers = encoded[0][1]
-            found[f"{route}/{kind}"] = {
-                "file": str(path), "ctype": headers["content-type"],
-                "hlen": headers.get(v2.HEADER_LENGTH, "")}
+            found[f"{route}/{kind}"] = {"file": str(path), "ctype": headers["content-type"],
+                                        "hlen": headers.get(HEADER_LENGTH, "")}
     return found
 
 
-def _route_path(system: str, route: str) -> str:
+def _encode(route: str, row: Any) -> tuple[bytes, dict[str, str]]:
+    from parityserve.runtime import v2
+
+    if route == "clipper-json":
+        return orjson.dumps({"input": row.tolist()}), {"content-type": "application/json"}
+    binary = route == "v2-binary"
+    return v2.encode_infer_request([("input", row[None])], binary=binary,
+                                   binary_output=binary or None)
+
+
+def _route_path(system: str, route: str, case: Case) -> str:
     if route == "clipper-json":
         return "/predict" if system == "litserve" else "/app/predict"
-    return "/v2/models/noop/infer"
+    return f"/v2/models/{case.v2_model}/infer"
 
 
 # ---- one system --------------------------------------------------------------------------
 
 
-def _measure_system(system: str, round_: int, args: argparse.Namespace, state: dict[str, Any],
-                    state_path: Path, lua: Path, bodies: dict[str, dict[str, Any]],
-                    work: Path) -> None:
-    routes = ["clipper-json"] if system == "litserve" else list(ROUTES)
-    wanted = [(r, k) for r in routes for k in ("distinct", "fixed")]
-    keys = [f"{round_}/{system}/{r}/{k}" for r, k in wanted]
-    if system == "parityserve":
-        keys.append(f"{round_}/{system}/grpc/distinct")
-    if all(k in state["points"] for k in keys):
-        return
+@dataclass
+class _Where:
+    """Where a system's points go (the resumable state) and what wrk reads."""
+
+    state: dict[str, Any]
+    state_path: Path
+    lua: Path
+    bodies: dict[str, dict[str, Any]]  # per "route/kind", from _write_bodies
+    work: Path
+
+    def save(self, key: str, point: dict[str, Any]) -> None:
+        self.state["points"][key] = point
+        self.state_path.write_text(json.dumps(self.state, indent=2))
+
+
+def _measure_system(system: str, round_: int, case: Case, args: argparse.Namespace,
+                    where: _Where) -> None:
+    prefix = f"{round_}/{case.name}/{system}"
+    wanted = [(r, k) for r in case.routes(system) for k in case.kinds]
+    keys = [f"{prefix}/{r}/{k}" for r, k in wanted]
+    grpc_key = f"{prefix}/grpc/distinct" if case.has_grpc(system) else None
+    points = where.state["points"]
+    if all(k in points for k in [*keys, *([grpc_key] if grpc_key else [])]):
+        return  # measured before this run resumed
+    print(f"== {case.name}, round {round_ + 1}: {system}", file=sys.stderr, flush=True)
     port = _free_port()
-    proc, grpc_port = _start(system, port, work)
+    proc, grpc_port = _start(system, port, case, where.work)
     try:
-        base = f"http://127.0.0.1:{port}"
-        for (route, kind), key in zip(wanted, keys, strict=False):
-            if key in state["points"]:
-                continue
-            print(f"round {round_ + 1}: {system} {route} {kind}", file=sys.stderr, flush=True)
-            spec = bodies[f"{route}/{kind}"]
-            url = base + _route_path(system, route)
-            _wrk(url, spec, lua, 8, min(2.0, args.duration))  # warm up
-            state["points"][key] = _point(proc.pid, url, spec, lua, args)
-            state_path.write_text(json.dumps(state, indent=2))
-        grpc_key = f"{round_}/{system}/grpc/distinct"
-        if system == "parityserve" and grpc_key not in state["points"]:
-            state["points"][grpc_key] = _grpc_point(proc.pid, grpc_port, args, work)
-            state_path.write_text(json.dumps(state, indent=2))
+        for (route, kind), key in zip(wanted, keys, strict=True):
+            if key not in points:
+                print(f"   {route} {kind}", file=sys.stderr, flush=True)
+                url = f"http://127.0.0.1:{port}{_route_path(system, route, case)}"
+                batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
+                where.save(key, _http_point(proc.pid, url, where.bodies[f"{route}/{kind}"],
+                                            where.lua, args, batches))
+        if grpc_key and grpc_key not in points:
+            where.save(grpc_key, _grpc_point(proc.pid, grpc_port, args, where.work))
     finally:
         _stop(proc)
 
 
-def _start(system: str, port: int, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+class _BatchCounter:
+    """Queries and batches a server has run so far, where it says: parityserve's batch-size
+    histogram on /metrics, the bare MLP app's /stats. LitServe does not say."""
+
+    def __init__(self, system: str, base: str) -> None:
+        self.system, self.base = system, base
+
+    def read(self) -> tuple[float, float] | None:
+        import httpx
+
+        try:
+            if self.system == "parityserve":
+                return _histogram(httpx.get(self.base + "/metrics", timeout=5).text,
+                                  "parityserve_batch_size")
+            if self.system == "bare":
+                doc = httpx.get(self.base + "/stats", timeout=5).json()
+                return (doc["queries"], doc["batches"]) if doc else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        return None
+
+
+def _histogram(text: str, name: str) -> tuple[float, float] | None:
+    """(sum, count) of a Prometheus histogram, over all its label sets."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for line in text.splitlines():
+        for suffix in totals:
+            if line.startswith(name + suffix):
+                totals[suffix] += float(line.rsplit(" ", 1)[1])
+    return (totals["_sum"], totals["_count"]) if totals["_count"] else None
+
+
+def _batching(before: tuple[float, float] | None, after: tuple[float, float] | None
+              ) -> dict[str, float | None]:
+    """Model calls during a run and their mean batch size (None: the server does not say;
+    0 calls: every answer came from elsewhere, e.g. parityserve's cache)."""
+    if before is None or after is None:
+        return {"model_calls": None, "mean_batch": None}
+    calls = after[1] - before[1]
+    return {"model_calls": calls, "mean_batch": (after[0] - before[0]) / calls if calls else None}
+
+
+def _start(system: str, port: int, case: Case, work: Path
+           ) -> tuple[subprocess.Popen[bytes], int]:
     grpc_port = _free_port()
     if system == "parityserve":
-        config = work / "noop.yaml"
-        config.write_text(json.dumps({
-            "server": {"http_port": port, "grpc_port": grpc_port},
-            "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}],
-            "applications": [{"name": "app", "models": ["noop"], "slo_ms": 1000}]}))
+        config = work / f"{case.name}.yaml"
+        config.write_text(json.dumps(case.parityserve_config(port, grpc_port)))
         cmd = [str(Path(sys.executable).with_name("parityserve")), "start", "-c", str(config)]
         health = f"http://127.0.0.1:{port}/v2/health/ready"
     else:
-        cmd = [sys.executable, str(HERE / "frontend_apps.py"), system, "--port", str(port)]
+        cmd = [sys.executable, "-m", "benchmarks.frontend_apps", system, "--port", str(port),
+               *case.app_args(system)]
         health = None
     proc = subprocess.Popen(["taskset", "-c", SERVER_CORE, *cmd], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
     _wait_listening(port, health, proc)
     return proc, grpc_port
 
@@ -250,14 +400,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _point(pid: int, url: str, spec: dict[str, Any], lua: Path,
-           args: argparse.Namespace) -> dict[str, Any]:
+def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
+                args: argparse.Namespace, batches: _BatchCounter) -> dict[str, Any]:
+    """Warm up, then 64 connections (req/s, tail, CPU, mean batch), then one connection."""
+    _wrk(url, spec, lua, 8, min(2.0, args.duration))
+    batched = batches.read()  # first: the scrape's own CPU stays out of the figures
     before = _cpu_ticks(pid)
     loaded = _wrk(url, spec, lua, args.connections, args.duration)
     after = _cpu_ticks(pid)
+    batching = _batching(batched, batches.read())
     single = _wrk(url, spec, lua, 1, max(2.0, args.duration / 2))
     return {**_rates(loaded), "p50_1conn_ms": single["p50_us"] / 1e3,
-            **_cpu_split(before, after, loaded["requests"])}
+            **_cpu_split(before, after, loaded["requests"]), **batching}
 
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,
@@ -343,86 +497,6 @@ def _cpu_split(before: dict[str, int], after: dict[str, int], requests: int) -> 
     per = 1e6 / _TICK / max(requests, 1)
     return {"frontend_cpu_us_per_request": (after["frontend"] - before["frontend"]) * per,
             "worker_cpu_us_per_request": (after["worker"] - before["worker"]) * per}
-
-
-# ---- summary -----------------------------------------------------------------------------
-
-
-def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:
-    """Medians over rounds per (system, route, bodies), with ratios to bare and LitServe."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for key, point in points.items():
-        _, system, route, kind = key.split("/")
-        groups.setdefault((system, route, kind), []).append(point)
-    rows = []
-    for (system, route, kind), runs in sorted(groups.items()):
-        row: dict[str, Any] = {"system": system, "route": route, "bodies": kind,
-                               "rounds": len(runs), "requests": runs[0]["requests"]}
-        for metric in ("rps", "p50_ms", "p99_ms", "p999_ms", "p50_1conn_ms",
-                       "frontend_cpu_us_per_request", "worker_cpu_us_per_request"):
-            row[metric] = statistics.median(r[metric] for r in runs)
-        row["rps_rounds"] = [round(r["rps"]) for r in runs]
-        rows.append(row)
-    by = {(r["system"], r["route"], r["bodies"]): r for r in rows}
-    for row in rows:
-        bare = by.get(("bare", row["route"] if row["route"] != "grpc" else "v2-binary",
-                       row["bodies"]))
-        lit = by.get(("litserve", "clipper-json", row["bodies"]))
-        row["vs_bare"] = row["rps"] / bare["rps"] if bare else None
-        row["vs_litserve"] = row["rps"] / lit["rps"] if lit else None
-        row["p50_over_bare_ms"] = row["p50_1conn_ms"] - bare["p50_1conn_ms"] if bare else None
-    return rows
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def _markdown(state: dict[str, Any]) -> str:
-    from parityserve.bench.report import machine_info
-
-    lines = ["# The frontend under wrk: one core for the server, one for the client", "",
-             f"Command: `{state['command']}`", "",
-             "Medians over rounds (each round's req/s listed). 64 connections closed loop "
-             "for req/s and p50/p99/p99.9 (n requests); p50 at 1 connection; CPU per request "
-             "from /proc for the server process (frontend) and its workers. gRPC is measured "
-             "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
-             "app's V2 binary route.", "",
-             "| system | route | bodies | req/s | rounds | vs bare | vs LitServe | p50 1-conn ms"
-             " | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | worker us/req |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in state["summary"]:
-        lines.append(
-            f"| {r['system']} | {r['route']} | {r['bodies']} | {r['rps']:.0f} | "
-            f"{r['rps_rounds']} | {_fmt(r['vs_bare'], '.2f')} | {_fmt(r['vs_litserve'], '.2f')}"
-            f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
-            f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
-            f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} |")
-    machine = machine_info()
-    lines += ["", "Machine: " + ", ".join(f"{k} {machine[k]}" for k in
-                                          ("cpu_model", "cpu_count", "python", "date"))]
-    return "\n".join(lines) + "\n"
-
-
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    distinct = [r for r in rows if r["bodies"] == "distinct"]
-    labels = [f"{r['system']}\n{r['route']}" for r in distinct]
-    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 1.1), 4))
-    ax.bar(range(len(distinct)), [r["rps"] for r in distinct],
-           color=["grey" if r["system"] == "bare" else "tab:orange"
-                  if r["system"] == "litserve" else "tab:blue" for r in distinct])
-    ax.set_xticks(range(len(distinct)), labels, fontsize=7)
-    ax.set_ylabel("requests/s, 64 connections, one server core")
-    ax.set_title("no-op model, 2,000 distinct 784-float bodies")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _free_port() -> int:

@@ -1,29 +1,21 @@
-"""The wrk harness (benchmarks/frontend_wrk.py): what it makes of wrk's numbers and how it
-summarises rounds into ratios against the bare app and LitServe."""
+"""The wrk harness (benchmarks/frontend_wrk.py): what it makes of wrk's numbers, how it
+summarises rounds into ratios against the bare app and LitServe, and the MLP target."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
+import numpy as np
 import pytest
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "frontend_wrk.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("frontend_wrk", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import frontend_cases, frontend_wrk, frontend_wrk_report
+from parityserve.errors import DataError
 
 
 def test_rates_count_only_answered_requests() -> None:
-    rates = _module()._rates({"requests": 1000, "duration_us": 2_000_000, "socket_errors": 10,
-                              "status_errors": 90, "p50_us": 1500, "p99_us": 4000,
-                              "p999_us": 9000})
+    rates = frontend_wrk._rates({"requests": 1000, "duration_us": 2_000_000,
+                                 "socket_errors": 10, "status_errors": 90, "p50_us": 1500,
+                                 "p99_us": 4000, "p999_us": 9000})
     assert rates["rps"] == 450 and rates["errors"] == 100
     assert (rates["p50_ms"], rates["p99_ms"], rates["p999_ms"]) == (1.5, 4.0, 9.0)
 
@@ -35,17 +27,91 @@ def _point(rps: float, p50: float) -> dict:
 
 
 def test_summary_takes_medians_and_ratios_to_bare_and_litserve() -> None:
-    points = {"0/bare/clipper-json/distinct": _point(4000, 0.3),
-              "1/bare/clipper-json/distinct": _point(4400, 0.2),
-              "0/litserve/clipper-json/distinct": _point(800, 1.0),
-              "0/parityserve/clipper-json/distinct": _point(3000, 0.5),
-              "1/parityserve/clipper-json/distinct": _point(2600, 0.6),
-              "0/bare/v2-binary/distinct": _point(5000, 0.2),
-              "0/parityserve/grpc/distinct": _point(2500, 0.4)}
-    rows = {(r["system"], r["route"]): r for r in _module().summarise(points)}
+    points = {"0/noop/bare/clipper-json/distinct": _point(4000, 0.3),
+              "1/noop/bare/clipper-json/distinct": _point(4400, 0.2),
+              "0/noop/litserve/clipper-json/distinct": _point(800, 1.0),
+              "0/noop/parityserve/clipper-json/distinct": _point(3000, 0.5),
+              "1/noop/parityserve/clipper-json/distinct": _point(2600, 0.6),
+              "0/noop/bare/v2-binary/distinct": _point(5000, 0.2),
+              "0/noop/parityserve/grpc/distinct": _point(2500, 0.4)}
+    rows = {(r["system"], r["route"]): r for r in frontend_wrk.summarise(points)}
     ours = rows["parityserve", "clipper-json"]
     assert ours["rps"] == 2800 and ours["rps_rounds"] == [3000, 2600]
     assert ours["vs_bare"] == pytest.approx(2800 / 4200)
     assert ours["vs_litserve"] == pytest.approx(3.5)
     assert ours["p50_over_bare_ms"] == pytest.approx(0.55 - 0.25)
     assert rows["parityserve", "grpc"]["vs_bare"] == pytest.approx(0.5)  # vs V2 binary
+
+
+def test_each_model_is_compared_with_its_own_baseline_and_the_target_judged() -> None:
+    points = {"0/noop/bare/v2-binary/distinct": _point(10000, 0.1),
+              "0/mlp/bare/v2-binary/distinct": _point(5000, 0.2),
+              "0/mlp/parityserve/v2-binary/distinct": _point(4600, 0.3),
+              "0/mlp/bare/clipper-json/distinct": _point(4000, 0.2),
+              "0/mlp/parityserve/clipper-json/distinct": _point(3000, 0.3)}
+    rows = frontend_wrk.summarise(points)
+    ours = {r["route"]: r for r in rows if r["model"] == "mlp" and r["system"] == "parityserve"}
+    assert ours["v2-binary"]["vs_bare"] == pytest.approx(0.92)
+    verdicts = frontend_wrk_report.verdicts(rows)
+    assert len(verdicts) == 2
+    assert "clipper-json" in verdicts[0] and "75%" in verdicts[0] and "missed" in verdicts[0]
+    assert "v2-binary" in verdicts[1] and "92%" in verdicts[1] and "met" in verdicts[1]
+    state = {"command": "python -m benchmarks.frontend_wrk", "summary": rows,
+             "mlp": {"bodies": 2000, "max_batch_size": 64, "bare_batch_run": "inline",
+                     "litserve_batch_timeout_s": 0.001}}
+    text = frontend_wrk_report.markdown(state, {"cpu_model": "x", "cpu_count": 2,
+                                                "python": "3", "date": "d"})
+    assert "## MNIST MLP" in text and "target >= 90%" in text and "**missed**" in text
+
+
+def test_saved_points_from_before_models_are_the_noop_models() -> None:
+    moved = frontend_wrk._with_model({"0/bare/v2-json/fixed": {"rps": 1},
+                                      "1/mlp/bare/v2-binary/distinct": {"rps": 2}})
+    assert moved == {"0/noop/bare/v2-json/fixed": {"rps": 1},
+                     "1/mlp/bare/v2-binary/distinct": {"rps": 2}}
+
+
+def test_the_recorded_command_is_relative_to_the_project_root(tmp_path: Path) -> None:
+    args = frontend_wrk.build_parser().parse_args(
+        ["--models", "mlp", "--quick", "--results-dir", str(tmp_path)])
+    data = frontend_cases.ROOT.parent / "shared" / "data"
+    args.data_dir = data
+    command = frontend_wrk._command(args)
+    assert command.startswith("python -m benchmarks.frontend_wrk --models mlp --quick")
+    assert "--data-dir ../shared/data" in command
+    assert "/" not in command.split("--results-dir ")[1][:1]  # not an absolute path
+
+
+def test_the_mlp_case_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte.gz.*parm-mnist-base-mlp.npz"):
+        frontend_cases.load_case("mlp", tmp_path)
+    with pytest.raises(DataError, match="use noop or mlp"):
+        frontend_cases.load_case("resnet", tmp_path)
+
+
+def test_the_mlp_deployment_batches_like_the_baselines_with_the_cache_off() -> None:
+    case = frontend_cases.Case("mlp", np.zeros((2, 784), np.float32), ("distinct",),
+                               Path("/w.npz"), "thread")
+    config = case.parityserve_config(8000, 8001)
+    assert config["server"]["cache_bytes"] == 0
+    model = config["models"][0]
+    assert model["source"] == "zoo:parm-mlp" and model["replicas"] == 1
+    assert model["batching"] == {"max_batch_size": frontend_cases.MAX_BATCH}
+    assert case.app_args("bare")[-2:] == ["--batch-run", "thread"]
+    assert "--batch-run" not in case.app_args("litserve")
+    assert case.routes("parityserve") == ("clipper-json", "v2-binary")
+    assert not case.has_grpc("parityserve")
+
+
+def test_mean_batch_from_the_histogram_before_and_after_the_run() -> None:
+    text = ("# HELP parityserve_batch_size Queries per dispatched batch\n"
+            'parityserve_batch_size_bucket{model="mlp",le="1.0"} 3.0\n'
+            'parityserve_batch_size_count{model="mlp"} 10.0\n'
+            'parityserve_batch_size_sum{model="mlp"} 120.0\n')
+    after = frontend_wrk._histogram(text, "parityserve_batch_size")
+    assert after == (120.0, 10.0)
+    assert frontend_wrk._batching((20.0, 5.0), after) == {"model_calls": 5.0,
+                                                          "mean_batch": 20.0}
+    assert frontend_wrk._batching(None, after) == {"model_calls": None, "mean_batch": None}
+    assert frontend_wrk._batching(after, after) == {"model_calls": 0.0, "mean_batch": None}
+    assert frontend_wrk._histogram("", "parityserve_batch_size") is None

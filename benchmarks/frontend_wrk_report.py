@@ -1,0 +1,185 @@
+"""``frontend_wrk.py``'s results: medians over rounds, ratios, the issue's target, the table
+and the plot. Points are keyed ``round/model/system/route/bodies``."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MLP_TARGET", "markdown", "plot", "summarise", "verdicts"]
+
+MLP_TARGET = 0.9  # issue 17: MLP throughput >= 90% of the bare app with the same batching
+_METRICS = ("rps", "p50_ms", "p99_ms", "p999_ms", "p50_1conn_ms",
+            "frontend_cpu_us_per_request", "worker_cpu_us_per_request")
+
+
+def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:
+    """Medians over rounds per (model, system, route, bodies), with ratios to bare and
+    LitServe serving the same model."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for key, point in points.items():
+        groups.setdefault(tuple(key.split("/")[1:]), []).append(point)
+    rows = [_median_row(group, runs) for group, runs in sorted(groups.items())]
+    by = {(r["model"], r["system"], r["route"], r["bodies"]): r for r in rows}
+    for row in rows:
+        route = row["route"] if row["route"] != "grpc" else "v2-binary"
+        bare = by.get((row["model"], "bare", route, row["bodies"]))
+        lit = by.get((row["model"], "litserve", "clipper-json", row["bodies"]))
+        row["vs_bare"] = row["rps"] / bare["rps"] if bare else None
+        row["vs_litserve"] = row["rps"] / lit["rps"] if lit else None
+        row["p50_over_bare_ms"] = row["p50_1conn_ms"] - bare["p50_1conn_ms"] if bare else None
+    return rows
+
+
+def _median_row(group: tuple[str, ...], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    model, system, route, kind = group
+    row: dict[str, Any] = {"model": model, "system": system, "route": route, "bodies": kind,
+                           "rounds": len(runs), "requests": runs[0]["requests"]}
+    for metric in _METRICS:
+        row[metric] = statistics.median(r[metric] for r in runs)
+    row["rps_rounds"] = [round(r["rps"]) for r in runs]
+    for metric in ("mean_batch", "model_calls"):  # absent where the server does not say
+        known = [r[metric] for r in runs if r.get(metric) is not None]
+        row[metric] = statistics.median(known) if known else None
+    return row
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    """The MLP target, judged per route on parityserve's median against the bare app's."""
+    out = []
+    for r in rows:
+        if r["model"] != "mlp" or r["system"] != "parityserve":
+            continue
+        if r["vs_bare"] is None:
+            out.append(f"mlp {r['route']}: no bare row in this run, target not judged")
+            continue
+        met = "met" if r["vs_bare"] >= MLP_TARGET else "missed"
+        out.append(f"mlp {r['route']}: parityserve {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
+                   f"of the bare app's {r['rps'] / r['vs_bare']:.0f} (target >= "
+                   f"{MLP_TARGET:.0%}): **{met}**")
+    return out
+
+
+def _models(rows: list[dict[str, Any]]) -> list[str]:
+    """The models in these rows, noop first."""
+    return sorted({r["model"] for r in rows}, key=lambda m: (m != "noop", m))
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+_INTRO = ("Medians over rounds (each round's req/s listed). 64 connections closed loop for "
+          "req/s and p50/p99/p99.9 (n requests); p50 at 1 connection; CPU per request from "
+          "/proc for the server process (frontend) and its parityserve worker processes "
+          "(worker). The bare app runs its model in its own process, so all its CPU is "
+          "frontend; LitServe's processes are all counted as frontend too. Mean batch: "
+          "queries per model call during the 64-connection run (median over rounds), from "
+          "parityserve's "
+          "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
+          "not say).")
+_HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs LitServe | p50 1-conn ms"
+           " | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | worker us/req |"
+           " mean batch @64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
+    lines = ["# The frontend under wrk: one core for the server, one for the client", "",
+             f"Command: `{state['command']}`", "", _INTRO, ""]
+    for model in _models(state["summary"]):
+        lines += [*_section(model, state), ""]
+    lines += ["Machine: " + ", ".join(f"{k} {machine[k]}" for k in
+                                      ("cpu_model", "cpu_count", "python", "date"))]
+    return "\n".join(lines) + "\n"
+
+
+def _section(model: str, state: dict[str, Any]) -> list[str]:
+    rows = [r for r in state["summary"] if r["model"] == model]
+    lines = [f"## {_TITLES.get(model, model)}", "", _NOTES.get(model, "").format(**state.get(
+        "mlp", {})), "", *_HEADER, *map(_table_row, rows)]
+    if model == "mlp":
+        lines += ["", f"Target (issue 17): parityserve's req/s >= {MLP_TARGET:.0%} of the bare "
+                      "app's with the same batching, per route.", "",
+                  *(f"- {v}" for v in verdicts(rows))]
+    return lines
+
+
+_TITLES = {"noop": "No-op model (`zoo:noop`)",
+           "mlp": "MNIST MLP (`zoo:parm-mlp`, published weights) on real MNIST test images"}
+_NOTES = {
+    "noop": ("2,000 distinct random 784-float bodies, or one fixed body; parityserve with its "
+             "default prediction cache on, so once wrk has sent each of the 2,000 bodies once "
+             "parityserve answers them from its cache (see the model calls). gRPC is measured "
+             "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
+             "app's V2 binary route."),
+    "mlp": ("{bodies:,} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "
+            "binary). Every system batches up to {max_batch_size} queries per model call: "
+            "parityserve with AIMD adaptive batching (one replica, cache off so every query "
+            "runs the model), the bare app with an in-process batcher that takes the queries "
+            "that arrived while the model ran (batches run {bare_batch_run}), LitServe with "
+            "max_batch_size {max_batch_size} and batch_timeout {litserve_batch_timeout_s} s."),
+}
+
+
+def _table_row(r: dict[str, Any]) -> str:
+    return (f"| {r['system']} | {r['route']} | {r['bodies']} | {r['rps']:.0f} | "
+            f"{r['rps_rounds']} | {_fmt(r['vs_bare'], '.2f')} | {_fmt(r['vs_litserve'], '.2f')}"
+            f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
+            f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
+            f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
+            f"{_batch_cell(r)} |")
+
+
+def _batch_cell(r: dict[str, Any]) -> str:
+    if r.get("model_calls") == 0:
+        return "no model calls"
+    return _fmt(r.get("mean_batch"), ".1f")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per model: req/s of each system and route on the distinct bodies."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = _models(rows)
+    distinct = {m: [r for r in rows if r["model"] == m and r["bodies"] == "distinct"]
+                for m in models}
+    widths = [max(2, len(d)) for d in distinct.values()]
+    fig, axes = plt.subplots(1, len(models), figsize=(max(6, sum(widths) * 1.1), 4),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        _panel(ax, model, distinct[model])
+    axes[0][0].set_ylabel("requests/s, 64 connections, one server core")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+_COLOURS = {"bare": "grey", "litserve": "tab:orange", "parityserve": "tab:blue"}
+
+
+def _panel(ax: Any, model: str, rows: list[dict[str, Any]]) -> None:
+    ax.bar(range(len(rows)), [r["rps"] for r in rows],
+           color=[_COLOURS.get(r["system"], "tab:green") for r in rows])
+    ax.set_xticks(range(len(rows)), [f"{r['system']}\n{r['route']}" for r in rows], fontsize=7)
+    ax.set_title({"noop": "no-op model, 2,000 distinct 784-float bodies",
+                  "mlp": "MNIST MLP, 2,000 MNIST test images"}.get(model, model), fontsize=9)
+    if model == "mlp":
+        _target_marks(ax, rows)
+
+
+def _target_marks(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """A dashed line over each parityserve bar at 90% of the bare app's req/s on its route."""
+    label: str | None = f"target: {MLP_TARGET:.0%} of bare"
+    for i, r in enumerate(rows):
+        if r["system"] == "parityserve" and r["vs_bare"]:
+            ax.hlines(MLP_TARGET * r["rps"] / r["vs_bare"], i - 0.4, i + 0.4, colors="black",
+                      linestyles="dashed", label=label)
+            label = None  # one legend entry
+    if label is None:
+        ax.legend(fontsize=7, loc="upper right")
