@@ -1,8 +1,8 @@
 """The model cases of ``frontend_wrk.py``: what each system serves and what wrk sends it.
 
-* ``noop``: ``zoo:noop`` behind parityserve (its default prediction cache on), a no-op in the
-  bare app and LitServe; 2,000 random 784-float bodies and one fixed body, on every route
-  (Clipper JSON, V2 JSON, V2 binary, and parityserve's gRPC).
+* ``noop``: ``zoo:noop`` behind parityserve with its prediction cache off, a no-op in the
+  bare app and LitServe (neither caches); 2,000 random 784-float bodies and one fixed body,
+  on every route (Clipper JSON, V2 JSON, V2 binary, and parityserve's gRPC).
 * ``mlp``: the zoo MNIST MLP (``zoo:parm-mlp``, the ParM authors' published weights) with
   adaptive batching up to ``MAX_BATCH`` everywhere: parityserve's AIMD with one replica and the
   cache off (so every query runs the model), the bare app's in-process batcher
@@ -66,10 +66,13 @@ class Case:
         return args + (["--batch-run", self.bare_batch_run] if system == "bare" else [])
 
     def parityserve_config(self, http_port: int, grpc_port: int) -> dict[str, Any]:
-        server: dict[str, Any] = {"http_port": http_port, "grpc_port": grpc_port}
+        # The cache is off: the 2,000 distinct bodies repeat every 2,000 requests, and with the
+        # cache on (the default) all but the first pass would be cache hits that never reach
+        # the worker. Every request here takes the whole dispatch path.
+        server: dict[str, Any] = {"http_port": http_port, "grpc_port": grpc_port,
+                                  "cache_bytes": 0}
         model: dict[str, Any] = {"name": self.name, "source": "zoo:noop", "replicas": 1}
         if self.name == "mlp":
-            server["cache_bytes"] = 0  # distinct bodies repeat every 2,000: compute them all
             model.update(source="zoo:parm-mlp", weights=str(self.weights),
                          batching={"max_batch_size": MAX_BATCH})
         return {"server": server, "models": [model],

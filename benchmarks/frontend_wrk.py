@@ -9,7 +9,7 @@ server process and, separately, its workers. Two models (``--models``, see
 ``frontend_cases.py``):
 
   noop  ``zoo:noop`` on Clipper JSON, V2 JSON, V2 binary (2,000 distinct random 784-float
-        bodies, and one fixed body a cache can answer) and parityserve's V2 gRPC (through
+        bodies, and one fixed body; parityserve's cache off) and parityserve's V2 gRPC (through
         ``parityserve bench load``, closed loop, 64 in flight, since wrk speaks only HTTP);
   mlp   the zoo MNIST MLP with its published weights on 2,000 distinct MNIST test images
         (Clipper JSON, V2 binary), every system batching up to 64 queries per model call;

@@ -110,8 +110,9 @@ _TITLES = {"noop": "No-op model (`zoo:noop`)",
            "mlp": "MNIST MLP (`zoo:parm-mlp`, published weights) on real MNIST test images"}
 _NOTES = {
     "noop": ("2,000 distinct random 784-float bodies, or one fixed body; parityserve with its "
-             "default prediction cache on, so once wrk has sent each of the 2,000 bodies once "
-             "parityserve answers them from its cache (see the model calls). gRPC is measured "
+             "prediction cache off, so every request takes the whole path to the worker and "
+             "back (with the default cache on, the bodies would be cache hits after their "
+             "first pass; see the model calls). gRPC is measured "
              "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
              "app's V2 binary route."),
     "mlp": ("{bodies:,} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "

@@ -1,0 +1,96 @@
+"""Where parityserve's frontend spends its CPU under wrk: py-spy on the server process.
+
+The same setup as ``benchmarks/frontend_wrk.py`` (server pinned to core 1, wrk to core 0,
+64 connections, the case's distinct bodies), one system and route at a time, while py-spy
+samples the frontend process. Writes the collapsed stacks (``--format raw``: render them with
+flamegraph.pl or speedscope) and prints the self time per line, the top ``--top``.
+
+    python benchmarks/diagnostics/frontend_profile.py --model mlp --route clipper-json \\
+        --data-dir ../shared/data --out benchmarks/results/frontend-profile/mlp-clipper-json.raw
+
+Needs ``wrk`` and ``py-spy`` (``pip install py-spy``; sampling another process needs
+ptrace rights: root, or ``kernel.yama.ptrace_scope=0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import frontend_wrk as fw  # noqa: E402
+from benchmarks.frontend_cases import default_data_dir, load_case  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mlp", choices=("noop", "mlp"))
+    p.add_argument("--route", default="clipper-json",
+                   choices=("clipper-json", "v2-json", "v2-binary"))
+    p.add_argument("--seconds", type=float, default=10.0, help="py-spy sampling time")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--data-dir", type=Path, default=default_data_dir())
+    p.add_argument("--out", type=Path, required=True, help="collapsed stacks (.raw)")
+    args = p.parse_args()
+    for tool in ("wrk", "py-spy"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not on PATH")
+    case = load_case(args.model, args.data_dir)
+    with tempfile.TemporaryDirectory(prefix="fprof-") as tmp:
+        work = Path(tmp)
+        lua = work / "bodies.lua"
+        lua.write_text(fw._LUA)
+        spec = fw._write_bodies(work, case)[f"{args.route}/distinct"]
+        port = fw._free_port()
+        proc, _ = fw._start("parityserve", port, case, work)
+        try:
+            url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', args.route, case)}"
+            fw._wrk(url, spec, lua, 8, 2.0)  # warm up
+            load = threading.Thread(target=fw._wrk,
+                                    args=(url, spec, lua, 64, args.seconds + 4.0))
+            load.start()
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["py-spy", "record", "--pid", str(proc.pid), "--duration",
+                            str(int(args.seconds)), "--rate", str(args.rate), "--format", "raw",
+                            "--nonblocking", "-o", str(args.out)], check=True,
+                           stdout=subprocess.DEVNULL)
+            load.join()
+        finally:
+            fw._stop(proc)
+    _print_self_time(args.out, args.top)
+    return 0
+
+
+def _print_self_time(raw: Path, top: int) -> None:
+    """Self time: the innermost frame of each sampled stack, by function and line."""
+    counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or "select" in frames[-1] or "epoll" in frames[-1]:
+            continue  # idle: waiting in the event loop's poll
+        counts[_short(frames[-1])] += int(n)
+        total += int(n)
+    print(f"{total} busy samples ({raw})")
+    for where, n in counts.most_common(top):
+        print(f"{100 * n / total:5.1f}%  {where}")
+
+
+def _short(frame: str) -> str:
+    return frame.replace(str(ROOT) + os.sep, "").replace(
+        str(Path(sys.prefix)) + os.sep, "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
