@@ -2,6 +2,7 @@
 
     python -m benchmarks.frontend_apps bare --port 9001
     python -m benchmarks.frontend_apps bare --port 9001 --model mlp --weights W.npz
+    python -m benchmarks.frontend_apps floor --port 9003 [--model mlp --weights W.npz]
     python -m benchmarks.frontend_apps litserve --port 9002 [--model mlp --weights W.npz]
 
 ``bare`` is the ceiling: Starlette on uvicorn (httptools, uvloop) with the three routes
@@ -11,7 +12,11 @@ parityserve serves, each doing the same decoding parityserve does and nothing el
 ``runtime/v2`` codec, so the bare app pays the same binary decode). With ``--model noop`` it
 answers each query's first value; with ``--model mlp`` it runs the zoo MNIST MLP through the
 in-process batcher of ``frontend_batcher.py`` (up to ``--max-batch`` queries per call, the
-batch run ``--batch-run inline`` or in a thread). ``litserve`` is LitServe with one worker,
+batch run ``--batch-run inline`` or in a thread). ``floor`` is the architecture's floor: the
+bare app and the same batcher, but each batch makes one round trip to a parityserve worker
+process through parityserve's RPC layer (``WorkerLink``, CURVE on as parityserve's default),
+and nothing else of parityserve: what any frontend-plus-worker-process design pays on the
+same core. ``litserve`` is LitServe with one worker,
 its default ``/predict`` route taking ``{"input": [...]}``; for the MLP with LitServe's own
 batching (``max_batch_size``, ``batch_timeout``).
 
@@ -87,7 +92,6 @@ def _load_mlp(weights: str) -> Callable[[np.ndarray], Any]:
 
 
 def serve_bare(port: int, args: argparse.Namespace) -> None:
-    import uvicorn
     import uvloop
 
     async def main() -> None:
@@ -95,28 +99,78 @@ def serve_bare(port: int, args: argparse.Namespace) -> None:
             from benchmarks.frontend_batcher import Batcher
 
             batcher = Batcher(_load_mlp(args.weights), args.max_batch, args.batch_run)
-            # torch leaves ~200,000 objects that every full cyclic-GC pass would walk (over
-            # 100 ms here, stalling all 64 connections); take them out of the walks, as
-            # parityserve's frontend does with what its startup built.
-            gc.collect()
-            gc.freeze()
+            _freeze_startup_objects()
             app = bare_app(batcher, output_name="logits", stats=lambda: {
                 "batches": batcher.batches, "queries": batcher.queries})
         else:
             app = bare_app(_first_value)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                http="httptools", lifespan="off", access_log=False)
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                await task
-                raise SystemExit(f"cannot listen on {port}")
-            await asyncio.sleep(0.01)
-        print("ready", flush=True)
-        await task
+        await _serve(app, port)
 
     uvloop.run(main())
+
+
+_FLOOR_REPLICA = "floor-0"  # the id WorkerHop sends to
+
+
+def serve_floor(port: int, args: argparse.Namespace) -> None:
+    import uvloop
+
+    from benchmarks.frontend_batcher import Batcher
+    from parityserve.bench.floor_app import WorkerHop, _await_hello
+    from parityserve.runtime.credentials import ReplicaCredentials
+    from parityserve.runtime.keys import ServerKeys
+    from parityserve.runtime.launcher import LocalLauncher
+    from parityserve.runtime.rpc import WorkerLink
+    from parityserve.runtime.worker import WorkerSpec
+
+    async def main() -> None:
+        keys = ServerKeys.in_memory()  # CURVE, as parityserve's local workers by default
+        link = WorkerLink(keys=keys)
+        hop = WorkerHop(link)
+        link.start(hop.on_message)
+        mlp = args.model == "mlp"
+        spec = WorkerSpec(replica_id=_FLOOR_REPLICA, model="floor", version=1,
+                          source="zoo:parm-mlp" if mlp else "zoo:noop",
+                          weights=args.weights if mlp else None, threads=1)
+        client_keys = ReplicaCredentials(keys, link).issue(_FLOOR_REPLICA)
+        worker = LocalLauncher(link.address).start(spec, client_keys)
+        try:
+            await _await_hello(hop, worker.exit_code)
+            batcher = Batcher(hop.call, args.max_batch, "hop")
+            _freeze_startup_objects()
+            stats = lambda: {"batches": batcher.batches, "queries": batcher.queries}  # noqa: E731
+            # zoo:noop answers one float32 zero per query, as it does behind parityserve.
+            app = bare_app(batcher, output_name="logits" if mlp else "output", stats=stats)
+            await _serve(app, port)
+        finally:
+            LocalLauncher.stop_all([worker])
+            await link.close()
+
+    uvloop.run(main())
+
+
+def _freeze_startup_objects() -> None:
+    # torch leaves ~200,000 objects that every full cyclic-GC pass would walk (over 100 ms
+    # here, stalling all 64 connections); take them out of the walks, as parityserve's
+    # frontend does with what its startup built.
+    gc.collect()
+    gc.freeze()
+
+
+async def _serve(app: Any, port: int) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            http="httptools", lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            raise SystemExit(f"cannot listen on {port}")
+        await asyncio.sleep(0.01)
+    print("ready", flush=True)
+    await task
 
 
 try:  # module level: LitServe pickles the API into its worker process
@@ -170,12 +224,12 @@ def serve_litserve(port: int, args: argparse.Namespace) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.frontend_apps",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("system", choices=("bare", "litserve"))
+    parser.add_argument("system", choices=("bare", "floor", "litserve"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", choices=("noop", "mlp"), default="noop")
     parser.add_argument("--weights", help="the MLP's weights (parm-mnist-base-mlp.npz)")
     parser.add_argument("--max-batch", type=int, default=64,
-                        help="the MLP's largest batch (bare batcher and LitServe)")
+                        help="the largest batch (bare and floor batchers, LitServe's MLP)")
     parser.add_argument("--batch-run", choices=("inline", "thread"), default="inline",
                         help="bare MLP: run each batch on the event loop or in one thread")
     return parser
@@ -185,5 +239,6 @@ if __name__ == "__main__":
     args = _parser().parse_args()
     if args.model == "mlp" and not args.weights:
         raise SystemExit("--model mlp needs --weights")
-    (serve_bare if args.system == "bare" else serve_litserve)(args.port, args)
+    {"bare": serve_bare, "floor": serve_floor, "litserve": serve_litserve}[args.system](
+        args.port, args)
     sys.exit(0)

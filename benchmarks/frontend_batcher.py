@@ -5,7 +5,8 @@ It batches the way a careful hand-written server would: queries that arrive whil
 runs wait, and the next batch takes up to ``max_batch_size`` of the oldest of them, so a busy
 server batches and an idle one answers a lone query at once, with no timer. ``BatchQueue`` is
 that rule with no I/O (unit-tested); ``Batcher`` drives it on the asyncio loop, running each
-batch inline or in one thread.
+batch inline, in one thread, or (``hop``) as a coroutine: one round trip to a worker process,
+for the ``floor`` app.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 __all__ = ["BatchQueue", "Batcher", "RunMode", "split_outputs"]
 
 T = TypeVar("T")
-RunMode = Literal["inline", "thread"]
+RunMode = Literal["inline", "thread", "hop"]
 
 
 class BatchQueue(Generic[T]):
@@ -71,14 +72,16 @@ class Batcher:
     requests that reached the socket meanwhile are parsed before the next batch starts (the
     batch starts from ``call_soon``, behind the handlers already runnable). ``thread`` runs it
     in one worker thread (torch releases the GIL), so the loop keeps parsing requests during
-    the batch, at the price of a thread hand-off per batch.
+    the batch, at the price of a thread hand-off per batch. ``hop`` awaits ``predict(rows)``
+    (a coroutine: a worker process computes the batch while the loop keeps parsing).
     """
 
     def __init__(self, predict: Callable[[np.ndarray], Any], max_batch_size: int,
                  run: RunMode = "inline") -> None:
-        if run not in ("inline", "thread"):
-            raise ValueError(f"run must be inline or thread, got {run!r}")
+        if run not in ("inline", "thread", "hop"):
+            raise ValueError(f"run must be inline, thread or hop, got {run!r}")
         self._predict = predict
+        self._run = run
         self._queue: BatchQueue[_Waiter] = BatchQueue(max_batch_size)
         self._pool = ThreadPoolExecutor(1, "batcher") if run == "thread" else None
         self._scheduled = False
@@ -105,6 +108,10 @@ class Batcher:
         self.batches += 1
         self.queries += len(batch)
         rows = np.stack([row for row, _ in batch])
+        if self._run == "hop":
+            done = asyncio.ensure_future(self._predict(rows))
+            done.add_done_callback(lambda f: self._finish(batch, *_outcome(f)))
+            return
         if self._pool is None:
             self._finish(batch, *_call(self._predict, rows))
             return
@@ -127,6 +134,13 @@ class Batcher:
                 future.set_exception(error)
         self._queue.batch_done()
         self._schedule()
+
+
+def _outcome(done: asyncio.Future[Any]) -> tuple[Any, BaseException | None]:
+    if done.cancelled():
+        return None, asyncio.CancelledError()
+    error = done.exception()
+    return (None, error) if error is not None else (done.result(), None)
 
 
 def _call(predict: Callable[[np.ndarray], Any], rows: np.ndarray

@@ -3,8 +3,10 @@
 Each server is pinned to core 1 (``taskset -c 1``; its worker processes inherit the pin) and
 ``wrk`` to core 0. Closed loop: 64 connections for ``--duration`` seconds, then one connection
 for the p50 of an unloaded server. Systems, interleaved in every round: ``bare`` (Starlette
-calling the model in-process, with the same decoding: the ceiling), ``litserve`` (when
-installed) and ``parityserve`` (one replica). CPU per request is read from /proc for the
+calling the model in-process, with the same decoding: the ceiling), ``floor`` (the bare app
+plus one CURVE round trip per batch to a parityserve worker process: what any design with
+models in worker processes pays on the same core), ``litserve`` (when installed) and
+``parityserve`` (one replica). CPU per request is read from /proc for the
 server process and, separately, its workers. Two models (``--models``, see
 ``frontend_cases.py``):
 
@@ -59,6 +61,7 @@ from benchmarks.frontend_wrk_report import summarise  # noqa: E402
 __all__ = ["build_parser", "main", "run", "summarise"]
 
 SERVER_CORE, CLIENT_CORE = "1", "0"
+DEFAULT_SYSTEMS = "bare,floor,litserve,parityserve"
 _TICK = os.sysconf("SC_CLK_TCK")
 _LUA = r"""
 local bodies = {}
@@ -92,8 +95,8 @@ end
 
 
 DESCRIPTION = ("Throughput, latency and CPU per request under wrk, one core for the server and "
-               "one for the client: bare Starlette, LitServe and parityserve, on a no-op model "
-               "and the MNIST MLP with batching (issue 17).")
+               "one for the client: bare Starlette, the worker-hop floor, LitServe and "
+               "parityserve, on a no-op model and the MNIST MLP with batching (issue 17).")
 EXAMPLES = (
     ("python -m benchmarks.frontend_wrk --data-dir ../shared/data",
      "both models, 2 rounds x 10 s per point (about 20 min)"),
@@ -106,8 +109,8 @@ EXAMPLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(MODELS), help="comma list of noop, mlp")
-    p.add_argument("--systems", default="bare,litserve,parityserve",
-                   help="comma list of bare, litserve, parityserve")
+    p.add_argument("--systems", default=DEFAULT_SYSTEMS,
+                   help="comma list of bare, floor, litserve, parityserve")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians reported")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     p.add_argument("--connections", type=int, default=64)
@@ -177,7 +180,7 @@ def _command(args: argparse.Namespace) -> str:
     """The command, rerun from the project root: paths relative to it, the data folder named
     even when it came from the environment."""
     parts = ["python", "-m", "benchmarks.frontend_wrk", "--models", args.models]
-    if args.systems != "bare,litserve,parityserve":
+    if args.systems != DEFAULT_SYSTEMS:
         parts += ["--systems", args.systems]
     parts += ["--quick"] if args.quick else ["--rounds", str(args.rounds),
                                               "--duration", f"{args.duration:g}"]
@@ -326,7 +329,7 @@ class _BatchCounter:
             if self.system == "parityserve":
                 return _histogram(httpx.get(self.base + "/metrics", timeout=5).text,
                                   "parityserve_batch_size")
-            if self.system == "bare":
+            if self.system in ("bare", "floor"):
                 doc = httpx.get(self.base + "/stats", timeout=5).json()
                 return (doc["queries"], doc["batches"]) if doc else None
         except (httpx.HTTPError, ValueError, KeyError):

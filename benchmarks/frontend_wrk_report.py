@@ -26,7 +26,9 @@ def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:
         route = row["route"] if row["route"] != "grpc" else "v2-binary"
         bare = by.get((row["model"], "bare", route, row["bodies"]))
         lit = by.get((row["model"], "litserve", "clipper-json", row["bodies"]))
+        floor = by.get((row["model"], "floor", route, row["bodies"]))
         row["vs_bare"] = row["rps"] / bare["rps"] if bare else None
+        row["vs_floor"] = row["rps"] / floor["rps"] if floor else None
         row["vs_litserve"] = row["rps"] / lit["rps"] if lit else None
         row["p50_over_bare_ms"] = row["p50_1conn_ms"] - bare["p50_1conn_ms"] if bare else None
     return rows
@@ -55,9 +57,17 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"mlp {r['route']}: no bare row in this run, target not judged")
             continue
         met = "met" if r["vs_bare"] >= MLP_TARGET else "missed"
-        out.append(f"mlp {r['route']}: parityserve {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
-                   f"of the bare app's {r['rps'] / r['vs_bare']:.0f} (target >= "
-                   f"{MLP_TARGET:.0%}): **{met}**")
+        line = (f"mlp {r['route']}: parityserve {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
+                f"of the bare app's {r['rps'] / r['vs_bare']:.0f} (target >= "
+                f"{MLP_TARGET:.0%}): **{met}**")
+        if r.get("vs_floor") is not None:
+            floor = r["rps"] / r["vs_floor"]
+            line += (f". The floor (the bare app with the same batcher plus one worker-process "
+                     f"round trip per batch, and nothing else) reaches {floor:.0f} req/s, "
+                     f"{floor * r['vs_bare'] / r['rps']:.0%} of the bare app: no design with "
+                     f"the model in a worker process does better on this core; parityserve "
+                     f"is {r['vs_floor']:.0%} of the floor")
+        out.append(line)
     return out
 
 
@@ -70,7 +80,10 @@ def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-_INTRO = ("Medians over rounds (each round's req/s listed). 64 connections closed loop for "
+_INTRO = ("Medians over rounds (each round's req/s listed). `floor` is the bare app plus "
+          "one CURVE round trip per batch to a parityserve worker process, through "
+          "parityserve's RPC layer and nothing else of it: the ceiling for any design that "
+          "runs models in worker processes. 64 connections closed loop for "
           "req/s and p50/p99/p99.9 (n requests); p50 at 1 connection; CPU per request from "
           "/proc for the server process (frontend) and its parityserve worker processes "
           "(worker). The bare app runs its model in its own process, so all its CPU is "
@@ -79,10 +92,10 @@ _INTRO = ("Medians over rounds (each round's req/s listed). 64 connections close
           "parityserve's "
           "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
           "not say).")
-_HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs LitServe | p50 1-conn ms"
-           " | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | worker us/req |"
-           " mean batch @64 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+_HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs floor | vs LitServe "
+           "| p50 1-conn ms | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | "
+           "worker us/req | mean batch @64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -126,7 +139,8 @@ _NOTES = {
 
 def _table_row(r: dict[str, Any]) -> str:
     return (f"| {r['system']} | {r['route']} | {r['bodies']} | {r['rps']:.0f} | "
-            f"{r['rps_rounds']} | {_fmt(r['vs_bare'], '.2f')} | {_fmt(r['vs_litserve'], '.2f')}"
+            f"{r['rps_rounds']} | {_fmt(r['vs_bare'], '.2f')} | {_fmt(r.get('vs_floor'), '.2f')}"
+            f" | {_fmt(r['vs_litserve'], '.2f')}"
             f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
             f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
@@ -161,7 +175,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-_COLOURS = {"bare": "grey", "litserve": "tab:orange", "parityserve": "tab:blue"}
+_COLOURS = {"bare": "grey", "floor": "silver", "litserve": "tab:orange",
+            "parityserve": "tab:blue"}
 
 
 def _panel(ax: Any, model: str, rows: list[dict[str, Any]]) -> None:

@@ -50,23 +50,36 @@ class _Model:
         return rows * 10
 
 
+def _as(run: str, model: _Model) -> object:
+    """The model as the batcher of ``run`` calls it: ``hop`` awaits a coroutine (the floor
+    app's round trip to a worker process), the others call it."""
+    if run != "hop":
+        return model
+
+    async def round_trip(rows: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(0)  # the loop runs on while the "worker" computes
+        return model(rows)
+
+    return round_trip
+
+
 async def _ask(batcher: Batcher, values: list[float]) -> list[object]:
     return await asyncio.gather(*(batcher(np.array([v, v])) for v in values),
                                 return_exceptions=True)
 
 
-@pytest.mark.parametrize("run", ["inline", "thread"])
+@pytest.mark.parametrize("run", ["inline", "thread", "hop"])
 def test_each_query_gets_its_own_answer_in_batches_of_at_most_the_max(run: str) -> None:
     model = _Model()
-    answers = asyncio.run(_ask(Batcher(model, 2, run), [1, 2, 3, 4, 5]))  # type: ignore[arg-type]
+    answers = asyncio.run(_ask(Batcher(_as(run, model), 2, run), [1, 2, 3, 4, 5]))  # type: ignore[arg-type]
     assert [a.tolist() for a in answers] == [[v * 10, v * 10] for v in (1, 2, 3, 4, 5)]
     assert model.batches == [[1, 2], [3, 4], [5]]
 
 
-@pytest.mark.parametrize("run", ["inline", "thread"])
+@pytest.mark.parametrize("run", ["inline", "thread", "hop"])
 def test_a_failing_batch_fails_only_its_own_queries(run: str) -> None:
     model = _Model()
-    answers = asyncio.run(_ask(Batcher(model, 2, run), [1, 2, -1, 4, 5]))  # type: ignore[arg-type]
+    answers = asyncio.run(_ask(Batcher(_as(run, model), 2, run), [1, 2, -1, 4, 5]))  # type: ignore[arg-type]
     assert model.batches == [[1, 2], [-1, 4], [5]]
     assert [a.tolist() for a in answers[:2]] == [[10, 10], [20, 20]]  # type: ignore[union-attr]
     assert all(isinstance(a, RuntimeError) for a in answers[2:4])

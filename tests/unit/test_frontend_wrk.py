@@ -115,3 +115,16 @@ def test_mean_batch_from_the_histogram_before_and_after_the_run() -> None:
     assert frontend_wrk._batching(None, after) == {"model_calls": None, "mean_batch": None}
     assert frontend_wrk._batching(after, after) == {"model_calls": 0.0, "mean_batch": None}
     assert frontend_wrk._histogram("", "parityserve_batch_size") is None
+
+
+def test_the_floor_row_says_what_the_architecture_allows() -> None:
+    points = {"0/mlp/bare/clipper-json/distinct": _point(10000, 0.2),
+              "0/mlp/floor/clipper-json/distinct": _point(6000, 0.3),
+              "0/mlp/parityserve/clipper-json/distinct": _point(4500, 0.4)}
+    rows = {r["system"]: r for r in frontend_wrk.summarise(points)}
+    assert rows["parityserve"]["vs_floor"] == pytest.approx(0.75)
+    assert rows["floor"]["vs_bare"] == pytest.approx(0.6)
+    assert rows["bare"]["vs_floor"] == pytest.approx(10000 / 6000)
+    (verdict,) = frontend_wrk_report.verdicts(list(rows.values()))
+    assert "45%" in verdict and "**missed**" in verdict
+    assert "reaches 6000 req/s, 60% of the bare app" in verdict and "75% of the floor" in verdict
