@@ -243,6 +243,10 @@ class Client:
     def set_replicas(self, model: str, n: int) -> dict[str, Any]:
         return self._call("POST", f"/admin/models/{_q(model)}/replicas", {"replicas": n})
 
+    def set_parallelism(self, model: str, c: int | None) -> dict[str, Any]:
+        """At most ``c`` data replicas of ``model`` run a batch at once (None: no limit)."""
+        return self._call("POST", f"/admin/models/{_q(model)}/parallelism", {"parallelism": c})
+
     def link_models(self, app: str, models: Sequence[str]) -> dict[str, Any]:
         return self._call("POST", f"/admin/applications/{_q(app)}/models",
                           {"models": list(models)})

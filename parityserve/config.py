@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from parityserve.core.coding.berrut import minimum_workers
+from parityserve.core.scheduling.settings import check_parallelism
 from parityserve.errors import ConfigError
 
 __all__ = [
@@ -239,6 +240,11 @@ class Deployment(_Frozen):
     )
     redundancy: RedundancyConfig = RedundancyConfig()
     parity: ParityConfig | None = Field(None, description="ParM parity models (mode parm)")
+    parallelism: int | None = Field(
+        None, ge=1, description="service parallelism c: at most this many data replicas run "
+        "a batch at once, the rest stay warm but do not pull (null: every ready replica "
+        "pulls). Changed live with POST /admin/models/{model}/parallelism, never restarting "
+        "a process. Only with redundancy none, equal-resources or parm (data replicas only)")
 
     @model_validator(mode="before")
     @classmethod
@@ -270,6 +276,10 @@ class Deployment(_Frozen):
         if self.replicas and self.replicas < need:
             raise ValueError(f"model {self.name!r}: redundancy {mode} needs at least {need} "
                              f"replicas (one per task of a group), got {self.replicas}")
+        try:
+            check_parallelism(self.parallelism, mode)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name!r}: {exc}") from None
         return self
 
     def data_replicas(self) -> int:

@@ -63,6 +63,7 @@ from parityserve.core.scheduling import (
     Scheduler,
     Send,
     WakeAt,
+    check_parallelism,
     parity_pools,
 )
 from parityserve.errors import ConfigError, QueueFull
@@ -195,6 +196,7 @@ class SimConfig:
     S: int = 1
     E: int = 0
     workers: int | None = None  # berrut: replicas per group (None: the minimum)
+    parallelism: int | None = None  # service parallelism c (Deployment.parallelism)
     faults: Mapping[str, FaultSpec] = field(default_factory=dict)
     rpc_overhead_s: float = 0.0  # per task: frontend -> worker -> frontend
     frontend_overhead_s: float = 0.0  # per query: latency added outside any queue
@@ -228,6 +230,10 @@ class SimConfig:
             raise ConfigError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
         if self.replicas < 1:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        try:
+            check_parallelism(self.parallelism, self.mode)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.mode == "reactive" and self.reactive_timeout_s is None:
             raise ConfigError("reactive mode needs reactive_timeout_s")
         need = {"replication": self.d, "berrut": self.coded_tasks(),
@@ -359,7 +365,8 @@ class Simulator:
         self._seq = itertools.count()
         self.machine = Scheduler(Batching(config.max_batch_size, config.max_delay_s),
                                  mode_settings(config), slo_s=config.slo_s,
-                                 max_queue=config.max_queue, assemble=_stand_in)
+                                 max_queue=config.max_queue, assemble=_stand_in,
+                                 parallelism=config.parallelism)
         self.counters: dict[str, int] = {
             "batches": 0, "rows": 0, "tasks_data": 0, "tasks_parity": 0, "tasks_coded": 0,
             "copies": 0, "reissues": 0, "groups": 0, "decodes": 0, "decode_failures": 0,

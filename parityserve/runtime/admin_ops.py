@@ -137,6 +137,13 @@ class ModelAdmin:
         self.supervisor.forgive(path)
         self.supervisor.reconcile(path, deployment)
 
+    async def set_parallelism(self, model: str, parallelism: int | None) -> None:
+        """Change how many data replicas run a batch at once; no process starts or stops
+        (replicas beyond the limit stay warm), so the supervisor is not involved."""
+        path = find_model(self.models, model)
+        deployment = revalidated(path.deployment, parallelism=parallelism)
+        path.set_parallelism(deployment)
+
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None:
         """Switch a model's redundancy mode; groups in flight finish under the old one."""

@@ -137,7 +137,7 @@ class ModelPath:
         self.clock = clock
         self.machine = Scheduler(batching_of(deployment), mode_of(deployment), slo_s=slo_s,
                                  max_queue=max_queue or _BACKSTOP_QUEUE,
-                                 assemble=self.assemble)
+                                 assemble=self.assemble, parallelism=deployment.parallelism)
         self._deployment = deployment
         self.pending: dict[tuple[str, int, bytes], Query] = {}
         self.input_spec: TensorSpec | None = deployment.input
@@ -305,6 +305,12 @@ class ModelPath:
     def pump(self) -> None:
         """Hand work to idle replicas (call after a replica joined or became ready)."""
         self._apply(self.machine.pump_at(self.clock()))
+
+    def set_parallelism(self, deployment: Deployment) -> None:
+        """Apply the deployment's (new) parallelism limit live: no process restarts; a
+        raised limit sends at once, a lowered one lets running batches finish."""
+        self.deployment = deployment
+        self._apply(self.machine.set_parallelism(deployment.parallelism, self.clock()))
 
     def set_redundancy(self, deployment: Deployment) -> None:
         """Serve new batches under the deployment's (new) mode; old groups finish as they were.

@@ -288,6 +288,12 @@ class _FaultsBody(_Body):
 
 
 
+class _ParallelismBody(_Body):
+    # Required, so that an empty body is an error rather than a silent "unlimited".
+    parallelism: int | None = Field(ge=1, description="at most this many data replicas run "
+                                    "a batch at once; null: no limit")
+
+
 class _RedundancyBody(_Body):
     redundancy: RedundancyConfig = RedundancyConfig()
     parity: ParityConfig | None = None
@@ -296,7 +302,8 @@ class _RedundancyBody(_Body):
 # Route name -> body model, for the OpenAPI document.
 _ADMIN_BODIES: dict[str, type[BaseModel]] = {
     "admin_link_models": _LinkBody, "admin_replicas": _ReplicasBody,
-    "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody}
+    "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody,
+    "admin_parallelism": _ParallelismBody}
 
 
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
@@ -505,6 +512,8 @@ class _Frontend:
                 r(models + "/{model}/faults", self.set_faults, "admin_faults", "model",
                   ["POST"]),
                 r(models + "/{model}/redundancy", self.set_redundancy, "admin_redundancy",
+                  "model", ["POST"]),
+                r(models + "/{model}/parallelism", self.set_parallelism, "admin_parallelism",
                   "model", ["POST"])]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
@@ -659,6 +668,12 @@ class _Frontend:
         model = request.path_params["model"]
         await self.system.set_replicas(model, body.replicas)
         return _json({"model": model, "replicas": body.replicas}), "ok"
+
+    async def set_parallelism(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_ParallelismBody, await self._body(request), "parallelism request")
+        model = request.path_params["model"]
+        await self.system.set_parallelism(model, body.parallelism)
+        return _json({"model": model, "parallelism": body.parallelism}), "ok"
 
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")

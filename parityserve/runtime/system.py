@@ -246,6 +246,9 @@ class ServingSystem:
     async def set_replicas(self, model: str, replicas: int) -> None:
         await self.model_admin.set_replicas(model, replicas)
 
+    async def set_parallelism(self, model: str, parallelism: int | None) -> None:
+        await self.model_admin.set_parallelism(model, parallelism)
+
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None:
         await self.model_admin.set_redundancy(model, redundancy, parity)
@@ -273,6 +276,7 @@ class ServingSystem:
             "source": path.deployment.source,
             "platform": path.platform,
             "slo_ms": path.slo_s * 1000,
+            "parallelism": path.deployment.parallelism,
             "queue": _record(path.queue.statistics()),
             "admission": path.admission_state(),
             "replicas": [_record(s) for s in path.replica_stats()],

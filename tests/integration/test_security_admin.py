@@ -29,6 +29,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/models/m/replicas"),
     ("POST", "/admin/models/m/faults"),
     ("POST", "/admin/models/m/redundancy"),
+    ("POST", "/admin/models/m/parallelism"),
 ]
 
 

@@ -40,12 +40,20 @@ from parityserve.core.scheduling.records import (
     Task,
     TaskKind,
 )
-from parityserve.core.scheduling.settings import MODES, Batching, ModeSettings, ParitySettings
+from parityserve.core.scheduling.settings import (
+    MODES,
+    PARALLELISM_MODES,
+    Batching,
+    ModeSettings,
+    ParitySettings,
+    check_parallelism,
+)
 
 __all__ = [
     "DATA_POOL",
     "EXPIRED",
     "MODES",
+    "PARALLELISM_MODES",
     "UNFINISHABLE",
     "Abort",
     "Action",
@@ -69,6 +77,7 @@ __all__ = [
     "Task",
     "TaskKind",
     "WakeAt",
+    "check_parallelism",
     "is_parity_slot",
     "parity_index",
     "parity_pool",

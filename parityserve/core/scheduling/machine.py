@@ -7,7 +7,7 @@ out the actions it returns (``actions.py``):
 * events in: ``submit`` a query; ``pump`` (a replica joined, became ready or idle);
   ``task_output`` / ``task_error`` for a batch's result; ``take_back`` a replica that left or
   failed; ``send_failed``; ``tick`` when a wake-up it asked for is due; ``expire_stale``;
-  ``set_mode``; ``shutdown``;
+  ``set_mode``; ``set_parallelism``; ``shutdown``;
 * actions out: ``Send``, ``Answer``, ``Late``, ``Expire``, ``Fail``, ``Abort``, ``WakeAt``,
   ``Redundant``, ``Located``, ``CodingFailed``.
 
@@ -55,7 +55,7 @@ from parityserve.core.scheduling.records import (
     Task,
     TaskKind,
 )
-from parityserve.core.scheduling.settings import Batching, ModeSettings
+from parityserve.core.scheduling.settings import Batching, ModeSettings, check_parallelism
 
 __all__ = ["EXPIRED", "UNFINISHABLE", "Scheduler"]
 
@@ -77,7 +77,8 @@ class Scheduler:
     """Queue, replicas, redundancy mode and in-flight batches of one model version."""
 
     def __init__(self, batching: Batching, mode: ModeSettings, *, slo_s: float,
-                 max_queue: int, assemble: Assemble) -> None:
+                 max_queue: int, assemble: Assemble, parallelism: int | None = None) -> None:
+        check_parallelism(parallelism, mode.mode)
         self.batching = batching
         self.slo_s = slo_s  # admission's horizon: the tightest SLO of the model's applications
         self.assemble = assemble  # queries' inputs -> one payload (stacked, or a list)
@@ -97,6 +98,10 @@ class Scheduler:
         self._batch_wake: _Timer | None = None
         self._batch_wake_at = 0.0
         self.mode: Redundancy = make_mode(self, mode)
+        self._mode_name = mode.mode
+        # Service parallelism c (issue 18): at most this many data replicas hold a batch at
+        # once; the rest stay ready ("warm") but do not pull. None: every idle replica pulls.
+        self.parallelism = parallelism
 
     # ---- events ----------------------------------------------------------------------------
     def submit(self, query: Query, deadline: float, now: float) -> list[Action]:
@@ -171,12 +176,29 @@ class Scheduler:
         """Serve new batches under another mode; groups in flight finish as they were.
         Tasks the old mode still had queued move over to the new one's queues."""
         self.now = now
+        check_parallelism(self.parallelism, settings.mode)  # before anything changes
         old, self.mode = self.mode, make_mode(self, settings)
+        self._mode_name = settings.mode
         for tasks in old.pending.values():
             for task in tasks:
                 if task.pool in self.mode.pools:
                     self.mode.push(task)
                 # else: a parity task whose pool is gone: its group decodes without it
+        return self.pump_at(now)
+
+    def set_parallelism(self, parallelism: int | None, now: float) -> list[Action]:
+        """Let at most ``parallelism`` data replicas hold a batch at once (None: no limit).
+
+        Nothing restarts and nothing running is taken back: lowering the limit lets running
+        batches finish and only stops new pulls until fewer than the limit run; raising it
+        pumps at once, so the returned actions hold the new ``Send``s. Which replicas pull is
+        unchanged: the first idle ones in replica order. The limit counts data-pool replicas
+        only (ParM's parity pools are its redundancy, not the model's service parallelism),
+        and it is refused (ValueError, nothing changed) for a value below 1 and for modes
+        that run a batch's copies or coded tasks side by side (``PARALLELISM_MODES``).
+        """
+        check_parallelism(parallelism, self._mode_name)
+        self.parallelism = parallelism
         return self.pump_at(now)
 
     def shutdown(self) -> list[Action]:
@@ -199,8 +221,16 @@ class Scheduler:
 
     # ---- state -----------------------------------------------------------------------------
     def serving_replicas(self) -> int:
+        """Data replicas that may serve at once: ready ones, capped by the parallelism limit
+        (admission sizes the queue by this, so warm replicas held back add no capacity)."""
+        ready = sum(1 for r in self.replicas.values()
+                    if r.state == ReplicaState.READY and r.pool == DATA_POOL)
+        return ready if self.parallelism is None else min(ready, self.parallelism)
+
+    def data_running(self) -> int:
+        """Data replicas holding a batch now (what the parallelism limit counts)."""
         return sum(1 for r in self.replicas.values()
-                   if r.state == ReplicaState.READY and r.pool == DATA_POOL)
+                   if r.pool == DATA_POOL and r.batch is not None)
 
     def queue_bound(self) -> int:
         return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
@@ -212,16 +242,24 @@ class Scheduler:
         batches from the deadline queue."""
         forming = True
         pending = self.mode.pending
+        # Data pulls left under the parallelism limit (None: unlimited). Counted once per
+        # pump: in the modes the limit allows, a pull sends only to the pulling replica.
+        room = None if self.parallelism is None else self.parallelism - self.data_running()
         for replica in self.replicas.values():
             if not self.queue and not any(pending.values()):
                 break  # nothing any replica could take: the rest would all skip
             if not replica.idle:
                 continue
+            data = replica.pool == DATA_POOL
+            if data and room is not None and room <= 0:
+                continue  # warm but held back; parity replicas further on may still pull
             task = self.mode.next_task(replica.pool, replica.rid)
             if task is not None:
                 self.send(replica, task)
-            elif replica.pool == DATA_POOL and forming and self.queue:
+            elif data and forming and self.queue:
                 forming = self._dispatch_to(replica)
+            if data and room is not None and replica.batch is not None:
+                room -= 1
 
     def _dispatch_to(self, replica: Replica) -> bool:
         now = self.now

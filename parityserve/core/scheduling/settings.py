@@ -7,10 +7,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MODES", "Batching", "ModeSettings", "ParitySettings"]
+__all__ = ["MODES", "PARALLELISM_MODES", "Batching", "ModeSettings", "ParitySettings",
+           "check_parallelism"]
 
 MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",
          "systematic-berrut")
+
+# The modes a service-parallelism limit (issue 18's knob c) applies to. The others run one
+# batch's copies (replication, reactive) or a group's coded tasks (berrut, systematic-berrut)
+# side by side on data replicas: a limit below the group would serialise what the mode exists
+# to run at once, so it is refused rather than half-honoured. ParM is allowed because its
+# redundancy runs in parity pools of their own, which the limit does not count.
+PARALLELISM_MODES = frozenset({"none", "equal-resources", "parm"})
+
+
+def check_parallelism(parallelism: int | None, mode: str) -> None:
+    """Raise ValueError unless ``parallelism`` (None: unlimited) may be used with ``mode``."""
+    if parallelism is None:
+        return
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise ValueError(f"parallelism must be a whole number >= 1 (or null for unlimited), "
+                         f"got {parallelism!r}")
+    if mode not in PARALLELISM_MODES:
+        raise ValueError(f"parallelism cannot be limited under redundancy {mode!r}: it runs "
+                         "a batch's copies or a group's coded tasks side by side on data "
+                         f"replicas; use one of {', '.join(sorted(PARALLELISM_MODES))}")
 
 
 @dataclass(frozen=True, slots=True)
