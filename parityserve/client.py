@@ -247,6 +247,11 @@ class Client:
         """At most ``c`` data replicas of ``model`` run a batch at once (None: no limit)."""
         return self._call("POST", f"/admin/models/{_q(model)}/parallelism", {"parallelism": c})
 
+    def set_threads(self, model: str, threads: int) -> dict[str, Any]:
+        """Every replica of ``model`` runs later batches with ``threads`` intra-op threads (no
+        restart); each replica's heartbeat then reports it in ``/admin/state``."""
+        return self._call("POST", f"/admin/models/{_q(model)}/threads", {"threads": threads})
+
     def link_models(self, app: str, models: Sequence[str]) -> dict[str, Any]:
         return self._call("POST", f"/admin/applications/{_q(app)}/models",
                           {"models": list(models)})

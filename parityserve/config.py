@@ -220,7 +220,9 @@ class Deployment(_Frozen):
     weights: str | None = None
     version: int = Field(1, ge=1)
     replicas: int = Field(1, ge=0, le=256)
-    threads_per_replica: int = Field(1, ge=1, le=256)
+    threads_per_replica: int = Field(
+        1, ge=1, le=256, description="intra-op threads per replica (SERF's intra); changed "
+        "live with POST /admin/models/{model}/threads, never restarting a process")
     batching: BatchingConfig = BatchingConfig()
     options: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the model"
@@ -245,6 +247,9 @@ class Deployment(_Frozen):
         "a batch at once, the rest stay warm but do not pull (null: every ready replica "
         "pulls). Changed live with POST /admin/models/{model}/parallelism, never restarting "
         "a process. Only with redundancy none, equal-resources or parm (data replicas only)")
+    oversubscribe: bool = Field(
+        False, description="allow parallelism x threads_per_replica up to twice the cores "
+        "(a labelled extension of SERF's faithful c x intra <= cores) when threads are set live")
 
     @model_validator(mode="before")
     @classmethod

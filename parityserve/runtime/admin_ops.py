@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from parityserve.config import (
     RedundancyConfig,
 )
 from parityserve.core.scheduling import DATA_POOL
+from parityserve.core.scheduling.settings import check_cores
 from parityserve.errors import ConfigError, Conflict, InvalidInput, ServiceError, Unavailable
 from parityserve.models.sources import scrub_paths
 from parityserve.runtime.applications import AppRuntime
@@ -92,10 +94,12 @@ class AppAdmin:
 class ModelAdmin:
     """Deploys and changes models through the supervisor."""
 
-    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+    def __init__(self, supervisor: Supervisor, clock: Callable[[], float],
+                 cores: int | None = None) -> None:
         self.supervisor = supervisor
         self.models = supervisor.models
         self.clock = clock
+        self.cores = cores or os.cpu_count() or 1  # what c x intra must fit in
 
     async def deploy(self, deployment: Deployment) -> None:
         """Deploy a new model, or roll a model to a newer version with no gap in service."""
@@ -143,6 +147,18 @@ class ModelAdmin:
         path = find_model(self.models, model)
         deployment = revalidated(path.deployment, parallelism=parallelism)
         path.set_parallelism(deployment)
+
+    async def set_threads(self, model: str, threads: int) -> None:
+        """Change the intra-op threads of every replica of ``model`` between batches; no
+        process restarts. Refused (InvalidInput) when c x threads would not fit the cores."""
+        path = find_model(self.models, model)
+        deployment = revalidated(path.deployment, threads_per_replica=threads)
+        c = deployment.parallelism or max(1, deployment.data_replicas())
+        try:
+            check_cores(c, threads, self.cores, oversubscribe=deployment.oversubscribe)
+        except ValueError as exc:
+            raise InvalidInput(f"model {model!r}: {exc}") from None
+        self.supervisor.set_threads(path, deployment)
 
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None:

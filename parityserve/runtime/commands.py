@@ -12,7 +12,7 @@ from typing import Any
 
 from parityserve.runtime import wire
 
-__all__ = ["Command", "SetFaults", "Stop"]
+__all__ = ["Command", "SetFaults", "SetThreads", "Stop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,4 +35,14 @@ class SetFaults:
         return {"t": wire.FAULT, "spec": self.spec}
 
 
-Command = Stop | SetFaults
+@dataclass(frozen=True, slots=True)
+class SetThreads:
+    """Run later batches with ``n`` intra-op threads; the worker's heartbeats then say so."""
+
+    n: int
+
+    def header(self) -> dict[str, Any]:
+        return {"t": wire.THREADS, "n": self.n}
+
+
+Command = Stop | SetFaults | SetThreads

@@ -81,6 +81,7 @@ class Replica(ReplicaCore):
     pid: int | None = None
     started_at: float = 0.0
     faults: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None  # intra-op threads the worker last reported (its heartbeat)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class ReplicaStats:
     located: int = 0
     round_trip_s: float = 0.0  # summed over answered batches (see ``Replica``)
     worker_s: float = 0.0
+    threads: int | None = None
 
 
 def deployed_parity_pools(deployment: Deployment) -> list[str]:
@@ -483,7 +485,7 @@ class ModelPath:
         return [ReplicaStats(r.rid, r.index, r.state, getattr(r, "pid", None),
                              len(r.batch.entries) if r.batch else 0, r.served,
                              r.aimd.max_batch_size, r.pool, r.located, r.round_trip_s,
-                             r.worker_s)
+                             r.worker_s, getattr(r, "threads", None))
                 for r in self.replicas.values()]
 
     def fail_all(self, reason: str) -> None:

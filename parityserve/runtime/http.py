@@ -294,6 +294,11 @@ class _ParallelismBody(_Body):
                                     "a batch at once; null: no limit")
 
 
+class _ThreadsBody(_Body):
+    threads: int = Field(ge=1, le=256, description="intra-op threads per replica; "
+                         "parallelism x threads must fit the cores unless oversubscribed")
+
+
 class _RedundancyBody(_Body):
     redundancy: RedundancyConfig = RedundancyConfig()
     parity: ParityConfig | None = None
@@ -303,7 +308,7 @@ class _RedundancyBody(_Body):
 _ADMIN_BODIES: dict[str, type[BaseModel]] = {
     "admin_link_models": _LinkBody, "admin_replicas": _ReplicasBody,
     "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody,
-    "admin_parallelism": _ParallelismBody}
+    "admin_parallelism": _ParallelismBody, "admin_threads": _ThreadsBody}
 
 
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
@@ -514,7 +519,9 @@ class _Frontend:
                 r(models + "/{model}/redundancy", self.set_redundancy, "admin_redundancy",
                   "model", ["POST"]),
                 r(models + "/{model}/parallelism", self.set_parallelism, "admin_parallelism",
-                  "model", ["POST"])]
+                  "model", ["POST"]),
+                r(models + "/{model}/threads", self.set_threads, "admin_threads", "model",
+                  ["POST"])]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
                      methods: Sequence[str] = ("GET",)) -> Route:
@@ -674,6 +681,12 @@ class _Frontend:
         model = request.path_params["model"]
         await self.system.set_parallelism(model, body.parallelism)
         return _json({"model": model, "parallelism": body.parallelism}), "ok"
+
+    async def set_threads(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_ThreadsBody, await self._body(request), "threads request")
+        model = request.path_params["model"]
+        await self.system.set_threads(model, body.threads)
+        return _json({"model": model, "threads": body.threads}), "ok"
 
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")

@@ -51,6 +51,8 @@ class Inbox:
             refused = path.accept_result(replica, message)
             if refused is not None:
                 self.reject(rid, *refused)
+        elif isinstance(message, messages.Heartbeat):
+            self.supervisor.heartbeat(replica, message)
         elif isinstance(message, messages.Hello):
             self.supervisor.ready(path, replica, message)
         elif isinstance(message, messages.Bye):

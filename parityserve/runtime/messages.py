@@ -22,12 +22,14 @@ __all__ = [
     "Failed",
     "Heartbeat",
     "Hello",
+    "MAX_THREADS",
     "Message",
     "Result",
     "decode",
     "parse",
 ]
 
+MAX_THREADS = 4096  # a thread count a worker reports; anything larger is a bad message
 _MAX_TEXT = 4096  # errors and names a worker sends are cut here (they end up in logs)
 
 
@@ -45,6 +47,7 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     served: int
+    threads: int | None = None  # intra-op threads the worker runs batches with (None: unsaid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,7 @@ def _hello(h: dict[str, Any], _: list[Any]) -> Hello:
 
 
 def _heartbeat(h: dict[str, Any], _: list[Any]) -> Heartbeat:
-    return Heartbeat(_opt(h, "served", _int) or 0)
+    return Heartbeat(_opt(h, "served", _int) or 0, _opt(h, "threads", _threads))
 
 
 def _result(h: dict[str, Any], buffers: list[Any]) -> Result:
@@ -134,6 +137,13 @@ def _int(h: dict[str, Any], key: str) -> int:
     value = h.get(key)
     if type(value) is not int:
         raise ProtocolError(f"field {key!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _threads(h: dict[str, Any], key: str) -> int:
+    value = _int(h, key)
+    if not 1 <= value <= MAX_THREADS:
+        raise ProtocolError(f"field {key!r} must be between 1 and {MAX_THREADS}, got {value}")
     return value
 
 

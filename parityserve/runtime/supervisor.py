@@ -31,7 +31,7 @@ from parityserve.core.restarts import RestartPolicy
 from parityserve.core.scheduling import DATA_POOL, ReplicaState
 from parityserve.errors import LimitExceeded
 from parityserve.runtime import messages
-from parityserve.runtime.commands import Command, SetFaults, Stop
+from parityserve.runtime.commands import Command, SetFaults, SetThreads, Stop
 from parityserve.runtime.dispatch import ModelPath, Replica, deployed_parity_pools
 from parityserve.runtime.health import STARTUP_TIMEOUT_S, replica_failure
 from parityserve.runtime.keys import ClientKeys
@@ -175,6 +175,7 @@ class Supervisor:
         """A hello: the replica serves from now on, and its slot's failures are forgiven."""
         if replica.state == ReplicaState.STARTING:
             self._sync_faults(replica)
+            self._sync_threads(path, replica)
             replica.state = ReplicaState.READY
         self.load_errors.pop((path.name, path.version), None)
         self.restarts.ready((path.name, path.version, slot_of(replica)))
@@ -191,6 +192,26 @@ class Supervisor:
         wanted = worker_faults(replica.faults)
         if launched is not None and launched != wanted:
             self.send(replica.rid, SetFaults(wanted))
+
+    def _sync_threads(self, path: ModelPath, replica: Replica) -> None:
+        """Threads set while a worker was starting could not reach it: send them now."""
+        launched = getattr(getattr(replica.process, "spec", None), "threads", None)
+        wanted = path.deployment.threads_per_replica
+        if launched is not None and launched != wanted:
+            self.send(replica.rid, SetThreads(wanted))
+
+    def heartbeat(self, replica: Replica, beat: messages.Heartbeat) -> None:
+        """Record what the worker says it runs with (the acknowledgement of set_threads)."""
+        if beat.threads is not None:
+            replica.threads = beat.threads
+
+    def set_threads(self, path: ModelPath, deployment: Deployment) -> None:
+        """Every replica of ``path`` runs its next batches with the deployment's threads; no
+        process restarts. Replicas launched later (or restarted) start with them."""
+        path.deployment = deployment
+        for replica in path.replicas.values():
+            if replica.state == ReplicaState.READY:
+                self.send(replica.rid, SetThreads(deployment.threads_per_replica))
 
     def join(self, rid: str, hello: messages.Hello) -> bool:
         """A worker started elsewhere (``parityserve worker --connect``) joins the model it

@@ -249,6 +249,9 @@ class ServingSystem:
     async def set_parallelism(self, model: str, parallelism: int | None) -> None:
         await self.model_admin.set_parallelism(model, parallelism)
 
+    async def set_threads(self, model: str, threads: int) -> None:
+        await self.model_admin.set_threads(model, threads)
+
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None:
         await self.model_admin.set_redundancy(model, redundancy, parity)
@@ -277,6 +280,8 @@ class ServingSystem:
             "platform": path.platform,
             "slo_ms": path.slo_s * 1000,
             "parallelism": path.deployment.parallelism,
+            "threads": path.deployment.threads_per_replica,
+            "oversubscribe": path.deployment.oversubscribe,
             "queue": _record(path.queue.statistics()),
             "admission": path.admission_state(),
             "replicas": [_record(s) for s in path.replica_stats()],

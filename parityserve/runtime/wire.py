@@ -29,6 +29,7 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "STOP",
+    "THREADS",
     "BYE",
     "FAILED",
     "decode",
@@ -46,6 +47,7 @@ FAILED = "failed"  # the worker could not load its model; "error" says why
 PREDICT = "pred"
 FAULT = "fault"
 STOP = "stop"
+THREADS = "threads"  # set the worker's intra-op threads between batches; "n" says how many
 
 Frames = list[Any]
 

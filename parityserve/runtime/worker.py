@@ -29,7 +29,8 @@ from parityserve.runtime import wire
 from parityserve.runtime.handshake import JOIN_TIMEOUT_S, await_handshake, watch_handshake
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 
-__all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "keys_from_env", "main", "run_worker"]
+__all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "apply_threads", "keys_from_env", "main",
+           "run_worker"]
 
 EXIT_LOAD_FAILED = 3  # exit status of a launched worker whose model did not load
 
@@ -68,6 +69,7 @@ class _Worker:
         self.last_beat = 0.0
         self.running = True
         self.refused: str | None = None
+        self.threads = spec.threads  # what batches run with now; every heartbeat reports it
 
     def _make_plan(self, faults: dict[str, Any]) -> FaultPlan | None:
         if not faults:
@@ -96,7 +98,7 @@ class _Worker:
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
-        self.send({"t": wire.HEARTBEAT, "served": self.served})
+        self.send({"t": wire.HEARTBEAT, "served": self.served, "threads": self.threads})
 
     def sleep_beating(self, seconds: float) -> None:
         """An injected delay models a slow replica, not a dead one: keep heartbeating."""
@@ -121,9 +123,18 @@ class _Worker:
             self.predict(header, buffers)
         elif kind == wire.FAULT:
             self.plan = self._make_plan(header.get("spec") or {})
+        elif kind == wire.THREADS:
+            self.set_threads(header.get("n"))
         elif kind == wire.STOP:
             self.running = False
             self.refused = header.get("error")  # set when the frontend turned us away
+
+    def set_threads(self, n: Any) -> None:
+        """Between batches (this loop runs one thing at a time), then acknowledge at once with
+        a heartbeat, so the frontend sees the change without waiting for the next beat."""
+        if type(n) is int and n >= 1:
+            self.threads = apply_threads(n)
+        self.beat()
 
     def predict(self, header: dict[str, Any], buffers: list[Any]) -> None:
         action = self.plan.next_batch(time.monotonic()) if self.plan else None
@@ -159,6 +170,22 @@ class _Worker:
             outputs, corrupted = _corrupt(self.plan, outputs)
         desc, frames = wire.pack_payload(outputs)
         return {**base, "ok": True, "out": desc, "corrupted": corrupted}, frames
+
+
+def apply_threads(n: int) -> int:
+    """Run later batches with ``n`` intra-op threads; returns the count now in effect.
+
+    torch (when a model loaded it) and threadpoolctl's BLAS pools change live. Other backends
+    (an ONNX session fixes its threads when created, a plain Python model has none) cannot:
+    the count is recorded, so the frontend still knows what was asked."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+        return int(torch.get_num_threads())
+    threadpoolctl = sys.modules.get("threadpoolctl")
+    if threadpoolctl is not None:
+        threadpoolctl.threadpool_limits(limits=n)
+    return n
 
 
 def _corrupt(plan: FaultPlan, outputs: Any) -> tuple[Any, int]:

@@ -30,6 +30,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/models/m/faults"),
     ("POST", "/admin/models/m/redundancy"),
     ("POST", "/admin/models/m/parallelism"),
+    ("POST", "/admin/models/m/threads"),
 ]
 
 

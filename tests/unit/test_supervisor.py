@@ -18,10 +18,10 @@ from dispatch_fakes import FakeClock, FakeLink
 from parityserve.config import Deployment
 from parityserve.core.cache import ClockCache
 from parityserve.core.restarts import RestartPolicy, restart_delay
-from parityserve.errors import LimitExceeded, Unavailable
+from parityserve.errors import InvalidInput, LimitExceeded, Unavailable
 from parityserve.runtime import wire
 from parityserve.runtime.admin_ops import ModelAdmin
-from parityserve.runtime.commands import Command, SetFaults, Stop
+from parityserve.runtime.commands import Command, SetFaults, SetThreads, Stop
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.inbox import Inbox
 from parityserve.runtime.keys import ClientKeys
@@ -493,3 +493,85 @@ def test_shut_down_still_waits_for_workers_scaled_away_that_have_not_exited() ->
     assert sorted(p.pid for p in rig.sup.shut_down()) == sorted([gone.pid, kept.pid])
     gone.code = 0  # once it has exited, there is nothing left to wait for
     assert [p.pid for p in rig.sup.shut_down()] == [kept.pid]
+
+
+# ---- intra-op threads (issue 18) -------------------------------------------------------------
+def test_set_threads_tells_every_ready_replica_and_restarts_nothing() -> None:
+    rig = Rig()
+    path = rig.deploy(replicas=2)
+    rig.hello_all(path)
+    launched = len(rig.launcher.started)
+    asyncio.run(ModelAdmin(rig.sup, rig.clock, cores=4).set_threads("m", 2))
+    assert sorted(rig.sent, key=lambda s: s[0]) == sorted(
+        ((rid, SetThreads(2)) for rid in path.replicas), key=lambda s: s[0])
+    assert len(rig.launcher.started) == launched and path.deployment.threads_per_replica == 2
+    assert not any(p.killed or p.terminated for p in rig.launcher.started)
+
+
+def test_the_heartbeat_is_the_acknowledgement_recorded_per_replica() -> None:
+    rig = Rig()
+    path = rig.deploy()
+    rig.hello_all(path)
+    replica = only(path)
+    assert replica.threads is None
+    rig.say(replica.rid, wire.HEARTBEAT, served=0, threads=3)
+    assert replica.threads == 3 and path.replica_stats()[0].threads == 3
+    rig.say(replica.rid, wire.HEARTBEAT, served=0)  # an older worker says nothing: kept
+    assert replica.threads == 3
+
+
+def test_a_malformed_thread_count_is_rejected_and_not_recorded() -> None:
+    rig = Rig()
+    path = rig.deploy()
+    rig.hello_all(path)
+    replica = only(path)
+    rig.say(replica.rid, wire.HEARTBEAT, served=0, threads=0)
+    assert replica.threads is None and rig.rejected == [(replica.rid, "malformed")]
+
+
+def test_threads_set_while_starting_are_sent_with_the_hello() -> None:
+    rig = Rig()
+    path = rig.deploy()
+    replica = only(path)
+    asyncio.run(ModelAdmin(rig.sup, rig.clock, cores=4).set_threads("m", 4))
+    assert rig.sent == []  # not listening yet
+    rig.hello(replica.rid)
+    assert rig.sent == [(replica.rid, SetThreads(4))]
+
+
+def test_a_replica_launched_after_the_change_starts_with_the_new_threads() -> None:
+    rig = Rig()
+    path = rig.deploy()
+    rig.hello_all(path)
+    asyncio.run(ModelAdmin(rig.sup, rig.clock, cores=2).set_threads("m", 2))
+    only(path).process.code = 1  # crashes: its replacement is launched with 2 threads
+    rig.sup.tick()
+    assert rig.launcher.started[-1].spec.threads == 2
+
+
+@pytest.mark.parametrize(("fields", "cores", "threads"), [
+    ({"replicas": 2}, 2, 2),                                   # c = every replica = 2
+    ({"replicas": 3, "parallelism": 1}, 2, 3),                 # 1 x 3 > 2
+    ({"replicas": 4, "parallelism": 4, "oversubscribe": True}, 2, 2),  # 8 > 2 x 2
+])
+def test_threads_that_do_not_fit_the_cores_are_refused_changing_nothing(
+        fields, cores, threads) -> None:
+    rig = Rig()
+    path = rig.deploy(**fields)
+    rig.hello_all(path)
+    before = path.deployment
+    with pytest.raises(InvalidInput, match="threads"):
+        asyncio.run(ModelAdmin(rig.sup, rig.clock, cores=cores).set_threads("m", threads))
+    assert path.deployment is before and rig.sent == []
+
+
+def test_oversubscription_is_an_opt_in() -> None:
+    faithful = Rig()
+    faithful.hello_all(faithful.deploy(replicas=4, parallelism=4))
+    with pytest.raises(InvalidInput, match="oversubscribe: true"):
+        asyncio.run(ModelAdmin(faithful.sup, faithful.clock, cores=2).set_threads("m", 1))
+    rig = Rig()
+    path = rig.deploy(replicas=4, parallelism=4, oversubscribe=True)
+    rig.hello_all(path)
+    asyncio.run(ModelAdmin(rig.sup, rig.clock, cores=2).set_threads("m", 1))
+    assert path.deployment.threads_per_replica == 1 and len(rig.sent) == 4

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MODES", "PARALLELISM_MODES", "Batching", "ModeSettings", "ParitySettings",
-           "check_parallelism"]
+__all__ = ["MODES", "OVERSUBSCRIBE_FACTOR", "PARALLELISM_MODES", "Batching", "ModeSettings",
+           "ParitySettings", "check_cores", "check_parallelism"]
 
 MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",
          "systematic-berrut")
@@ -32,6 +32,29 @@ def check_parallelism(parallelism: int | None, mode: str) -> None:
         raise ValueError(f"parallelism cannot be limited under redundancy {mode!r}: it runs "
                          "a batch's copies or a group's coded tasks side by side on data "
                          f"replicas; use one of {', '.join(sorted(PARALLELISM_MODES))}")
+
+
+# Oversubscription (a labelled extension beyond SERF's faithful setting): up to this many
+# threads per core in all, e.g. c = 4 single-threaded requests at once on 2 cores. It makes
+# interference over caches and memory bandwidth visible; it is never the default.
+OVERSUBSCRIBE_FACTOR = 2
+
+
+def check_cores(parallelism: int, threads: int, cores: int, *,
+                oversubscribe: bool = False) -> None:
+    """Raise ValueError unless ``parallelism`` requests at once with ``threads`` intra-op
+    threads each fit on ``cores`` cores: c x intra <= cores in SERF's faithful setting, or
+    c x intra <= OVERSUBSCRIBE_FACTOR x cores when the deployment opts into oversubscription."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
+    budget = cores * (OVERSUBSCRIBE_FACTOR if oversubscribe else 1)
+    if parallelism * threads > budget:
+        hint = ("" if oversubscribe else "; set oversubscribe: true on the deployment to allow "
+                f"up to {OVERSUBSCRIBE_FACTOR * cores} (a labelled extension)")
+        raise ValueError(f"{parallelism} requests at once x {threads} threads each = "
+                         f"{parallelism * threads} threads, more than the {budget} this machine "
+                         f"allows ({cores} cores{', oversubscribed' if oversubscribe else ''})"
+                         f"{hint}")
 
 
 @dataclass(frozen=True, slots=True)
