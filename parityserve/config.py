@@ -184,6 +184,9 @@ class RedundancyConfig(_Frozen):
     workers: int | None = Field(
         None, ge=2, le=256, description="berrut: replicas per group; default the fewest that "
         "tolerate S and E (K + S, or 2(K + E) + S); more decode more accurately")
+    decoder: Literal["interpolate", "subtract"] = Field(
+        "interpolate", description="systematic-berrut: how a missing answer is rebuilt "
+        "(subtract: exact for affine models; see the README before using either)")
 
     @model_validator(mode="after")
     def _check(self) -> RedundancyConfig:
@@ -193,6 +196,9 @@ class RedundancyConfig(_Frozen):
             raise ValueError("redundancy: systematic-berrut does not locate errors; use E: 0")
         if self.mode in ("berrut", "systematic-berrut") and self.K + self.S < 2:
             raise ValueError("redundancy: a Berrut group needs K + S >= 2 tasks")
+        if self.decoder != "interpolate" and self.mode != "systematic-berrut":
+            raise ValueError(f"redundancy: decoder is only used by systematic-berrut, not "
+                             f"{self.mode}")
         if self.workers is not None:
             if self.mode != "berrut":
                 raise ValueError(f"redundancy: workers is only used by berrut, not {self.mode}")
