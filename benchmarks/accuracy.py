@@ -90,6 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ApproxIFER and Byzantine cells: N Berrut workers over the code's "
                         "minimum (K + S, or 2(K + E)); denser nodes decode more accurately. "
                         "Cells with different N are kept side by side")
+    p.add_argument("--systematic-decoder", default="interpolate",
+                   choices=("interpolate", "subtract"),
+                   help="systematic cells: rebuild a missing answer by Berrut interpolation "
+                        "(the default) or by subtracting the arrived originals from the coded "
+                        "results (ParM's decoder; exact for affine models). Kept side by side")
     p.add_argument("--parm-codes", default=_DEFAULT_PARM,
                    help="k:encoder list of ParM parity models")
     p.add_argument("--epochs", type=int, default=3, help="parity-model training epochs")
@@ -209,7 +214,7 @@ def plot_overall_and_approxifer(payload: dict[str, Any],
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     keep = ("groupings", "test_limit", "cifar_test_limit", "epochs", "samples_per_epoch",
             "lenet_epochs", "cifar_parm", "cifar_parm_samples", "seed", "quick", "threads",
-            "extra_workers")
+            "extra_workers", "systematic_decoder")
     return {k: getattr(args, k) for k in keep}
 
 
@@ -336,7 +341,7 @@ class _Setup:
         cells = []
         combos = [(k, s) for k in _ints(self.args.ks) for s in _ints(self.args.ss)]
         for k, s in tqdm(combos, desc=f"{self.dataset} {self.model} systematic", leave=False):
-            code = SystematicBerrut(k, s)
+            code = SystematicBerrut(k, s, decoder=self.args.systematic_decoder)
             degraded: list[float] = []
             group: list[float] = []
             rebuilt = 0
@@ -350,7 +355,7 @@ class _Setup:
                     degraded.append(got["degraded"])
             cells.append(self._cell("systematic", degraded or [float("nan")], K=k, S=s, E=0,
                                     workers=code.n_workers, group=ev.mean_spread(group),
-                                    rebuilt=rebuilt))
+                                    rebuilt=rebuilt, decoder=code.decoder))
         return cells
 
     # --- ParM ---------------------------------------------------------------------------

@@ -76,7 +76,14 @@ def cell_id(cell: Mapping[str, Any]) -> str:
             parts.append(f"sigma{float(cell['sigma']):g}")
         if _extra(cell):
             parts.append(f"+{_extra(cell)}w")
+        if _decoder(cell) != "interpolate":
+            parts.append(_decoder(cell))
     return "|".join(parts)
+
+
+def _decoder(cell: Mapping[str, Any]) -> str:
+    """The systematic decoder (``--systematic-decoder``); interpolate for older cells."""
+    return str(cell.get("decoder") or "interpolate")
 
 
 def _extra(cell: Mapping[str, Any]) -> int:
@@ -87,7 +94,8 @@ def _extra(cell: Mapping[str, Any]) -> int:
 def _sort_key(cell: Mapping[str, Any]) -> tuple[Any, ...]:
     return (_KIND_ORDER.get(cell["kind"], 9), _DATA_ORDER.get(cell["dataset"], 9),
             _MODEL_ORDER.get(cell["model"], 9), str(cell.get("encoder", "")), cell["K"],
-            cell.get("S", 0), cell.get("E", 0), _extra(cell), float(cell.get("sigma", 0.0)))
+            cell.get("S", 0), cell.get("E", 0), _extra(cell), float(cell.get("sigma", 0.0)),
+            _decoder(cell))
 
 
 def merge_cells(old: Iterable[Mapping[str, Any]],
@@ -160,6 +168,7 @@ def approxifer_rows(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     for cell in _cells(payload, "approxifer", extra=None):
         probs = cell.get("probs") or {}
         rows.append({**_common(cell), "S": cell["S"], "workers": cell.get("workers"),
+                     "decoder": _decoder(cell),
                      "probs": None if not probs else 100 * probs["mean"]})
     return rows
 
@@ -179,6 +188,7 @@ def systematic_rows(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     for cell in _cells(payload, "systematic"):
         group = cell.get("group") or {}
         rows.append({**_common(cell), "S": cell["S"], "workers": cell.get("workers"),
+                     "decoder": _decoder(cell),
                      "group": None if not group else 100 * group["mean"],
                      "rebuilt": cell.get("rebuilt")})
     return rows
@@ -454,10 +464,14 @@ def markdown(payload: Mapping[str, Any]) -> str:
             "Systematic Berrut",
             "K workers get the queries unchanged and S get coded ones; S random workers "
             "of K+S straggle. 'rebuilt' is the accuracy on queries whose uncoded worker "
-            "straggled (interpolated), 'all K' over every answer.",
+            "straggled, rebuilt by the 'decoder' (interpolate: Berrut interpolation through "
+            "every result that arrived; subtract: the arrived originals' contributions "
+            "subtracted from the coded results, as ParM's decoder does, exact for affine "
+            "models), 'all K' over every answer.",
             markdown_table(_rowfmt(sysrows, "acc", "std"), [
                 ("dataset", "dataset", "s"), ("model", "model", "s"), ("K", "K", "d"),
-                ("S", "S", "d"), ("a_a", "A_a", ".2f"), ("acc_pm", "rebuilt", "s"),
+                ("S", "S", "d"), ("decoder", "decoder", "s"), ("a_a", "A_a", ".2f"),
+                ("acc_pm", "rebuilt", "s"),
                 ("loss", "A_a-rebuilt pts", ".2f"), ("group", "all K", ".2f"),
                 ("rebuilt", "rebuilt queries", "d"), ("n", "groupings", "d")]))
     missing = not_run(payload)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from parityserve.core.coding.berrut import minimum_workers
+from parityserve.core.emulation import ServiceProfile, profile_named
 from parityserve.core.scheduling.settings import check_parallelism
 from parityserve.errors import ConfigError
 
@@ -24,6 +25,7 @@ __all__ = [
     "REDUNDANCY_MODES",
     "RedundancyConfig",
     "Deployment",
+    "EmulationConfig",
     "FaultConfig",
     "Limits",
     "Server",
@@ -82,6 +84,40 @@ class FaultConfig(_Frozen):
     @property
     def is_noop(self) -> bool:
         return self == FaultConfig()
+
+
+class EmulationConfig(_Frozen):
+    """An emulated accelerator (see ``parityserve.core.emulation``): each worker computes the
+    real output, then holds the batch for a service time drawn from a profile, sleeping. Name
+    a built-in ``profile`` or give ``base_ms``, ``per_query_ms`` and ``source``. Results
+    measured this way are emulation and must say so."""
+
+    profile: str | None = Field(None, description="a built-in profile, e.g. parm-gpu-resnet18")
+    base_ms: float | None = Field(None, ge=0, description="per-batch time")
+    per_query_ms: float | None = Field(None, ge=0, description="added per query of a batch")
+    distribution: Literal["constant", "lognormal"] = "lognormal"
+    cv: float = Field(0.0, ge=0, le=10, description="lognormal coefficient of variation")
+    source: str | None = Field(None, max_length=1000, description="where the numbers come from")
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> EmulationConfig:
+        self.service_profile()  # raises ConfigError (a ValueError) naming the problem
+        return self
+
+    def service_profile(self) -> ServiceProfile:
+        custom = (self.base_ms, self.per_query_ms, self.source)
+        if self.profile is not None:
+            if any(v is not None for v in custom) or {"cv", "distribution"} & \
+                    self.model_fields_set:
+                raise ConfigError("emulation: give a profile or your own numbers (base_ms, "
+                                  "per_query_ms, distribution, cv, source), not both")
+            return profile_named(self.profile)
+        if self.base_ms is None or self.per_query_ms is None or not self.source:
+            raise ConfigError("emulation: name a profile, or give base_ms, per_query_ms and "
+                              "source (where the service times come from)")
+        return ServiceProfile("custom", self.base_ms, self.per_query_ms, self.source,
+                              self.distribution, self.cv)
 
 
 class TensorSpec(_Frozen):
@@ -184,6 +220,9 @@ class RedundancyConfig(_Frozen):
     workers: int | None = Field(
         None, ge=2, le=256, description="berrut: replicas per group; default the fewest that "
         "tolerate S and E (K + S, or 2(K + E) + S); more decode more accurately")
+    decoder: Literal["interpolate", "subtract"] = Field(
+        "interpolate", description="systematic-berrut: how a missing answer is rebuilt "
+        "(subtract: exact for affine models; see the README before using either)")
 
     @model_validator(mode="after")
     def _check(self) -> RedundancyConfig:
@@ -193,6 +232,9 @@ class RedundancyConfig(_Frozen):
             raise ValueError("redundancy: systematic-berrut does not locate errors; use E: 0")
         if self.mode in ("berrut", "systematic-berrut") and self.K + self.S < 2:
             raise ValueError("redundancy: a Berrut group needs K + S >= 2 tasks")
+        if self.decoder != "interpolate" and self.mode != "systematic-berrut":
+            raise ValueError(f"redundancy: decoder is only used by systematic-berrut, not "
+                             f"{self.mode}")
         if self.workers is not None:
             if self.mode != "berrut":
                 raise ValueError(f"redundancy: workers is only used by berrut, not {self.mode}")
@@ -242,6 +284,8 @@ class Deployment(_Frozen):
     )
     redundancy: RedundancyConfig = RedundancyConfig()
     parity: ParityConfig | None = Field(None, description="ParM parity models (mode parm)")
+    emulation: EmulationConfig | None = Field(
+        None, description="emulate an accelerator: real outputs, profiled service times")
     parallelism: int | None = Field(
         None, ge=1, description="service parallelism c: at most this many data replicas run "
         "a batch at once, the rest stay warm but do not pull (null: every ready replica "

@@ -6,6 +6,7 @@ replicas with them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from parityserve.config import Deployment, FaultConfig
@@ -15,6 +16,7 @@ from parityserve.runtime.dispatch import Replica
 
 __all__ = [
     "ONE_SHOT_FAULTS",
+    "emulation_spec",
     "pool_model",
     "slot_name",
     "slot_of",
@@ -45,3 +47,12 @@ def pool_model(dep: Deployment, pool: str) -> tuple[str, str | None, dict[str, A
 def worker_faults(faults: dict[str, Any]) -> dict[str, Any]:
     """The fault spec a worker gets: empty when it injects nothing."""
     return {} if FaultConfig.model_validate(faults).is_noop else faults
+
+
+def emulation_spec(dep: Deployment) -> dict[str, Any]:
+    """What a worker of ``dep`` needs to emulate an accelerator: empty when it runs natively.
+    Every pool (parity models too) runs on the same emulated device."""
+    if dep.emulation is None:
+        return {}
+    profile = dataclasses.asdict(dep.emulation.service_profile())
+    return {**profile, "seed": dep.emulation.seed}

@@ -39,6 +39,7 @@ from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.restart_tracker import Restart, RestartTracker, Slot
 from parityserve.runtime.slots import (
     ONE_SHOT_FAULTS,
+    emulation_spec,
     pool_model,
     slot_name,
     slot_of,
@@ -165,6 +166,7 @@ class Supervisor:
             base_dir=str(s.base_dir) if s.base_dir else None,
             data_dir=str(s.data_dir) if s.data_dir else None,
             faults=worker_faults(faults), heartbeat_interval_s=s.heartbeat_interval_s,
+            emulation=emulation_spec(dep),
         )
 
     # ---- what replicas say -----------------------------------------------------------------

@@ -282,12 +282,25 @@ class ServingSystem:
             "parallelism": path.deployment.parallelism,
             "threads": path.deployment.threads_per_replica,
             "oversubscribe": path.deployment.oversubscribe,
+            "emulation": _emulation_state(path),
             "queue": _record(path.queue.statistics()),
             "admission": path.admission_state(),
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": None if error is None else scrub_paths(error),
             "failed": supervisor is not None and supervisor.gave_up_on(path),
         }
+
+
+def _emulation_state(path: ModelPath) -> dict[str, Any] | None:
+    """None for real workers; else the emulated accelerator's profile and its label, so that
+    nothing read from this server is mistaken for a measurement on real hardware."""
+    config = path.deployment.emulation
+    if config is None:
+        return None
+    profile = config.service_profile()
+    return {"label": profile.label, "profile": profile.name, "base_ms": profile.base_ms,
+            "per_query_ms": profile.per_query_ms, "distribution": profile.distribution,
+            "cv": profile.cv, "source": profile.source, "seed": config.seed}
 
 
 def _record(stats: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 import orjson
 import zmq
 
+from parityserve.core.emulation import ServiceProfile, draw_service_s
 from parityserve.core.faults import FaultPlan, FaultSpec
 from parityserve.errors import ModelLoadError, WorkerError
 from parityserve.runtime import wire
@@ -50,6 +52,8 @@ class WorkerSpec:
     threads: int = 1
     faults: dict[str, Any] = field(default_factory=dict)
     heartbeat_interval_s: float = 0.2
+    # An emulated accelerator (config.EmulationConfig): the profile's fields and a seed.
+    emulation: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -65,11 +69,13 @@ class _Worker:
         self.model = model
         self.sock = sock
         self.served = 0
+        self.last_rows = 1  # queries in the batch being served
         self.plan = self._make_plan(spec.faults)
         self.last_beat = 0.0
         self.running = True
         self.refused: str | None = None
         self.threads = spec.threads  # what batches run with now; every heartbeat reports it
+        self.emulator = _Emulator.from_spec(spec)
 
     def _make_plan(self, faults: dict[str, Any]) -> FaultPlan | None:
         if not faults:
@@ -144,6 +150,8 @@ class _Worker:
             _hang_forever()
         started = time.perf_counter()
         reply = self.run_batch(header, buffers)
+        if self.emulator is not None:  # hold the batch as an accelerator would, off the CPU
+            self.sleep_beating(self.emulator.hold_s(self.last_rows, started))
         if action is not None and action.delay_s > 0:
             self.sleep_beating(action.delay_s)
         reply[0]["ms"] = (time.perf_counter() - started) * 1000
@@ -162,6 +170,7 @@ class _Worker:
         base = {"t": wire.RESULT, "bid": header["bid"]}
         try:
             batch = wire.unpack_payload(header["in"], buffers)
+            self.last_rows = len(batch) if hasattr(batch, "__len__") else 1
             outputs = self.model.predict(batch)
         except Exception as exc:  # a user model may raise anything; report it, keep serving
             return {**base, "ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
@@ -186,6 +195,37 @@ def apply_threads(n: int) -> int:
     if threadpoolctl is not None:
         threadpoolctl.threadpool_limits(limits=n)
     return n
+
+
+class _Emulator:
+    """Service times of an emulated accelerator, drawn per batch (core.emulation)."""
+
+    def __init__(self, profile: ServiceProfile, rng: np.random.Generator) -> None:
+        self.profile, self.rng = profile, rng
+        self.overruns = 0
+
+    @classmethod
+    def from_spec(cls, spec: WorkerSpec) -> _Emulator | None:
+        if not spec.emulation:
+            return None
+        fields = dict(spec.emulation)
+        seed = fields.pop("seed", None)
+        # Each replica slot gets its own stream; the part after '#' changes on every restart.
+        slot = zlib.crc32(spec.replica_id.split("#")[0].encode())
+        rng = np.random.default_rng([seed if seed is not None else os.getpid(), slot])
+        return cls(ServiceProfile(**fields), rng)
+
+    def hold_s(self, rows: int, started: float) -> float:
+        """How much longer to hold a batch of ``rows`` queries that began at ``started``."""
+        service = draw_service_s(self.profile, rows, self.rng)
+        left = service - (time.perf_counter() - started)
+        if left < 0:  # the real compute took longer than the emulated device would
+            self.overruns += 1
+            if self.overruns == 1 or self.overruns % 100 == 0:
+                print(f"emulation: {self.overruns} batch(es) computed for longer than the drawn "
+                      f"service time ({service * 1000:.2f} ms); those took the real time",
+                      file=sys.stderr, flush=True)
+        return max(0.0, left)
 
 
 def _corrupt(plan: FaultPlan, outputs: Any) -> tuple[Any, int]:

@@ -166,6 +166,20 @@ def test_systematic_trial_counts_rebuilt_queries() -> None:
     assert misses <= got["rebuilt"] * (1 - got["degraded"]) + 1e-9
 
 
+
+def test_systematic_trial_with_the_subtract_decoder_rebuilds_a_linear_model_exactly() -> None:
+    # identity is linear, so subtracting the arrived originals leaves exactly the missing one;
+    # interpolation over unrelated one-hot rows gets some of the same queries wrong.
+    x, y = one_hot_data(400, seed=11)
+    groups = ev.groupings(len(x), 8, 1, np.random.default_rng(0))[0]
+    sub, interp = SystematicBerrut(8, 1, decoder="subtract"), SystematicBerrut(8, 1)
+    outs = ev.systematic_outputs(identity, x, groups, sub)
+    got = ev.systematic_trial(sub, outs, y[groups], np.random.default_rng(2))
+    assert got["rebuilt"] > 0 and got["degraded"] == 1.0 and got["group"] == 1.0
+    plain = ev.systematic_trial(interp, outs, y[groups], np.random.default_rng(2))
+    assert plain["rebuilt"] == got["rebuilt"] and plain["degraded"] < 1.0
+
+
 # --- ParM -----------------------------------------------------------------------------------
 
 
@@ -285,6 +299,18 @@ def test_markdown_marks_lossy_cifar_and_missing_systematic_values() -> None:
     text = rep.markdown(payload)
     assert "lossy copy" in text
     assert "## Systematic Berrut" in text
+
+
+def test_systematic_decoders_are_kept_side_by_side() -> None:
+    old = _cell("systematic", 0.19, K=8, S=1, E=0, group=ev.mean_spread([0.9]), rebuilt=9)
+    sub = _cell("systematic", 0.24, K=8, S=1, E=0, group=ev.mean_spread([0.9]), rebuilt=9,
+                decoder="subtract")
+    assert old["id"] == "systematic|mnist|mlp|K8|S1|E0"  # cells from before keep their id
+    assert sub["id"] != old["id"]
+    merged = rep.merge_cells([old], [sub])
+    assert [c.get("decoder", "interpolate") for c in merged] == ["interpolate", "subtract"]
+    text = rep.markdown(_payload(old, sub))
+    assert "| interpolate |" in text and "| subtract |" in text
 
 
 def test_plots_write_pngs(tmp_path) -> None:  # type: ignore[no-untyped-def]

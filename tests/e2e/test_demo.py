@@ -49,6 +49,14 @@ def test_demo_trains_serves_loads_and_reports(tmp_path: Path) -> None:
     uncoded, coded = _pair(part2, "accuracy vs labels", "%")
     assert uncoded > 90.0 and coded > 90.0
     assert _pair(part2, "errors", "") == (0, 0)
+    # The answers behind each percentile, and a verdict that names the one it judges: with
+    # 600 answers per side p99.9 is too thin, so p99 is judged (and said to be).
+    assert _pair(part2, "answers measured", "") == (600, 600)
+    assert re.search(r"answers at or above p99 / p99\.9\s*│\s*\d+ / \d+\s*│\s*\d+ / \d+", part2)
+    flat = " ".join(part2.split())
+    assert re.search(r"Judged on the p99: ParM (cut it [\d.]+x|did not cut it), [\d.]+ ms -> "
+                     r"[\d.]+ ms.*600 answers per deployment", flat), flat
+    assert "p99.9: ParM" not in flat
     assert _pair(part2, "reconstructed answers", "")[0] == 0
     line = re.search(r"(\d+) of 600 answers were reconstructed by ParM; their accuracy against "
                      r"the labels: ([\d.]+)% \(vs ([\d.]+)% for the model's own answers",

@@ -362,3 +362,59 @@ def test_extra_workers_decode_a_nonlinear_model_more_accurately():
         return float(np.mean(errors))
 
     assert mean_error(22) < 0.8 * mean_error(10)
+
+
+# --- systematic mode, the subtraction decoder ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("k", "s"), [(2, 1), (8, 1), (8, 2), (8, 3), (12, 3), (16, 2)])
+def test_subtraction_rebuilds_an_affine_model_exactly_from_unrelated_queries(k: int,
+                                                                            s: int) -> None:
+    # Unrelated random queries (not on a smooth curve), like a group of different digits:
+    # interpolation has nothing smooth to follow, but the subtraction decoder uses the
+    # originals that arrived exactly and is exact for any affine model.
+    rng = np.random.default_rng(k * 10 + s)
+    weight, bias = rng.normal(size=(3, DIM)), rng.normal(size=3)
+    code = SystematicBerrut(k, s, decoder="subtract")
+    queries = rng.normal(size=(k, DIM))
+    outputs = code.encode(queries) @ weight.T + bias
+    truth = queries @ weight.T + bias
+    for late in [list(range(s)), list(range(k - s, k)), list(range(k, k + s)),
+                 sorted(rng.choice(k + s, size=s, replace=False).tolist())]:
+        decoded = code.decode({i: outputs[i] for i in range(k + s) if i not in late})
+        np.testing.assert_allclose(decoded, truth, atol=1e-8)
+        arrived = [j for j in range(k) if j not in late]
+        np.testing.assert_array_equal(decoded[arrived], outputs[arrived])
+
+
+def test_subtraction_uses_the_arrived_originals_and_interpolation_does_not_rebuild_exactly(
+) -> None:
+    rng = np.random.default_rng(7)
+    queries, weight = rng.normal(size=(8, DIM)), rng.normal(size=(2, DIM))
+    results = {i: out for i, out in enumerate(SystematicBerrut(8, 1).encode(queries) @ weight.T)}
+    del results[3]
+    sub = SystematicBerrut(8, 1, decoder="subtract").decode(results)
+    interp = SystematicBerrut(8, 1).decode(results)
+    truth = queries[3] @ weight.T
+    np.testing.assert_allclose(sub[3], truth, atol=1e-9)
+    assert np.max(np.abs(interp[3] - truth)) > 0.1  # the default is approximate here
+    # Query 3's rebuild is the coded result minus the others' known contributions: a change
+    # in one arrived original moves it by that original's weight ratio.
+    moved = dict(results)
+    moved[0] = results[0] + 1.0
+    shift = SystematicBerrut(8, 1, decoder="subtract").decode(moved)[3] - sub[3]
+    mix = berrut_weights(chebyshev_first_kind(8), SystematicBerrut(8, 1).coded_nodes)[0]
+    np.testing.assert_allclose(shift, -mix[0] / mix[3] * np.ones(2), atol=1e-9)
+
+
+def test_subtraction_with_every_original_arriving_returns_them_as_they_are() -> None:
+    code = SystematicBerrut(4, 2, decoder="subtract")
+    outputs = np.tanh(code.encode(np.random.default_rng(2).normal(size=(4, 3))))
+    results = {i: outputs[i] for i in range(4)}
+    np.testing.assert_array_equal(code.decode(results), outputs[:4])
+    assert code.decoder == "subtract" and SystematicBerrut(4, 2).decoder == "interpolate"
+
+
+def test_an_unknown_systematic_decoder_is_refused() -> None:
+    with pytest.raises(CodingError, match="decoder must be one of interpolate, subtract"):
+        SystematicBerrut(4, 1, decoder="average")

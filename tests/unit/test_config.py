@@ -123,6 +123,10 @@ def test_equal_resources_adds_replicas() -> None:
      "only used by berrut"),
     ({"replicas": 6, "redundancy": {"mode": "berrut", "K": 2, "S": 1, "workers": 7}},
      "needs at least 7 replicas"),
+    ({"replicas": 3, "redundancy": {"mode": "systematic-berrut", "decoder": "average"}},
+     "decoder"),
+    ({"replicas": 3, "redundancy": {"mode": "berrut", "decoder": "subtract"}},
+     "decoder is only used by systematic-berrut"),
 ])
 def test_bad_redundancy_settings_name_the_problem(extra: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):

@@ -701,6 +701,29 @@ def test_systematic_berrut_rebuilds_a_missing_original_from_the_coded_result() -
     run(body)
 
 
+def test_systematic_berrut_subtract_decoder_rebuilds_unrelated_inputs_exactly() -> None:
+    # zoo:echo is affine, so the subtraction decoder (set in the deployment) rebuilds the
+    # missing batch exactly even from inputs that do not lie on a smooth curve.
+    async def body() -> None:
+        rig = Rig(deployment("systematic-berrut", replicas=5, K=4, S=1, decoder="subtract",
+                             max_batch=1))
+        inputs = [[1.0, -9.0], [30.0, 5.0], [-2.0, 70.0], [4.0, 0.5]]
+        futures = [rig.submit(x) for x in inputs]
+        for rid in ("r0", "r1", "r2", "r3", "r4"):
+            rig.add(rid, initial=1)
+        rig.path.pump()
+        code = rig.path.replicas["r0"].batch.task.group.core.code
+        assert code.decoder == "subtract"
+        for i in (1, 2, 3, 4):
+            rig.echo(i)
+        np.testing.assert_allclose(future_values := values(futures), inputs, rtol=1e-4,
+                                   atol=1e-3)
+        assert future_values[0] != inputs[1]  # not a neighbour's answer
+        assert rig.path.reconstruction(futures[0]) == "systematic-berrut"
+
+    run(body)
+
+
 def test_systematic_berrut_fails_a_batch_that_nothing_can_answer() -> None:
     async def body() -> None:
         rig, futures, _ = systematic_rig()

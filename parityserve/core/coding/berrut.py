@@ -56,6 +56,8 @@ __all__ = [
     "minimum_workers",
 ]
 
+_DECODERS = ("interpolate", "subtract")
+
 # A point within this distance of a node (relative to the nodes' magnitude) takes that
 # node's value instead of dividing by a (near-)zero difference.
 _NODE_TOL = 64 * np.finfo(np.float64).eps
@@ -248,17 +250,35 @@ class SystematicBerrut:
     The coded queries sit at S nodes that never coincide with a data node alpha_j: extrema
     cos(i pi / (mK)) of the Chebyshev polynomial T_mK for the smallest odd m with
     mK + 1 >= S (for odd m these are never zeros of T_K), S of them picked evenly across
-    the grid. When all K originals arrive they are returned exactly; otherwise every
-    result that arrived, originals at alpha_j and coded ones at their nodes, is
-    interpolated and evaluated at the missing alpha_j.
+    the grid. When all K originals arrive they are returned exactly. For the missing ones
+    there are two decoders (``decoder``):
+
+    * ``interpolate`` (the default): every result that arrived, originals at alpha_j and
+      coded ones at their nodes, is interpolated and evaluated at the missing alpha_j. Good
+      when the queries vary smoothly with the node (its error is O(1/K) there); on unrelated
+      inputs, such as a group of MNIST digits, it mostly returns a neighbour's answer.
+    * ``subtract``: ParM's decoder. Coded result i is f(sum_j W_ij x_j); if f were affine it
+      would equal sum_j W_ij f(x_j), so the arrived originals' known contributions are
+      subtracted and the missing f(x_j) solved for (least squares over the coded results that
+      arrived). Exact for affine models (linear or logistic-regression scores); for a
+      nonlinear model the error is divided by the missing query's small weight.
+
+    Measured on the MNIST MLP at K = 8, S = 1 (``benchmarks/results/accuracy.md``), neither
+    rebuilds a useful class (about 20-25% against 97.9% available): for a nonlinear
+    classifier, treat a rebuilt answer as a placeholder, not a prediction.
     """
 
-    def __init__(self, K: int, S: int) -> None:
+    def __init__(self, K: int, S: int, decoder: str = "interpolate") -> None:
         _check_counts(K, S, 0)
-        self._k, self._s = K, S
+        if decoder not in _DECODERS:
+            raise CodingError(f"decoder must be one of {', '.join(_DECODERS)}, got "
+                              f"{decoder!r}")
+        self._k, self._s, self._decoder = K, S, decoder
         self._alpha = _frozen(chebyshev_first_kind(K))
         self._coded = _frozen(_systematic_nodes(K, S))
         self._nodes = _frozen(np.concatenate([self._alpha, self._coded]))
+        # Row i: coded query i's weight on each original (what ``encode`` multiplies by).
+        self._mix = _frozen(berrut_weights(self._alpha, self._coded) if S else np.empty((0, K)))
 
     @property
     def K(self) -> int:
@@ -281,6 +301,10 @@ class SystematicBerrut:
         return self._alpha
 
     @property
+    def decoder(self) -> str:
+        return self._decoder
+
+    @property
     def coded_nodes(self) -> FloatArray:
         """Nodes of the S coded queries (workers K..K+S-1), read-only."""
         return self._coded
@@ -298,7 +322,7 @@ class SystematicBerrut:
         return both.astype(result_dtype([np.asarray(q) for q in queries]))
 
     def decode(self, results: Mapping[int, Array]) -> Array:
-        """The K outputs: exact where the original arrived, interpolated where not."""
+        """The K outputs: exact where the original arrived, rebuilt by ``decoder`` where not."""
         check_indices(results, self.n_workers, "worker")
         finite, dropped = finite_items(results)
         if len(finite) < self._k:
@@ -309,11 +333,33 @@ class SystematicBerrut:
             )
         workers = sorted(finite)
         values = stack_items(finite, "worker result")
-        outputs = berrut_interpolate(self._nodes[workers], values, self._alpha)
+        missing = [j for j in range(self._k) if j not in finite]
+        if missing and self._decoder == "subtract":
+            outputs = self._subtract(workers, values, missing)
+        else:
+            outputs = berrut_interpolate(self._nodes[workers], values, self._alpha)
         for m, worker in enumerate(workers):
             if worker < self._k:
                 outputs[worker] = values[m]  # originals are exact, not interpolated
         return outputs.astype(result_dtype(results[w] for w in workers))
+
+    def _subtract(self, workers: list[int], values: FloatArray, missing: list[int]
+                  ) -> FloatArray:
+        """ParM-style: coded results minus the arrived originals' contributions, solved for
+        the missing originals (rows of the result for arrived workers are filled later)."""
+        rows = {w: m for m, w in enumerate(workers)}
+        known = [j for j in range(self._k) if j in rows]
+        coded = [w - self._k for w in workers if w >= self._k]
+        flat = values.reshape(len(values), -1)
+        rhs = flat[[rows[self._k + c] for c in coded]]
+        if known:
+            rhs = rhs - self._mix[np.ix_(coded, known)] @ flat[[rows[j] for j in known]]
+        # As many coded results as missing originals (S stragglers at most): a square or
+        # overdetermined system; lstsq also copes with a near-singular one.
+        solved = np.linalg.lstsq(self._mix[np.ix_(coded, missing)], rhs, rcond=None)[0]
+        outputs = np.zeros((self._k, flat.shape[1]))
+        outputs[missing] = solved
+        return outputs.reshape(self._k, *values.shape[1:])
 
 
 def minimum_workers(K: int, S: int = 0, E: int = 0) -> int:

@@ -345,7 +345,7 @@ class Berrut(Redundancy):
         # Codes are immutable (frozen nodes): one serves every group of this mode.
         make: Callable[[], BerrutGroup | SystematicGroup]
         if self.systematic:
-            systematic = SystematicBerrut(settings.K, settings.S)
+            systematic = SystematicBerrut(settings.K, settings.S, settings.decoder)
             make = lambda: SystematicGroup(systematic)  # noqa: E731
         else:
             code = BerrutCode(settings.K, settings.S, settings.E, settings.workers)

@@ -89,3 +89,4 @@ class ModeSettings:
     S: int = 1
     E: int = 0
     workers: int | None = None  # berrut: coded tasks per group (None: the minimum)
+    decoder: str = "interpolate"  # systematic-berrut: interpolate or subtract

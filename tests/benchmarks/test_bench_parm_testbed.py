@@ -1,0 +1,120 @@
+"""``benchmarks.parm_testbed``: ParM section 6 on emulated accelerators. Its pure helpers,
+then one tiny real run end to end (2 deployed instances, 150 queries)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import parm_testbed as tb
+from benchmarks.tail import gap_rows
+from parityserve.config import parse_config
+
+
+def _counts(deployed: int = 12, ks: tuple[int, ...] = (2, 4)) -> dict[str, int]:
+    return {c.name: c.instances for c in tb.testbed_cases(tb.MODES, ks, deployed, 60.0)}
+
+
+def test_parms_gpu_cluster_is_resource_matched_at_12_plus_6_and_12_plus_3() -> None:
+    assert _counts() == {
+        "none": 12, "equal-resources-15": 15, "equal-resources-18": 18, "replication-2": 18,
+        "reactive": 18, "parm-k2": 18, "parm-k4": 15, "berrut": 18, "systematic-berrut": 18}
+    assert _counts(24, (2,))["parm-k2"] == 36  # the CPU cluster: 24 + 12
+
+
+@pytest.mark.parametrize("case", tb.testbed_cases(tb.MODES, (2, 4), 12, 60.0),
+                         ids=lambda c: c.name)
+def test_every_case_is_a_valid_emulated_deployment(case: tb.Case) -> None:
+    config = parse_config(tb.testbed_config(case, "parm-gpu-resnet18", 3))
+    (model,) = config.models
+    assert model.worker_processes() == case.instances
+    assert model.emulation is not None and model.emulation.seed == 3
+    assert model.emulation.service_profile().name == "parm-gpu-resnet18"
+    assert model.batching.max_batch_size == 1 and config.server.cache_bytes == 0
+    if case.mode == "reactive":
+        assert model.redundancy.timeout_ms == 60.0
+    if case.mode in ("berrut", "systematic-berrut"):
+        assert (model.redundancy.K, model.redundancy.S) == (12, 6)
+
+
+def test_bad_case_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown modes"):
+        tb.testbed_cases(["hedge"], (2,), 12, 60.0)
+    with pytest.raises(ValueError, match="k >= 2"):
+        tb.testbed_cases(["parm"], (1,), 12, 60.0)
+
+
+def test_shuffles_keep_the_lanes_busy_with_parms_sizes_between_distinct_pairs() -> None:
+    events = tb.shuffle_events(18, 4, 60.0, 1.5, np.random.default_rng(0))
+    durations = [d for _, d, _ in events]
+    # 128-256 MB at 1.5 Gbps: 0.68-1.37 s each
+    assert min(durations) >= 128 * 8 / 1000 / 1.5 and max(durations) <= 256 * 8 / 1000 / 1.5
+    assert all(a != b and 0 <= a < b < 18 for _, _, (a, b) in events)
+    # 4 lanes back to back: at every moment 4 shuffles run (so the busy time is 4 x horizon)
+    busy = sum(min(start + d, 60.0) - start for start, d, _ in events if start < 60.0)
+    assert busy == pytest.approx(4 * 60.0)
+    assert tb.shuffle_events(18, 4, 60.0, 1.5, np.random.default_rng(0)) == events
+    with pytest.raises(ValueError, match="2\\+ slots"):
+        tb.shuffle_events(1, 4, 1.0, 1.5, np.random.default_rng(0))
+
+
+def test_shuffle_transitions_merge_overlaps_and_skip_slots_a_deployment_lacks() -> None:
+    events = [(0.0, 1.0, (0, 5)), (0.5, 1.0, (0, 1)), (3.0, 0.5, (1, 15))]
+    assert tb.shuffle_transitions(events, 12) == [
+        (0.0, 0, True), (0.0, 5, True), (0.5, 1, True), (1.0, 5, False), (1.5, 0, False),
+        (1.5, 1, False), (3.0, 1, True), (3.5, 1, False)]
+    assert all(slot < 4 for _, slot, _ in tb.shuffle_transitions(events, 4))
+
+
+def _point(case: str, instances: int, rate: float, p50: float, p999: float,
+           cpu: float) -> dict[str, object]:
+    return {"case": case, "mode": case.split("-")[0], "instances": instances, "rate": rate,
+            "p50_ms": p50, "p99_ms": p999, "p999_ms": p999, "frontend_cpu_us": cpu}
+
+
+def test_costs_are_extra_instances_and_cpu_per_query_beside_none() -> None:
+    points = [_point("none", 12, 100.0, 30, 200, 400.0),
+              _point("parm-k2", 18, 100.0, 31, 60, 600.0),
+              _point("parm-k2", 18, 200.0, 31, 60, 650.0)]
+    costs = tb.cost_rows(points, 12)
+    assert costs[1] == {"case": "parm-k2", "rate": 100.0, "extra_instances": 6,
+                        "extra_fraction": 0.5, "frontend_cpu_us": 600.0, "cpu_vs_none": 1.5}
+    assert costs[2]["cpu_vs_none"] is None  # no `none` at 200 q/s
+
+
+def test_the_target_line_says_met_or_missed_from_parm_k2() -> None:
+    cases = tb.testbed_cases(["equal-resources", "parm"], (2,), 12, 60.0)
+    er, parm = (_point("equal-resources-18", 18, 100.0, 30, 240, 500.0),
+                _point("parm-k2", 18, 100.0, 31, 91, 600.0))
+    assert "**met** (best 3.50x" in tb.target_line(gap_rows([er, parm], cases), 12)
+    parm["p999_ms"] = 131
+    assert "**missed** (best 2.10x" in tb.target_line(gap_rows([er, parm], cases), 12)
+    assert "not run" in tb.target_line([], 12)
+
+
+@pytest.mark.skipif(not os.environ.get("PARITYSERVE_DATA"), reason="needs PARITYSERVE_DATA "
+                    "(MNIST test inputs)")
+@pytest.mark.timeout(300)
+def test_a_tiny_run_writes_labelled_results(tmp_path: Path) -> None:
+    code = tb.main(["--deployed", "2", "--modes", "none,equal-resources,parm", "--ks", "2",
+                    "--rates", "40", "--queries", "150", "--repeats", "1",
+                    "--shuffle-delay-ms", "20", "--results-dir", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "parm-testbed.json").read_text())
+    assert report["label"].startswith("EMULATED accelerator 'parm-gpu-resnet18'")
+    assert [p["case"] for p in report["points"]] == ["none", "equal-resources-3", "parm-k2"]
+    for p in report["points"]:
+        assert p["n"] == 150 and p["errors"] == 0 and p["fault_errors"] == 0
+        assert p["p50_ms"] >= 28.0  # the profile's 30 ms service time was held
+        assert p["frontend_cpu_us"] > 0
+    assert report["points"][2]["rebuilt_fraction"] >= 0.0
+    md = (tmp_path / "parm-testbed.md").read_text()
+    for heading in ("# EMULATED accelerators", "## Latency (EMULATED accelerators)",
+                    "## Cost (EMULATED accelerators)", "## Headline (EMULATED accelerators)"):
+        assert heading in md
+    assert (tmp_path / "parm-testbed-latency.png").stat().st_size > 0
+    assert list((tmp_path / "parm-testbed-runs").glob("parm-testbed-*.jsonl"))
