@@ -57,6 +57,7 @@ from parityserve.core.profiling import (
     profile_plan,
 )
 from parityserve.core.queueing import Config, TableRow, configurations, reference_table
+from parityserve.core.tail_choice import TailEstimate, choose_for_p99
 from parityserve.errors import ConfigError, ParityServeError, Unavailable
 
 __all__ = ["add_arguments", "profile_config", "profile_deployment", "render", "run"]
@@ -95,7 +96,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="load levels λ_k = k·λ_max/(levels+1) (default 10)")
     ex.add_argument("--exhaustive-queries", type=int, default=200,
                     help="queries per (configuration, load level) run (default 200)")
-    ex.add_argument("--seed", type=int, default=0, help="seeds the Poisson schedules")
+    ex.add_argument("--seed", type=int, default=0, help="seeds the Poisson schedules and "
+                                                         "the simulations")
+    tail = p.add_argument_group("tail-aware choice (beyond SERF)")
+    tail.add_argument("--slo-p99-ms", type=float,
+                      help="per load level, also the cheapest configuration (fewest cores "
+                           "busy) whose p99, simulated on the profiled service times by the "
+                           "discrete-event simulator (the real scheduler), meets this SLO")
+    tail.add_argument("--tail-queries", type=int, default=5000,
+                      help="simulated queries per (configuration, load level) (default 5000)")
     out = p.add_argument_group("output")
     out.add_argument("-o", "--out", type=Path, help="profile JSON (default: profile-MODEL.json)")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -104,8 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    with _served(args) as client:
-        report = run_event_loop(profile_deployment(client, args))
+    with _served(args) as (client, token):
+        report = run_event_loop(profile_deployment(client, args, token=token))
     out = args.out or Path(f"profile-{args.model}.json")
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print(render(report))
@@ -124,6 +133,13 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < (0 if name == "warmup" else 1):
             raise ConfigError(f"--{name.replace('_', '-')} is too small: "
                               f"{getattr(args, name)}")
+    if args.slo_p99_ms is not None and not (math.isfinite(args.slo_p99_ms)
+                                            and args.slo_p99_ms > 0):
+        raise ConfigError(f"--slo-p99-ms must be a number of milliseconds > 0, got "
+                          f"{args.slo_p99_ms}")
+    if args.tail_queries < 100:
+        raise ConfigError(f"--tail-queries must be at least 100 for a p99, got "
+                          f"{args.tail_queries}")
     args.intras = _intras(args.intra)
 
 
@@ -140,10 +156,11 @@ def _intras(text: str | None) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def _served(args: argparse.Namespace) -> Iterator[Client]:
+def _served(args: argparse.Namespace) -> Iterator[tuple[Client, str | None]]:
+    """The client of the server to profile, and the token its inference routes may need."""
     if args.url is not None:
         with Client(args.url, token=args.token) as client:
-            yield client
+            yield client, args.token
         return
     from parityserve.bench.serverproc import ServerProcess
 
@@ -152,7 +169,7 @@ def _served(args: argparse.Namespace) -> Iterator[Client]:
         with ServerProcess(derived, data_dir=_data_dir(args.data_dir)) as server, \
                 Client(server.url, token=token) as client:
             _await_ready(client, args.model)
-            yield client
+            yield client, token
     finally:
         derived.unlink(missing_ok=True)
 
@@ -277,13 +294,14 @@ def _cache_on(client: Client) -> bool:
     return bool(client.state()["cache"].get("capacity_bytes"))
 
 
-async def profile_deployment(client: Client, args: argparse.Namespace) -> dict[str, Any]:
+async def profile_deployment(client: Client, args: argparse.Namespace,
+                             token: str | None = None) -> dict[str, Any]:
     """Profile (and with ``--exhaustive`` search) ``args.model`` on the server ``client``
     talks to; returns the report that ``run`` writes as JSON."""
     setup = _setup(client, args)
     try:
         async with v2_target(client.url, args.model, protocol="http-binary", shape=args.shape,
-                             timeout_s=args.timeout) as send:
+                             token=token, timeout_s=args.timeout) as send:
             report = await _searches(send, client, setup, args)
     finally:
         _restore(client, setup)
@@ -312,6 +330,8 @@ async def _searches(send: Send, client: Client, setup: _Setup,
               "warmup": args.warmup, "timed": args.requests, "levels": levels,
               "reference_table": [_row_doc(row) for row in table],
               "command": command_line(), "machine": machine_info()}
+    if args.slo_p99_ms is not None:
+        report["tail_aware"] = _tail_aware(measurements, levels, setup, args)
     if args.exhaustive:
         cost = Cost(elapsed, len(measurements), sent)
         report["exhaustive"] = await _exhaustive(send, client, setup, doc, table, cost, args)
@@ -358,6 +378,25 @@ def _config_doc(config: Config) -> dict[str, int]:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None  # JSON has no infinity
+
+
+def _tail_aware(measurements: Sequence[Measurement], levels: Sequence[float], setup: _Setup,
+                args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for rate in levels:
+        choice = choose_for_p99(measurements, rate, args.slo_p99_ms / 1e3, cores=setup.cores,
+                                oversubscribe=setup.oversubscribe, queries=args.tail_queries,
+                                seed=args.seed)
+        rows.append({"rate": rate, "chosen": _estimate_doc(choice.chosen),
+                     "candidates": [_estimate_doc(e) for e in choice.candidates]})
+    return {"slo_p99_ms": args.slo_p99_ms, "queries": args.tail_queries, "levels": rows}
+
+
+def _estimate_doc(e: TailEstimate | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {**_config_doc(e.config), "cores": e.config.cores, "p99_s": _finite(e.p99_s),
+            "mean_s": _finite(e.mean_s), "n": e.n}
 
 
 # ---- the exhaustive baseline ---------------------------------------------------------------
@@ -460,9 +499,23 @@ def render(report: dict[str, Any]) -> str:
               "   load /s   best (c, intra)   predicted mean ms"]
     lines += [f"{r['rate']:>10.1f}   ({r['best']['c']}, {r['best']['intra']}){'':>9} "
               f"{_ms(r['predicted_mean_s'])}" for r in report["reference_table"]]
+    if "tail_aware" in report:
+        lines += ["", *_render_tail(report["tail_aware"])]
     if "exhaustive" in report:
         lines += ["", *_render_costs(report["exhaustive"])]
     return "\n".join(lines)
+
+
+def _render_tail(tail: dict[str, Any]) -> list[str]:
+    lines = [f"tail-aware: cheapest configuration with simulated p99 <= {tail['slo_p99_ms']:g} "
+             f"ms ({tail['queries']} simulated queries each):",
+             "   load /s   chosen (c, intra)   cores   simulated p99 ms"]
+    for row in tail["levels"]:
+        chosen = row["chosen"]
+        lines.append(f"{row['rate']:>10.1f}   none meets it" if chosen is None else
+                     f"{row['rate']:>10.1f}   ({chosen['c']}, {chosen['intra']}){'':>11} "
+                     f"{chosen['cores']:>5}   {_ms(chosen['p99_s'])}")
+    return lines
 
 
 def _render_costs(ex: dict[str, Any]) -> list[str]:

@@ -79,6 +79,7 @@ class Measurement:
     p50_s: float
     p99_s: float
     warmup: int
+    samples_s: tuple[float, ...] = ()  # the timed service times, for the simulator's tails
 
     @property
     def config(self) -> Config:
@@ -112,7 +113,7 @@ def measure(config: Config, latencies_s: Sequence[float], ok: Sequence[bool], *,
     mean = math.fsum(timed) / len(timed)
     ordered = sorted(timed)
     return Measurement(config.c, config.intra, len(timed), mean, 1.0 / mean,
-                       _quantile(ordered, 0.5), _quantile(ordered, 0.99), warmup)
+                       _quantile(ordered, 0.5), _quantile(ordered, 0.99), warmup, tuple(timed))
 
 
 def profiles_from(measurements: Iterable[Measurement]) -> dict[int, list[float]]:
@@ -179,7 +180,8 @@ class ProfileDocument:
         if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document")
         try:
-            measurements = tuple(Measurement(**m) for m in doc["measurements"])
+            measurements = tuple(Measurement(**{**m, "samples_s": tuple(m.get("samples_s", ()))})
+                                 for m in doc["measurements"])
             made = cls(str(doc["model"]), _whole("cores", doc["cores"]),
                        bool(doc["oversubscribe"]), measurements, float(doc["elapsed_s"]),
                        str(doc.get("service_time", "client")))
@@ -203,6 +205,9 @@ def _check_measurement(m: Measurement) -> None:
                 math.isfinite(value) and value > 0):
             raise ValueError(f"measurement c={m.c}, intra={m.intra}: {name} must be a finite "
                              f"number > 0, got {value!r}")
+    if not all(isinstance(s, int | float) and math.isfinite(s) and s > 0 for s in m.samples_s):
+        raise ValueError(f"measurement c={m.c}, intra={m.intra}: samples_s must be finite "
+                         "numbers > 0")
     if not math.isclose(m.mu * m.mean_s, 1.0, rel_tol=1e-9):
         raise ValueError(f"measurement c={m.c}, intra={m.intra}: mu is not 1 / mean_s")
 

@@ -39,7 +39,8 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
     config = _yaml(tmp_path / "serving.yaml", {"server": {"http_port": 0}, "models": [NOOP]})
     out = tmp_path / "p.json"
     done = _cli("-c", str(config), "--model", "noop", *TINY, "--exhaustive", "--levels", "2",
-                "--exhaustive-queries", "20", "-o", str(out))
+                "--exhaustive-queries", "20", "--slo-p99-ms", "1000", "--tail-queries", "300",
+                "-o", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     doc = ProfileDocument.from_dict(report)
@@ -52,6 +53,12 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
     assert "reference table" in done.stdout and "search cost" in done.stdout
     assert "profiled noop: 3 runs" in done.stdout
     assert not list(tmp_path.glob(".serving.profile-*.yaml"))  # the derived file is gone
+    # a second a query: every stable configuration meets it, so the cheapest stable one wins
+    tail = report["tail_aware"]
+    for row in tail["levels"]:
+        stable = [e["cores"] for e in row["candidates"] if e["p99_s"] is not None]
+        assert len(row["candidates"]) == 3 and row["chosen"]["cores"] == min(stable)
+    assert "tail-aware" in done.stdout
 
 
 def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None:
@@ -75,6 +82,10 @@ def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None
      "--requests must be at least 10"),
     (["--url", "http://127.0.0.1:9", "--model", "noop", "--intra", "one"],
      "--intra must be thread counts"),
+    (["--url", "http://127.0.0.1:9", "--model", "noop", "--slo-p99-ms", "0"],
+     "--slo-p99-ms must be"),
+    (["--url", "http://127.0.0.1:9", "--model", "noop", "--tail-queries", "10"],
+     "--tail-queries must be at least 100"),
 ])
 def test_bad_arguments_are_clear_errors(args, message) -> None:
     done = _cli(*args, timeout_s=60)

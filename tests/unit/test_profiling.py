@@ -76,6 +76,7 @@ def test_warm_up_is_discarded_and_mu_is_one_over_the_mean() -> None:
     m = measure(C(2, 1), samples, [True] * 12, warmup=2)
     assert m.n == 10 and m.mean_s == pytest.approx(0.02) and m.mu == pytest.approx(50.0)
     assert m.p50_s == 0.03 and m.p99_s == 0.03 and m.config == C(2, 1)
+    assert m.samples_s == tuple(samples[2:])  # kept for the simulator's tails
 
 
 def test_a_failed_warm_up_request_does_not_matter() -> None:
@@ -143,6 +144,7 @@ def vars_of(m: Measurement) -> dict:
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "mu": 5.0}]}, "1 / mean_s"),
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "p99_s": -1}]}, "p99_s"),
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "c": 0}]}, "c must be"),
+    ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "samples_s": [0.01, -1]}]}, "samples_s"),
 ])
 def test_a_bad_document_is_refused(change, match) -> None:
     doc = {**_doc().to_dict(), **change}
