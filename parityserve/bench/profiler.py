@@ -5,10 +5,15 @@ For every tuple (i, intra) the plan allows (``core/profiling.profile_plan``), th
 the model's parallelism c = i and its intra-op threads live through the admin API (no process
 restarts; it waits until every replica's heartbeat acknowledges the threads), then keeps
 exactly i V2 requests outstanding in a closed loop. The first ``--warmup`` answers are
-discarded and the next ``--requests`` timed: μ_i = 1 / their mean round trip. With c = i
-nothing queues, so that round trip is the service time a client sees. From the profile,
-``core/queueing`` predicts every configuration's mean latency at every load and prints the
-best per load level (the reference table).
+discarded and the next ``--requests`` timed; with c = i nothing queues. μ_i = 1 / the mean
+service time, which is (``--service-time server``, the default) the time each timed request
+held its slot as the frontend measured it, dispatch to a worker until the result is back,
+with the rest of the client's round trip (HTTP, the frontend, the client) kept as overhead
+outside the queue; or (``client``) the whole round trip. The server's time matters because
+under open load the frontend's work for one request overlaps the next one's compute: a
+round trip would understate the rate the slot turns over. From the profile,
+``core/queueing`` predicts every configuration's mean latency (W plus the overhead) at every
+load and prints the best per load level (the reference table).
 
 ``--exhaustive`` also measures what the model predicts: every configuration at every load
 level, each an open-loop Poisson run, and reports both searches' cost side by side.
@@ -40,20 +45,29 @@ import orjson
 import yaml
 
 from parityserve.bench.load import run_closed_loop, v2_target
-from parityserve.bench.loadgen import Send, poisson_schedule, run_event_loop, run_open_loop
+from parityserve.bench.loadgen import (
+    LoadResult,
+    Send,
+    poisson_schedule,
+    run_event_loop,
+    run_open_loop,
+)
 from parityserve.bench.report import command_line, machine_info
 from parityserve.bench.stats import percentiles
 from parityserve.client import Client
 from parityserve.core.profiling import (
+    SERVICE_TIMES,
     Cell,
     Cost,
     Measurement,
     ProfileDocument,
+    best_with_overhead,
     compare_costs,
     exhaustive_plan,
     load_levels,
     measure,
     measured_best,
+    overheads,
     profile_plan,
 )
 from parityserve.core.queueing import Config, TableRow, configurations, reference_table
@@ -86,6 +100,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan.add_argument("--warmup", type=int, default=5, help="answers discarded per tuple")
     plan.add_argument("--requests", type=int, default=20,
                       help="answers timed per tuple (at least 10; default 20)")
+    plan.add_argument("--service-time", choices=SERVICE_TIMES, default="server",
+                      help="server (default): the time a request holds its slot, as the "
+                           "frontend measures it (dispatch to result), with the rest of the "
+                           "round trip kept as overhead outside the queue; client: the whole "
+                           "round trip. Server needs batches of one")
     plan.add_argument("--shape", help="one query's shape when the model declares none")
     plan.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     ex = p.add_argument_group("the exhaustive baseline")
@@ -318,17 +337,18 @@ def _restore(client: Client, setup: _Setup) -> None:
 async def _searches(send: Send, client: Client, setup: _Setup,
                     args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
-    measurements, sent = await _profile(send, client, setup, args)
+    measurements, server_side, sent = await _profile(send, client, setup, args)
     elapsed = time.perf_counter() - started
     doc = ProfileDocument(setup.model, setup.cores, setup.oversubscribe, tuple(measurements),
-                          elapsed)
+                          elapsed, args.service_time)
     levels = load_levels(doc.profiles, cores=setup.cores, oversubscribe=setup.oversubscribe,
                          count=args.levels)
     table = reference_table(levels, doc.profiles, cores=setup.cores,
                             oversubscribe=setup.oversubscribe)
     report = {**doc.to_dict(), "runs": len(measurements), "requests": sent,
-              "warmup": args.warmup, "timed": args.requests, "levels": levels,
-              "reference_table": [_row_doc(row) for row in table],
+              "warmup": args.warmup, "timed": args.requests, "server_side": server_side,
+              "levels": levels,
+              "reference_table": [_row_doc(row, overheads(measurements)) for row in table],
               "command": command_line(), "machine": machine_info()}
     if args.slo_p99_ms is not None:
         report["tail_aware"] = _tail_aware(measurements, levels, setup, args)
@@ -339,37 +359,78 @@ async def _searches(send: Send, client: Client, setup: _Setup,
 
 
 async def _profile(send: Send, client: Client, setup: _Setup, args: argparse.Namespace
-                   ) -> tuple[list[Measurement], int]:
+                   ) -> tuple[list[Measurement], list[dict[str, Any]], int]:
+    """Each tuple: switch, a warm-up closed loop, then the timed one; besides μ_i, what the
+    server saw of the timed requests (its round trip to the worker, the worker's compute)."""
     bar = _bar(args, len(setup.plan), "profiling (i, intra)")
     measurements: list[Measurement] = []
+    server_side: list[dict[str, Any]] = []
     sent = 0
     try:
         for config in setup.plan:
             _apply(client, setup.model, config)
-            result = await run_closed_loop(send, config.c, requests=args.warmup + args.requests,
-                                           timeout_s=args.timeout)
-            sent += len(result.ok)
-            measurements.append(_measured(config, result.latencies_s, result.ok, args))
+            warm = await _closed(send, config.c, args.warmup, args)
+            before = _server_totals(client, setup.model)
+            timed = await _closed(send, config.c, args.requests, args)
+            seen = _per_batch(before, _server_totals(client, setup.model))
+            server_side.append({**_config_doc(config), **seen})
+            sent += len(warm.ok) + len(timed.ok)
+            measurements.append(_measured(config, warm, timed, seen, args))
             _advance(bar, f"i={config.c} intra={config.intra} "
                           f"mu={measurements[-1].mu:.1f}/s")
     finally:
         _close(bar)
-    return measurements, sent
+    return measurements, server_side, sent
 
 
-def _measured(config: Config, latencies: np.ndarray, ok: np.ndarray,
+async def _closed(send: Send, c: int, requests: int, args: argparse.Namespace) -> LoadResult:
+    return await run_closed_loop(send, c, requests=requests, timeout_s=args.timeout)
+
+
+def _server_totals(client: Client, model: str) -> tuple[int, float, float]:
+    """(batches served, summed round trips, summed worker time) over the data replicas."""
+    data = [r for r in _model_state(client, model)["replicas"]
+            if r.get("pool", "data") == "data"]
+    return (sum(int(r["served"]) for r in data), sum(float(r["round_trip_s"]) for r in data),
+            sum(float(r["worker_s"]) for r in data))
+
+
+def _per_batch(before: tuple[int, float, float], after: tuple[int, float, float]
+               ) -> dict[str, float | None]:
+    batches = after[0] - before[0]
+    if batches <= 0:
+        return {"batches": 0, "round_trip_mean_s": None, "worker_mean_s": None}
+    return {"batches": batches, "round_trip_mean_s": (after[1] - before[1]) / batches,
+            "worker_mean_s": (after[2] - before[2]) / batches}
+
+
+def _measured(config: Config, warm: LoadResult, timed: LoadResult, seen: dict[str, Any],
               args: argparse.Namespace) -> Measurement:
+    latencies = [*warm.latencies_s.tolist(), *timed.latencies_s.tolist()]
+    ok = [*warm.ok.tolist(), *timed.ok.tolist()]
+    slot = None
+    if args.service_time == "server":
+        if seen["batches"] != len(timed.ok):
+            raise ConfigError(
+                f"the server ran {seen['batches']} batches for {len(timed.ok)} timed requests "
+                f"of {args.model!r}: the server-side service time needs batches of one and no "
+                "cache (set batching.max_batch_size: 1), or use --service-time client")
+        slot = seen["round_trip_mean_s"]
     try:
-        return measure(config, latencies.tolist(), ok.tolist(), warmup=args.warmup)
+        return measure(config, latencies, ok, warmup=len(warm.ok), slot_mean_s=slot)
     except ValueError as exc:
         raise Unavailable(f"profiling {args.model!r}: {exc}") from None
 
 
-def _row_doc(row: TableRow) -> dict[str, Any]:
-    return {"rate": row.arrival_rate, "best": _config_doc(row.best.config),
-            "predicted_mean_s": _finite(row.best.prediction.latency),
+def _row_doc(row: TableRow, overhead: dict[Config, float]) -> dict[str, Any]:
+    """One load level: the best configuration and every candidate's predicted mean latency,
+    the queue's W plus the configuration's overhead outside it."""
+    best, latency = best_with_overhead(row, overhead)
+    return {"rate": row.arrival_rate, "best": _config_doc(best),
+            "predicted_mean_s": _finite(latency),
             "candidates": [{**_config_doc(ch.config), "predicted_mean_s": _finite(
-                ch.prediction.latency)} for ch in row.candidates]}
+                ch.prediction.latency + overhead.get(ch.config, 0.0))}
+                for ch in row.candidates]}
 
 
 def _config_doc(config: Config) -> dict[str, int]:
@@ -412,8 +473,10 @@ async def _exhaustive(send: Send, client: Client, setup: _Setup, doc: ProfileDoc
     cells, sent = await _measure_cells(send, client, setup, plan, args)
     cost = Cost(time.perf_counter() - started, len(plan), sent)
     best = measured_best(cells)
-    agree = sum(best.get(row.arrival_rate) == row.best.config for row in table)
-    return {"cells": [_cell_doc(cell, table) for cell in cells],
+    extra = overheads(doc.measurements)
+    agree = sum(best.get(row.arrival_rate) == best_with_overhead(row, extra)[0]
+                for row in table)
+    return {"cells": [_cell_doc(cell, table, extra) for cell in cells],
             "measured_best": [{"rate": r, **_config_doc(c)} for r, c in best.items()],
             "agreement": {"levels": len(table), "predicted_best_is_measured_best": agree},
             "cost": {"profiling": _cost_doc(profiling), "exhaustive": _cost_doc(cost),
@@ -452,9 +515,11 @@ def _cell(config: Config, rate: float, latencies: np.ndarray, ok: np.ndarray) ->
                 p["p999_ms"] / 1e3, int((~ok).sum()))
 
 
-def _cell_doc(cell: Cell, table: Sequence[TableRow]) -> dict[str, Any]:
+def _cell_doc(cell: Cell, table: Sequence[TableRow], overhead: dict[Config, float]
+              ) -> dict[str, Any]:
     row = next(r for r in table if r.arrival_rate == cell.rate)
-    predicted = next(ch.prediction.latency for ch in row.candidates if ch.config == cell.config)
+    predicted = next(ch.prediction.latency for ch in row.candidates
+                     if ch.config == cell.config) + overhead.get(cell.config, 0.0)
     return {**_config_doc(cell.config), "rate": cell.rate, "n": cell.n, "errors": cell.errors,
             "mean_s": _finite(cell.mean_s), "p50_s": _finite(cell.p50_s),
             "p99_s": _finite(cell.p99_s), "p999_s": _finite(cell.p999_s),
@@ -491,11 +556,14 @@ def render(report: dict[str, Any]) -> str:
     """The profile, the reference table and (with --exhaustive) the cost comparison."""
     lines = [f"profiled {report['model']}: {report['runs']} runs, {report['requests']} "
              f"requests in {report['elapsed_s']:.1f}s ({report['cores']} cores"
-             f"{', oversubscribed' if report['oversubscribe'] else ''})", "",
-             "   i  intra   mean ms     mu /s    p99 ms     n"]
-    lines += [f"{m['c']:>4} {m['intra']:>6} {m['mean_s'] * 1e3:>9.2f} {m['mu']:>9.1f} "
-              f"{m['p99_s'] * 1e3:>9.2f} {m['n']:>5}" for m in report["measurements"]]
-    lines += ["", "reference table (M/D_interf/c, best mean latency per load):",
+             f"{', oversubscribed' if report['oversubscribe'] else ''}; service time: "
+             f"{report['service_time']})", "",
+             "   i  intra   service ms     mu /s    p99 ms  overhead ms     n  worker ms"]
+    lines += [f"{m['c']:>4} {m['intra']:>6} {m['mean_s'] * 1e3:>12.2f} {m['mu']:>9.1f} "
+              f"{m['p99_s'] * 1e3:>9.2f} {m['overhead_s'] * 1e3:>12.2f} {m['n']:>5} "
+              f"{_ms(s['worker_mean_s']):>10}"
+              for m, s in zip(report["measurements"], report["server_side"], strict=True)]
+    lines += ["", "reference table (M/D_interf/c plus overhead, best mean latency per load):",
               "   load /s   best (c, intra)   predicted mean ms"]
     lines += [f"{r['rate']:>10.1f}   ({r['best']['c']}, {r['best']['intra']}){'':>9} "
               f"{_ms(r['predicted_mean_s'])}" for r in report["reference_table"]]

@@ -22,14 +22,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from parityserve.core.queueing import Config, configurations
+from parityserve.core.queueing import Config, TableRow, configurations
 from parityserve.core.scheduling.settings import OVERSUBSCRIBE_FACTOR
 
-__all__ = ["SCHEMA", "Cell", "Cost", "Measurement", "ProfileDocument", "compare_costs",
-           "exhaustive_plan", "load_levels", "measure", "measured_best", "profile_plan",
-           "profiles_from", "thread_budget"]
+__all__ = ["SCHEMA", "SERVICE_TIMES", "Cell", "Cost", "Measurement", "ProfileDocument",
+           "best_with_overhead", "compare_costs", "exhaustive_plan", "load_levels", "measure",
+           "measured_best", "overheads", "profile_plan", "profiles_from", "thread_budget"]
 
 SCHEMA = "parityserve.profile/1"
+SERVICE_TIMES = ("server", "client")
 
 
 def _whole(name: str, value: Any, least: int = 1) -> int:
@@ -80,6 +81,9 @@ class Measurement:
     p99_s: float
     warmup: int
     samples_s: tuple[float, ...] = ()  # the timed service times, for the simulator's tails
+    # Mean time of a request outside its service slot (client, HTTP, frontend): a latency
+    # prediction is the queue's W plus this. 0 when the client round trip is the service.
+    overhead_s: float = 0.0
 
     @property
     def config(self) -> Config:
@@ -92,11 +96,17 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 
 
 def measure(config: Config, latencies_s: Sequence[float], ok: Sequence[bool], *,
-            warmup: int, min_timed: int = 10) -> Measurement:
+            warmup: int, min_timed: int = 10, slot_mean_s: float | None = None
+            ) -> Measurement:
     """μ_i from one closed-loop run's samples, in completion order: the first ``warmup`` are
     discarded, the rest are timed. Raises ValueError when a timed request failed (a failure
     has no service time, and leaving it out would flatter the rate), or when fewer than
-    ``min_timed`` remain."""
+    ``min_timed`` remain.
+
+    ``slot_mean_s``: the server's own mean time per timed request in its service slot (send
+    to worker -> result back). Then that is the service time, μ_i = 1 / it, and the rest of
+    the client's round trip is ``overhead_s``, spent outside the queue; the samples keep
+    their spread, shifted by that overhead."""
     if len(latencies_s) != len(ok):
         raise ValueError(f"{len(latencies_s)} latencies but {len(ok)} outcomes")
     _whole("warmup", warmup, 0)
@@ -111,9 +121,17 @@ def measure(config: Config, latencies_s: Sequence[float], ok: Sequence[bool], *,
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"a service time must be a finite number > 0, got {value!r}")
     mean = math.fsum(timed) / len(timed)
+    overhead = 0.0
+    if slot_mean_s is not None:
+        if not (math.isfinite(slot_mean_s) and slot_mean_s > 0):
+            raise ValueError(f"slot_mean_s must be a finite number > 0, got {slot_mean_s!r}")
+        overhead = max(0.0, mean - slot_mean_s)
+        timed = [max(value - overhead, slot_mean_s * 1e-3) for value in timed]
+        mean = slot_mean_s
     ordered = sorted(timed)
     return Measurement(config.c, config.intra, len(timed), mean, 1.0 / mean,
-                       _quantile(ordered, 0.5), _quantile(ordered, 0.99), warmup, tuple(timed))
+                       _quantile(ordered, 0.5), _quantile(ordered, 0.99), warmup, tuple(timed),
+                       overhead)
 
 
 def profiles_from(measurements: Iterable[Measurement]) -> dict[int, list[float]]:
@@ -151,8 +169,10 @@ def load_levels(profiles: Mapping[int, Sequence[float]], *, cores: int,
 class ProfileDocument:
     """What ``parityserve profile`` writes (JSON) and the controller or a benchmark reads.
 
-    ``service_time`` says what was timed: ``client`` is each request's round trip through
-    the serving path with i in flight and no queue (c = i).
+    ``service_time`` says what was timed, with i in flight and no queue (c = i): ``server``
+    is the time a request holds its service slot as the frontend sees it (dispatch to a
+    worker until its result is back), the rest of the client's round trip kept apart as each
+    measurement's ``overhead_s``; ``client`` is the whole round trip (``overhead_s`` 0).
     """
 
     model: str
@@ -189,6 +209,9 @@ class ProfileDocument:
             raise ValueError(f"malformed profile document: {exc}") from None
         for m in measurements:
             _check_measurement(m)
+        if made.service_time not in SERVICE_TIMES:
+            raise ValueError(f"service_time must be one of {SERVICE_TIMES}, got "
+                             f"{made.service_time!r}")
         given = doc.get("profiles")
         if given is not None and given != {str(k): v for k, v in made.profiles.items()}:
             raise ValueError("'profiles' disagrees with the measurements")
@@ -208,6 +231,10 @@ def _check_measurement(m: Measurement) -> None:
     if not all(isinstance(s, int | float) and math.isfinite(s) and s > 0 for s in m.samples_s):
         raise ValueError(f"measurement c={m.c}, intra={m.intra}: samples_s must be finite "
                          "numbers > 0")
+    if isinstance(m.overhead_s, bool) or not isinstance(m.overhead_s, int | float) or not (
+            math.isfinite(m.overhead_s) and m.overhead_s >= 0):
+        raise ValueError(f"measurement c={m.c}, intra={m.intra}: overhead_s must be a finite "
+                         f"number >= 0, got {m.overhead_s!r}")
     if not math.isclose(m.mu * m.mean_s, 1.0, rel_tol=1e-9):
         raise ValueError(f"measurement c={m.c}, intra={m.intra}: mu is not 1 / mean_s")
 
@@ -233,6 +260,27 @@ def exhaustive_plan(configs: Sequence[Config], levels: Sequence[float]
                     ) -> tuple[tuple[Config, float], ...]:
     """Every (configuration, load level), grouped by configuration (one switch per group)."""
     return tuple((config, level) for config in configs for level in levels)
+
+
+def overheads(measurements: Iterable[Measurement]) -> dict[Config, float]:
+    """Per configuration (c, intra), the time outside the queue its requests add: that of
+    the tuple profiled with c at once."""
+    return {m.config: m.overhead_s for m in measurements}
+
+
+def best_with_overhead(row: TableRow, overhead: Mapping[Config, float]
+                       ) -> tuple[Config, float]:
+    """A reference-table row's best configuration and predicted mean latency once each
+    configuration's overhead is added to the queue's W (a tie goes to the fewest cores)."""
+    totals = [(ch.prediction.latency + overhead.get(ch.config, 0.0), ch.config)
+              for ch in row.candidates]
+    lowest = min(total for total, _ in totals)
+    if math.isinf(lowest):
+        return row.best.config, math.inf
+    tied = [(cfg.cores, total, cfg) for total, cfg in totals
+            if total <= lowest * (1.0 + 1e-9)]
+    _, total, config = min(tied)
+    return config, total
 
 
 def measured_best(cells: Iterable[Cell]) -> dict[float, Config]:

@@ -5,7 +5,8 @@ SERF's queueing model (``core/queueing``) predicts mean latency only. Here each 
 configuration's p99 is predicted by the project's discrete-event simulator
 (``core/simulate``), which drives the runtime's own scheduler, fed with the service times the
 profiler timed: a task started while k requests run (itself included) draws from the samples
-of tuple (k, intra), so interference is the profile's, as in the queueing model. Among the
+of tuple (k, intra), so interference is the profile's, as in the queueing model, and each
+request also spends the profile's ``overhead_s`` outside the queue. Among the
 configurations whose simulated p99 meets the SLO, the cheapest is the one with the fewest
 cores busy (c·intra), then the lowest p99.
 
@@ -80,8 +81,9 @@ def simulated_tail(measurements: Sequence[Measurement], config: Config, arrival_
     if arrival_rate >= config.c * rates[config.c - 1]:
         return TailEstimate(config, math.inf, math.inf, 0)
     by_k = _profiles_by_concurrency(measurements, config.intra)
+    overhead = next((m.overhead_s for m in measurements if m.config == config), 0.0)
     sim = SimConfig(mode="none", replicas=config.c, parallelism=config.c, max_batch_size=1,
-                    slo_s=_NO_DEADLINE_S)
+                    slo_s=_NO_DEADLINE_S, frontend_overhead_s=overhead)
     rng = np.random.default_rng([seed, config.c, config.intra])
     arrivals = np.cumsum(rng.exponential(1.0 / arrival_rate, queries))
     result = simulate(sim, by_k[1], arrivals, rng, warmup=int(queries * _WARMUP_FRACTION),

@@ -46,6 +46,13 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
     doc = ProfileDocument.from_dict(report)
     assert [m.config for m in doc.measurements] == [Config(1, 1), Config(2, 1), Config(1, 2)]
     assert all(m.n == 10 and m.warmup == 2 for m in doc.measurements)
+    # the server computed each timed request once (no cache, batches of one)
+    assert [s["batches"] for s in report["server_side"]] == [10, 10, 10]
+    assert all(0 < s["worker_mean_s"] <= s["round_trip_mean_s"] for s in report["server_side"])
+    # the default service time is the server's slot time; the rest is overhead outside it
+    assert doc.service_time == "server"
+    for m, s in zip(doc.measurements, report["server_side"], strict=True):
+        assert m.mean_s == pytest.approx(s["round_trip_mean_s"]) and m.overhead_s >= 0
     assert doc.profiles.keys() == {1, 2} and len(report["reference_table"]) == 2
     cost = report["exhaustive"]["cost"]
     assert cost["exhaustive"]["runs"] == 3 * 2 and cost["profiling"]["runs"] == 3
@@ -68,10 +75,11 @@ def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None
     with ServerProcess(config) as server, Client(server.url) as client:
         out = tmp_path / "p.json"
         done = _cli("--url", server.url, "--model", "noop", *TINY, "--intra", "1",
-                    "-o", str(out))
+                    "--service-time", "client", "-o", str(out))
         assert done.returncode == 0, done.stderr
         doc = ProfileDocument.from_dict(json.loads(out.read_text()))
         assert [m.config for m in doc.measurements] == [Config(1, 1), Config(2, 1)]
+        assert doc.service_time == "client" and all(m.overhead_s == 0 for m in doc.measurements)
         state = next(m for m in client.state()["models"] if m["name"] == "noop")
         assert state["parallelism"] == 2 and state["threads"] == 1
 
@@ -92,10 +100,24 @@ def test_bad_arguments_are_clear_errors(args, message) -> None:
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def test_server_service_time_refuses_a_server_that_batches(tmp_path: Path) -> None:
+    config = _yaml(tmp_path / "serving.yaml", {
+        "server": {"http_port": 0, "cache_bytes": 0},
+        "models": [{**NOOP, "replicas": 2, "batching": {"max_batch_size": 8,
+                                                        "max_delay_ms": 50}}]})
+    with ServerProcess(config) as server:
+        done = _cli("--url", server.url, "--model", "noop", *TINY, "--intra", "1",
+                    "-o", str(tmp_path / "p.json"), timeout_s=60)
+    # delayed batching puts the two requests in flight into one batch: one slot time for two
+    assert done.returncode == 2 and "needs batches of one" in done.stderr, done.stderr
+
+
 def test_a_model_not_in_the_file_and_a_cache_that_is_on(tmp_path: Path) -> None:
     config = _yaml(tmp_path / "serving.yaml", {"server": {"http_port": 0}, "models": [NOOP]})
-    done = _cli("-c", str(config), "--model", "mlp", *TINY, timeout_s=60)
+    done = _cli("-c", str(config), "--model", "mlp", *TINY, "-o", str(tmp_path / "p.json"),
+                timeout_s=60)
     assert done.returncode == 2 and "'mlp' is not in the deployment file" in done.stderr
     with ServerProcess(config) as server:  # the cache is on by default
-        done = _cli("--url", server.url, "--model", "noop", *TINY, timeout_s=60)
+        done = _cli("--url", server.url, "--model", "noop", *TINY, "-o",
+                    str(tmp_path / "p.json"), timeout_s=60)
     assert done.returncode == 2 and "prediction cache is on" in done.stderr, done.stderr

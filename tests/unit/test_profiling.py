@@ -18,6 +18,7 @@ from parityserve.core.profiling import (
     Cost,
     Measurement,
     ProfileDocument,
+    best_with_overhead,
     compare_costs,
     exhaustive_plan,
     load_levels,
@@ -27,7 +28,7 @@ from parityserve.core.profiling import (
     profiles_from,
     thread_budget,
 )
-from parityserve.core.queueing import Config, configurations
+from parityserve.core.queueing import Config, configurations, reference_table
 from parityserve.errors import ConfigError
 
 C = Config
@@ -77,6 +78,30 @@ def test_warm_up_is_discarded_and_mu_is_one_over_the_mean() -> None:
     assert m.n == 10 and m.mean_s == pytest.approx(0.02) and m.mu == pytest.approx(50.0)
     assert m.p50_s == 0.03 and m.p99_s == 0.03 and m.config == C(2, 1)
     assert m.samples_s == tuple(samples[2:])  # kept for the simulator's tails
+
+
+def test_the_servers_slot_time_is_the_service_and_the_rest_is_overhead() -> None:
+    samples = [5.0, 5.0] + [0.010, 0.012, 0.014] * 4  # timed client round trips: 12 ms
+    m = measure(C(1, 1), samples, [True] * 14, warmup=2, slot_mean_s=0.009)
+    assert m.mean_s == 0.009 and m.mu == pytest.approx(1 / 0.009)
+    assert m.overhead_s == pytest.approx(0.003)
+    assert m.samples_s == pytest.approx([s - 0.003 for s in samples[2:]])  # spread kept
+    with pytest.raises(ValueError, match="slot_mean_s"):
+        measure(C(1, 1), samples, [True] * 14, warmup=2, slot_mean_s=0.0)
+
+
+def test_a_slot_longer_than_the_round_trip_leaves_no_negative_overhead() -> None:
+    m = measure(C(1, 1), [0.010] * 10, [True] * 10, warmup=0, slot_mean_s=0.011)
+    assert m.overhead_s == 0.0 and m.samples_s == (0.010,) * 10
+
+
+def test_the_best_configuration_counts_each_ones_overhead() -> None:
+    profiles = {1: [100.0, 95.0]}
+    (row,) = reference_table([20.0], profiles, cores=2)
+    assert row.best.config == C(2, 1)  # by the queue alone, two slots wait less
+    config, latency = best_with_overhead(row, {C(1, 1): 0.0, C(2, 1): 0.005})
+    w11 = next(ch.prediction.latency for ch in row.candidates if ch.config == C(1, 1))
+    assert config == C(1, 1) and latency == pytest.approx(w11)
 
 
 def test_a_failed_warm_up_request_does_not_matter() -> None:
@@ -145,6 +170,8 @@ def vars_of(m: Measurement) -> dict:
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "p99_s": -1}]}, "p99_s"),
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "c": 0}]}, "c must be"),
     ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "samples_s": [0.01, -1]}]}, "samples_s"),
+    ({"measurements": [{**vars_of(_m(1, 1, 100.0)), "overhead_s": -0.1}]}, "overhead_s"),
+    ({"service_time": "wall"}, "service_time"),
 ])
 def test_a_bad_document_is_refused(change, match) -> None:
     doc = {**_doc().to_dict(), **change}

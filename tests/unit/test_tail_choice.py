@@ -93,6 +93,15 @@ def test_the_same_seed_gives_the_same_answer() -> None:
     assert a == simulated_tail(PROFILE, Config(2, 1), 120.0, queries=2000, seed=3)
 
 
+def test_the_overhead_outside_the_queue_adds_to_every_query() -> None:
+    plain = [_m(1, 1, 0.010)]
+    slow = [Measurement(1, 1, 10, 0.010, 100.0, 0.010, 0.010, 0, (0.010,), overhead_s=0.002)]
+    a = simulated_tail(plain, Config(1, 1), 30.0, queries=2000)
+    b = simulated_tail(slow, Config(1, 1), 30.0, queries=2000)
+    assert b.mean_s == pytest.approx(a.mean_s + 0.002) and b.p99_s == pytest.approx(
+        a.p99_s + 0.002)
+
+
 def test_measured_samples_spread_the_tail() -> None:
     spread = [_m(1, 1, 0.010, (0.005, 0.005, 0.005, 0.025))]
     fixed = [_m(1, 1, 0.010)]
