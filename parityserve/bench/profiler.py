@@ -97,9 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "cores): a labelled extension beyond SERF's faithful setting")
     plan.add_argument("--intra", help="thread counts to profile, e.g. 1,2 (default: all)")
     plan.add_argument("--max-c", type=int, help="largest i (default: as many as fit)")
-    plan.add_argument("--warmup", type=int, default=5, help="answers discarded per tuple")
-    plan.add_argument("--requests", type=int, default=20,
-                      help="answers timed per tuple (at least 10; default 20)")
+    plan.add_argument("--warmup", type=int, default=10,
+                      help="answers discarded per tuple (default 10)")
+    plan.add_argument("--requests", type=int, default=50,
+                      help="answers timed per tuple (at least 10; default 50)")
     plan.add_argument("--service-time", choices=SERVICE_TIMES, default="server",
                       help="server (default): the time a request holds its slot, as the "
                            "frontend measures it (dispatch to result), with the rest of the "
