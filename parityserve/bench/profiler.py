@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -329,10 +330,16 @@ async def profile_deployment(client: Client, args: argparse.Namespace,
 
 
 def _restore(client: Client, setup: _Setup) -> None:
+    """Put c and the threads back. c = 1 first, so the threads pass the server's
+    c x threads check whatever c was profiled last; then the original c (unchecked)."""
     c, threads = setup.restore
-    with contextlib.suppress(ParityServeError):
-        client.set_parallelism(setup.model, c)
+    try:
+        client.set_parallelism(setup.model, 1)
         client.set_threads(setup.model, threads)
+        client.set_parallelism(setup.model, c)
+    except ParityServeError as exc:
+        print(f"parityserve profile: warning: could not put {setup.model!r} back to "
+              f"parallelism {c} and {threads} threads: {exc}", file=sys.stderr)
 
 
 async def _searches(send: Send, client: Client, setup: _Setup,

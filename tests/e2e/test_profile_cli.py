@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +70,30 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
 
 
 def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None:
+    # Every one of 3 replicas pulls (no parallelism), 1 thread: profiling ends at (1, 2), and
+    # threads go back to 1 before c goes back to unlimited (3 x 1 would not pass 2 cores).
     config = _yaml(tmp_path / "serving.yaml", {
-        "server": {"http_port": 0, "cache_bytes": 0},
-        "models": [{**NOOP, "replicas": 2, "parallelism": 2}]})
+        "server": {"http_port": 0, "cache_bytes": 0}, "models": [{**NOOP, "replicas": 3}]})
     with ServerProcess(config) as server, Client(server.url) as client:
         out = tmp_path / "p.json"
-        done = _cli("--url", server.url, "--model", "noop", *TINY, "--intra", "1",
-                    "--service-time", "client", "-o", str(out))
+        done = _cli("--url", server.url, "--model", "noop", *TINY, "--service-time", "client",
+                    "-o", str(out))
         assert done.returncode == 0, done.stderr
+        assert "warning" not in done.stderr, done.stderr
         doc = ProfileDocument.from_dict(json.loads(out.read_text()))
-        assert [m.config for m in doc.measurements] == [Config(1, 1), Config(2, 1)]
+        assert [m.config for m in doc.measurements] == [Config(1, 1), Config(2, 1),
+                                                        Config(1, 2)]
         assert doc.service_time == "client" and all(m.overhead_s == 0 for m in doc.measurements)
-        state = next(m for m in client.state()["models"] if m["name"] == "noop")
-        assert state["parallelism"] == 2 and state["threads"] == 1
+        state = _noop(client)
+        assert state["parallelism"] is None and state["threads"] == 1
+        deadline = time.monotonic() + 10  # the replicas' heartbeats acknowledge it
+        while not all(r["threads"] == 1 for r in _noop(client)["replicas"]):
+            assert time.monotonic() < deadline, _noop(client)["replicas"]
+            time.sleep(0.05)
+
+
+def _noop(client: Client) -> dict[str, Any]:
+    return next(m for m in client.state()["models"] if m["name"] == "noop")
 
 
 @pytest.mark.parametrize(("args", "message"), [
