@@ -29,6 +29,9 @@ _EPILOG = textwrap.dedent("""\
                                                    then slow a replica: with and without ParM
       parityserve train-parity --dataset digits --k 2 --epochs 10
                                                    train a ParM parity model for a zoo net
+      parityserve profile -c serving.yaml --model M
+                                                   SERF: service rate per (requests at once,
+                                                   threads) and the best configuration per load
       parityserve bench overhead --data-dir DATA   frontend overhead vs in-process baselines
                                                    (needs pip install 'parityserve[bench]')
       python -m benchmarks.tail --help             the paper reproductions, from a source
@@ -198,6 +201,21 @@ def _moved_bench(name: str, rest: list[str]) -> int:
     command = shlex.join(["python", "-m", f"benchmarks.{name}", *rest])
     raise ParityServeError(f"`parityserve bench {name}` moved out of the package: run "
                            f"`{command}` from the project root, or `make bench-{name}`")
+
+
+def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from parityserve.bench import profiler
+
+    profiler.add_arguments(sub.add_parser(
+        "profile", help="measure a model's service rate per parallelism (SERF) and print the "
+                        "best configuration per load",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=profiler.__doc__,
+        epilog=textwrap.dedent("""\
+            examples:
+              parityserve profile -c serving.yaml --model resnet20 --data-dir ../shared/data
+              parityserve profile -c serving.yaml --model mlp --oversubscribe --exhaustive
+              parityserve profile --url http://127.0.0.1:8000 --model mlp --intra 1 -o p.json
+            The JSON holds every measurement, {intra: [mu_1..mu_n]} and the reference table.""")))
 
 
 def _add_train_parity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -435,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_start, _add_validate, _add_worker, _add_keys, _add_demo, _add_bench,
-                _add_train_parity, _add_token):
+                _add_profile, _add_train_parity, _add_token):
         add(sub)
     return parser
 
@@ -444,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("bench", "demo", "train-parity"):
+    if args.command in ("bench", "demo", "train-parity", "profile"):
         # SIGTERM unwinds like Ctrl-C, so the servers these commands started are stopped too.
         signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -49,7 +49,7 @@ from parityserve.bench.stats import enough_samples, percentiles
 from parityserve.errors import ConfigError, DataError
 
 __all__ = ["PROTOCOLS", "add_arguments", "next_sweep_rate", "run", "run_closed_loop",
-           "server_split"]
+           "server_split", "v2_target"]
 
 PROTOCOLS = ("http-json", "http-binary", "grpc", "clipper")
 Send = Callable[[int], Awaitable[Any]]
@@ -423,6 +423,19 @@ def server_split(before: dict[str, float] | None, after: dict[str, float] | None
 
 
 # ---- targets -----------------------------------------------------------------------------
+
+
+def v2_target(url: str, model: str, *, protocol: str = "http-binary", shape: str | None = None,
+              token: str | None = None, timeout_s: float = 30.0) -> _target:
+    """``async with v2_target(url, model) as send``: this tool's sender for one V2 model, with
+    256 distinct random inputs of its declared shape (or ``shape``), for other tools (the
+    profiler) that drive their own loops."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    argv = [url, "--model", model, "--protocol", protocol, "--timeout", str(timeout_s)]
+    argv += ["--shape", shape] if shape else []
+    argv += ["--token", token] if token else []
+    return _target(parser.parse_args(argv))
 
 
 class _target:  # noqa: N801 - an async context manager used as ``async with _target(args)``

@@ -355,9 +355,14 @@ class Simulator:
     own ``Scheduler``."""
 
     def __init__(self, config: SimConfig, profile: ServiceProfile,
-                 rng: np.random.Generator) -> None:
+                 rng: np.random.Generator, *,
+                 by_concurrency: Mapping[int, ServiceProfile] | None = None) -> None:
         self.config = config
         self.profile = profile
+        # Interference (SERF): a data task started while k data tasks run, itself included,
+        # draws its time from by_concurrency[k] (the largest profiled k beyond it), so service
+        # is fixed by the concurrency at the start, as core/queueing's model assumes.
+        self.by_concurrency = dict(sorted((by_concurrency or {}).items()))
         self.now = 0.0
         service_rng, fault_rng = rng.spawn(2)
         self._service_rng = service_rng
@@ -560,7 +565,7 @@ class Simulator:
         self.counters["batches"] += 1
         self.counters["rows"] += rows
         self.counters[f"tasks_{task.kind}"] += 1
-        compute = self.profile.sample_s(rows, self._service_rng)
+        compute = self._profile_now(task.pool).sample_s(rows, self._service_rng)
         wait = self.config.rpc_overhead_s
         if instance.plan is not None:
             wait += instance.plan.next_batch(now).delay_s
@@ -582,6 +587,15 @@ class Simulator:
             self._cpu.start(work, lambda: self._at(self.now + wait, arrived))
         else:
             self._at(now + compute + wait, arrived)
+
+
+    def _profile_now(self, pool: str) -> ServiceProfile:
+        if not self.by_concurrency or pool != DATA_POOL:
+            return self.profile
+        running = sum(r.batch is not None for r in self.machine.replicas.values()
+                      if r.pool == DATA_POOL)
+        fits = [k for k in self.by_concurrency if k <= max(1, running)]
+        return self.by_concurrency[fits[-1] if fits else next(iter(self.by_concurrency))]
 
 
 def _nothing() -> None:
@@ -635,6 +649,9 @@ class _SharedCPU:
 
 
 def simulate(config: SimConfig, profile: ServiceProfile, arrivals: Iterable[float],
-             rng: np.random.Generator, *, warmup: int = 0) -> SimResult:
-    """Run one simulation: ``arrivals`` are query arrival times in seconds, sorted."""
-    return Simulator(config, profile, rng).run(arrivals, warmup=warmup)
+             rng: np.random.Generator, *, warmup: int = 0,
+             by_concurrency: Mapping[int, ServiceProfile] | None = None) -> SimResult:
+    """Run one simulation: ``arrivals`` are query arrival times in seconds, sorted.
+    ``by_concurrency``: service times per number of data tasks running (see Simulator)."""
+    return Simulator(config, profile, rng, by_concurrency=by_concurrency).run(
+        arrivals, warmup=warmup)
