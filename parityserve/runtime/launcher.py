@@ -62,6 +62,11 @@ class LocalLauncher:
                "--spec", spec.to_json(), "--die-with-parent", "--parent-pid", str(os.getpid())]
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads),
                "MKL_NUM_THREADS": str(spec.threads)}
+        # Idle OpenMP threads sleep instead of spinning (unless the user chose otherwise):
+        # spinning threads steal the cores the frontend and the other replicas need, which
+        # made two-thread configurations collapse under open load on 2 cores while they
+        # looked fastest in a closed loop (profile of ResNet-20, issue 18).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         env.pop(ENV_VAR, None)
         if keys is not None:
             env[ENV_VAR] = keys.to_env()
