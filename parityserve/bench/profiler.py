@@ -75,7 +75,8 @@ from parityserve.core.queueing import Config, TableRow, configurations, referenc
 from parityserve.core.tail_choice import TailEstimate, choose_for_p99
 from parityserve.errors import ConfigError, ParityServeError, Unavailable
 
-__all__ = ["add_arguments", "profile_config", "profile_deployment", "render", "run"]
+__all__ = ["add_arguments", "apply_configuration", "profile_config", "profile_deployment",
+           "render", "run"]
 
 _ACK_TIMEOUT_S = 15.0
 _POLL_S = 0.02
@@ -269,7 +270,7 @@ def _await_ready(client: Client, model: str, timeout_s: float = 180.0) -> None:
     raise Unavailable(f"model {model!r}: replicas not ready after {timeout_s:.0f}s")
 
 
-def _apply(client: Client, model: str, config: Config) -> None:
+def apply_configuration(client: Client, model: str, config: Config) -> None:
     """Set c, then the threads (so the server's c x threads check sees the new c), and wait
     until every ready replica's heartbeat reports the threads."""
     client.set_parallelism(model, config.c)
@@ -376,7 +377,7 @@ async def _profile(send: Send, client: Client, setup: _Setup, args: argparse.Nam
     sent = 0
     try:
         for config in setup.plan:
-            _apply(client, setup.model, config)
+            apply_configuration(client, setup.model, config)
             warm = await _closed(send, config.c, args.warmup, args)
             before = _server_totals(client, setup.model)
             timed = await _closed(send, config.c, args.requests, args)
@@ -500,7 +501,7 @@ async def _measure_cells(send: Send, client: Client, setup: _Setup,
     try:
         for k, (config, rate) in enumerate(plan):
             if config != current:  # switch, then warm up the new configuration
-                _apply(client, setup.model, config)
+                apply_configuration(client, setup.model, config)
                 sent += len((await run_closed_loop(send, config.c, requests=args.warmup,
                                                    timeout_s=args.timeout)).ok)
                 current = config
