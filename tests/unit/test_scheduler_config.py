@@ -1,0 +1,126 @@
+"""The ``scheduler:`` section of a deployment, and how the runtime builds its policy from it
+(runtime/parallelism.py: the profile file checked against the model, the applier's order)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parityserve.config import Deployment, parse_config
+from parityserve.core.parallelism_control import FixedPolicy, QueueLengthPolicy, SerfPolicy
+from parityserve.core.queueing import Config
+from parityserve.errors import ConfigError
+from parityserve.runtime.parallelism import SystemApplier, build_policy, current_config
+
+MODEL = {"name": "resnet20", "source": "zoo:echo", "replicas": 2}
+PROFILE = {"schema": "parityserve.profile/1", "model": "resnet20", "cores": 2,
+           "oversubscribe": False, "elapsed_s": 1.0, "measurements": [],
+           "profiles": {"1": [10.0, 9.0], "2": [16.0]}}
+
+
+def config(scheduler: Any, **model: Any) -> dict[str, Any]:
+    return {"models": [{**MODEL, **model, "scheduler": scheduler}]}
+
+
+def deployment(scheduler: Any, **model: Any) -> Deployment:
+    return parse_config(config(scheduler, **model)).models[0]
+
+
+@pytest.mark.parametrize(("scheduler", "message"), [
+    ({"policy": "serf"}, "scheduler.profile: policy serf needs the profile file"),
+    ({"policy": "fixed"}, "scheduler.c: policy fixed needs c"),
+    ({"policy": "fixed", "c": 1, "profile": "p.json"},
+     "scheduler.profile is only used by policy serf, not fixed"),
+    ({"policy": "serf", "profile": "p.json", "c": 2},
+     "scheduler.c is only used by policy fixed, not serf"),
+    ({"policy": "queue-length", "min_c": 3, "max_c": 2}, r"scheduler.max_c \(2\) is below"),
+    ({"policy": "adaptive"}, "models.0.scheduler.policy: Input should be 'serf', 'fixed' or "
+     "'queue-length'"),
+    ({"policy": "fixed", "c": 1, "perod_s": 1}, "scheduler.perod_s: unknown key"),
+    ({"policy": "fixed", "c": 1, "period_s": 0}, "period_s: Input should be greater than 0"),
+    ({"policy": "serf", "profile": "p.json", "gain_threshold": 1.0},
+     "gain_threshold: Input should be less than 1"),
+])
+def test_a_bad_scheduler_section_names_the_field(scheduler: dict[str, Any],
+                                                 message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(config(scheduler))
+
+
+def test_the_scheduler_needs_a_mode_c_applies_to() -> None:
+    with pytest.raises(ConfigError, match="scheduler: parallelism cannot be limited under "
+                       "redundancy 'replication'"):
+        parse_config(config({"policy": "fixed", "c": 1},
+                            redundancy={"mode": "replication", "d": 2}))
+
+
+def test_defaults() -> None:
+    scheduler = deployment({"policy": "serf", "profile": "p.json"}).scheduler
+    assert scheduler is not None
+    assert (scheduler.period_s, scheduler.window_s, scheduler.gain_threshold) == (5.0, 30.0, 0.1)
+    assert deployment(None).scheduler is None
+
+
+def test_each_policy_is_built(tmp_path: Path) -> None:
+    (tmp_path / "p.json").write_text(json.dumps(PROFILE))
+    serf = build_policy(deployment({"policy": "serf", "profile": "p.json"}).scheduler,
+                        deployment(None), tmp_path)
+    assert isinstance(serf, SerfPolicy) and serf.max_c == 2
+    fixed = build_policy(deployment({"policy": "fixed", "c": 2}).scheduler,
+                         deployment(None, threads_per_replica=1), tmp_path)
+    assert fixed == FixedPolicy(Config(2, 1))
+    ql = build_policy(deployment({"policy": "queue-length", "intra": 2}).scheduler,
+                      deployment(None), tmp_path)
+    assert isinstance(ql, QueueLengthPolicy) and ql.intra == 2
+    assert ql.config.max_replicas == 2 and ql.config.initial_replicas == 2
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "scheduler.profile 'p.json' cannot be read"),
+    ("{not json", "scheduler.profile 'p.json' cannot be read"),
+    (json.dumps({**PROFILE, "model": "mnist"}),
+     "scheduler.profile 'p.json': the profile is of model 'mnist', not 'resnet20'"),
+    (json.dumps({**PROFILE, "profiles": {"1": [0.0]}}), "must be a finite number > 0"),
+])
+def test_a_profile_that_does_not_fit_the_model_is_a_config_error(
+        tmp_path: Path, text: str | None, message: str) -> None:
+    if text is not None:
+        (tmp_path / "p.json").write_text(text)
+    cfg = deployment({"policy": "serf", "profile": "p.json"}).scheduler
+    with pytest.raises(ConfigError, match=message):
+        build_policy(cfg, deployment(None), tmp_path)
+
+
+def test_a_bad_queue_length_setting_is_a_config_error() -> None:
+    cfg = deployment({"policy": "queue-length", "min_c": 3}).scheduler
+    with pytest.raises(ConfigError, match="max_replicas must be an integer >= min_replicas"):
+        build_policy(cfg, deployment(None), None)  # 2 replicas, at least 3 at once
+
+
+def test_the_current_configuration_of_a_deployment() -> None:
+    assert current_config(deployment(None)) == Config(2, 1)
+    assert current_config(deployment(None, parallelism=1, threads_per_replica=2)) == Config(1, 2)
+
+
+@pytest.mark.parametrize(("current", "target", "calls"), [
+    (Config(2, 1), Config(1, 2), [("c", 1), ("threads", 2)]),  # shrink c first
+    (Config(1, 2), Config(2, 1), [("threads", 1), ("c", 2)]),  # shrink threads first
+    (Config(1, 1), Config(2, 1), [("c", 2)]),
+    (Config(1, 1), Config(1, 2), [("threads", 2)]),
+])
+def test_the_applier_shrinks_a_knob_before_it_grows_the_other(
+        current: Config, target: Config, calls: list[tuple[str, int]]) -> None:
+    made: list[tuple[str, int]] = []
+
+    async def set_c(model: str, c: int) -> None:
+        made.append(("c", c))
+
+    async def set_threads(model: str, threads: int) -> None:
+        made.append(("threads", threads))
+
+    asyncio.run(SystemApplier(set_c, set_threads).apply("m", target, current))
+    assert made == calls
