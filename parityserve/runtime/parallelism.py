@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,6 +145,7 @@ class _ModelControl:
         self.probe: LoadProbe | None = None
         self.task: asyncio.Task[None] | None = None
         self.error: str | None = None  # the last switch the system refused
+        self.switches = 0  # applied (the core counts decided ones; the system may refuse)
 
 
 class Controllers:
@@ -159,8 +160,15 @@ class Controllers:
         self.base_dir = base_dir
         self._controls: dict[str, _ModelControl] = {}
 
+    def check(self, deployments: Iterable[Deployment]) -> None:
+        """Build every configured policy once, so that a bad profile fails the start (a
+        ConfigError naming the field) before any worker is launched."""
+        for deployment in deployments:
+            if deployment.scheduler is not None:
+                build_policy(deployment.scheduler, deployment, self.base_dir)
+
     def start(self) -> None:
-        """Build (validating every profile first) and start the configured controllers."""
+        """Build and start the configured controllers."""
         built = {name: (path.deployment.scheduler, self._policy(path, path.deployment.scheduler))
                  for name, path in self.models.items() if path.deployment.scheduler}
         for name, (cfg, policy) in built.items():
@@ -222,6 +230,7 @@ class Controllers:
             log.warning("parallelism %s: %s", control.name, control.error)
             return False
         control.error = None
+        control.switches += 1
         log.info("parallelism %s: c=%d intra=%d -> c=%d intra=%d (%s, lambda=%.3g/s): %s",
                  control.name, decision.current.c, decision.current.intra, decision.chosen.c,
                  decision.chosen.intra, decision.policy, decision.arrival_rate,
@@ -242,7 +251,7 @@ class Controllers:
             return None
         last = control.core.last
         return {"policy": control.cfg.policy, "settings": control.cfg.model_dump(mode="json"),
-                "switches": control.core.switches, "error": control.error,
+                "switches": control.switches, "error": control.error,
                 "last_decision": None if last is None else last.to_dict()}
 
     async def close(self) -> None:

@@ -125,6 +125,7 @@ class ServingSystem:
         self, *, wait_ready: bool = True, timeout_s: float = STARTUP_TIMEOUT_S
     ) -> None:
         server = self.config.server
+        self.controllers.check(self.config.models)  # a bad scheduler profile fails first
         # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.
         self.router.store = await asyncio.to_thread(open_store, server.state_store,
                                                     base_dir=self.base_dir)
@@ -137,7 +138,7 @@ class ServingSystem:
         for deployment in self.config.models:
             self.models[deployment.name] = self._supervisor.launch_path(deployment)
         self._loop_task = asyncio.get_running_loop().create_task(self._supervise())
-        self.controllers.start()  # a bad profile fails the start, naming the field
+        self.controllers.start()
         if wait_ready:
             await self.wait_ready(timeout_s)
 
