@@ -257,7 +257,7 @@ class SchedulerConfig(_Frozen):
     estimates the arrival rate over ``window_s`` and sets c (and intra) live."""
 
     policy: Literal["serf", "fixed", "queue-length"]
-    period_s: float = Field(5.0, gt=0, le=3600, description="seconds between decisions")
+    period_s: float = Field(5.0, ge=0.005, le=3600, description="seconds between decisions")
     window_s: float = Field(30.0, gt=0, le=86_400, description="arrival-rate window")
     profile: str | None = Field(None, description="serf: the JSON `parityserve profile` "
                                 "wrote for this model (relative to the config's folder)")

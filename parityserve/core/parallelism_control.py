@@ -195,19 +195,24 @@ def _gain(current: Prediction | None, target: Prediction, cap_cur: float,
 @dataclass(frozen=True, slots=True)
 class SerfPolicy:
     """SERF: the configuration with the lowest predicted mean latency at the estimated λ
-    (a tie goes to the fewest cores), among the profiled ones with c ≤ ``max_c``."""
+    (a tie goes to the fewest cores), among the profiled ones with c ≤ ``max_c`` (the
+    replicas) and c·intra ≤ ``max_threads`` (what the server lets run; None: no limit)."""
 
     profile: SerfProfile
     max_c: int
+    max_threads: int | None = None
     name: str = "serf"
     _configs: tuple[Config, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         found = configurations(self.profile.profiles, cores=self.profile.cores,
                                oversubscribe=self.profile.oversubscribe)
-        allowed = tuple(cfg for cfg in found if cfg.c <= self.max_c)
+        top = self.max_threads
+        allowed = tuple(cfg for cfg in found
+                        if cfg.c <= self.max_c and (top is None or cfg.cores <= top))
         if not allowed:
-            raise ValueError(f"no profiled configuration has c <= {self.max_c} (the replicas)")
+            raise ValueError(f"no profiled configuration has c <= {self.max_c} (the replicas)"
+                             + ("" if top is None else f" and c x intra <= {top} threads"))
         object.__setattr__(self, "_configs", allowed)
 
     def predict(self, rate: float, config: Config) -> Prediction | None:

@@ -4,7 +4,7 @@ configuration it chooses live through one small ``Applier``.
 
 A switch changes c (``ServingSystem.set_parallelism``) and intra (``set_threads``), neither of
 which restarts a process or takes back a running batch, so no query is lost or answered twice
-across it (``tests/integration/test_parallelism_control.py`` counts them). Every decision is
+across it (``tests/integration/test_parallelism_controller_serving.py`` counts them). Every decision is
 kept for ``/admin/state``, exported in ``/metrics``, and each switch is logged on one line.
 """
 
@@ -31,6 +31,7 @@ from parityserve.core.parallelism_control import (
     read_profile,
 )
 from parityserve.core.queueing import Config
+from parityserve.core.scheduling.settings import OVERSUBSCRIBE_FACTOR, check_cores
 from parityserve.errors import ConfigError, ParityServeError
 from parityserve.runtime.dispatch import ModelPath
 from parityserve.runtime.metrics import Metrics
@@ -108,30 +109,38 @@ def _load_profile(cfg: SchedulerConfig, model: str, base_dir: Path | None) -> An
         raise ConfigError(f"model {model!r}: scheduler.profile {cfg.profile!r}: {exc}") from None
 
 
-def build_policy(cfg: SchedulerConfig, deployment: Deployment,
-                 base_dir: Path | None) -> Policy:
-    """The policy ``cfg`` names for ``deployment``; ConfigError naming the field if not."""
+def build_policy(cfg: SchedulerConfig, deployment: Deployment, base_dir: Path | None,
+                 cores: int) -> Policy:
+    """The policy ``cfg`` names for ``deployment``; ConfigError naming the field if it cannot
+    be built, or if it could choose more threads than the server lets ``cores`` run."""
+    try:
+        return _build(cfg, deployment, base_dir, cores)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"model {deployment.name!r}: scheduler: {exc}") from None
+
+
+def _build(cfg: SchedulerConfig, deployment: Deployment, base_dir: Path | None,
+           cores: int) -> Policy:
     replicas = max(1, deployment.data_replicas())
     intra = cfg.intra or deployment.threads_per_replica
+    over = deployment.oversubscribe
+    if cfg.policy == "serf":
+        return SerfPolicy(_load_profile(cfg, deployment.name, base_dir), max_c=replicas,
+                          max_threads=cores * (OVERSUBSCRIBE_FACTOR if over else 1))
     if cfg.policy == "fixed":
         assert cfg.c is not None
+        check_cores(cfg.c, intra, cores, oversubscribe=over)
         return FixedPolicy(Config(cfg.c, intra))
-    if cfg.policy == "serf":
-        try:
-            return SerfPolicy(_load_profile(cfg, deployment.name, base_dir), max_c=replicas)
-        except ValueError as exc:
-            raise ConfigError(f"model {deployment.name!r}: scheduler.profile: {exc}") from None
     top = cfg.max_c or replicas
-    try:
-        ql = QueueLengthConfig(
-            target_ongoing_requests=cfg.target_ongoing_requests, min_replicas=cfg.min_c,
-            max_replicas=top, initial_replicas=min(max(cfg.min_c, current_config(
-                deployment).c), top),
-            upscale_delay_s=cfg.upscale_delay_s, downscale_delay_s=cfg.downscale_delay_s,
-            look_back_period_s=cfg.look_back_period_s)
-    except ValueError as exc:
-        raise ConfigError(f"model {deployment.name!r}: scheduler: {exc}") from None
-    return QueueLengthPolicy(ql, intra)
+    check_cores(top, intra, cores, oversubscribe=over)
+    start = min(max(cfg.min_c, current_config(deployment).c), top)
+    return QueueLengthPolicy(QueueLengthConfig(
+        target_ongoing_requests=cfg.target_ongoing_requests, min_replicas=cfg.min_c,
+        max_replicas=top, initial_replicas=start, upscale_delay_s=cfg.upscale_delay_s,
+        downscale_delay_s=cfg.downscale_delay_s,
+        look_back_period_s=cfg.look_back_period_s), intra)
 
 
 class _ModelControl:
@@ -152,8 +161,9 @@ class Controllers:
     """The controllers of every model that has a ``scheduler``."""
 
     def __init__(self, models: dict[str, ModelPath], applier: Applier, metrics: Metrics,
-                 clock: Callable[[], float], base_dir: Path | None) -> None:
+                 clock: Callable[[], float], base_dir: Path | None, cores: int) -> None:
         self.models = models
+        self.cores = cores  # what c x intra must fit in (ModelAdmin checks the same)
         self.applier = applier
         self.metrics = metrics
         self.clock = clock
@@ -165,7 +175,7 @@ class Controllers:
         ConfigError naming the field) before any worker is launched."""
         for deployment in deployments:
             if deployment.scheduler is not None:
-                build_policy(deployment.scheduler, deployment, self.base_dir)
+                build_policy(deployment.scheduler, deployment, self.base_dir, self.cores)
 
     def start(self) -> None:
         """Build and start the configured controllers."""
@@ -177,7 +187,7 @@ class Controllers:
 
     def _policy(self, path: ModelPath, cfg: SchedulerConfig | None) -> Policy:
         assert cfg is not None
-        return build_policy(cfg, path.deployment, self.base_dir)
+        return build_policy(cfg, path.deployment, self.base_dir, self.cores)
 
     def _start(self, name: str, cfg: SchedulerConfig, policy: Policy) -> None:
         control = _ModelControl(name, cfg, policy, self.clock())
@@ -188,7 +198,7 @@ class Controllers:
         """Change (or start) a model's controller live; ConfigError, changing nothing, if the
         policy cannot be built."""
         path = self.models[name]
-        policy = build_policy(cfg, path.deployment, self.base_dir)
+        policy = build_policy(cfg, path.deployment, self.base_dir, self.cores)
         control = self._controls.get(name)
         if control is None:
             self._start(name, cfg, policy)
@@ -225,9 +235,11 @@ class Controllers:
         try:
             await self.applier.apply(control.name, decision.chosen, decision.current)
         except ParityServeError as exc:
-            control.error = (f"switch to c={decision.chosen.c}, intra={decision.chosen.intra} "
-                             f"refused: {exc}")
-            log.warning("parallelism %s: %s", control.name, control.error)
+            error = (f"switch to c={decision.chosen.c}, intra={decision.chosen.intra} "
+                     f"refused: {exc}")
+            if error != control.error:  # a policy retrying each period logs it once
+                log.warning("parallelism %s: %s", control.name, error)
+            control.error = error
             return False
         control.error = None
         control.switches += 1

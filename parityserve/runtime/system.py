@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -94,7 +95,8 @@ class ServingSystem:
         self._loop_task: asyncio.Task[None] | None = None
         # The parallelism controllers (issue 18): one task per model with a ``scheduler``.
         self.controllers = Controllers(self.models, SystemApplier(
-            self.set_parallelism, self.set_threads), self.metrics, clock, base_dir)
+            self.set_parallelism, self.set_threads), self.metrics, clock, base_dir,
+            cores=os.cpu_count() or 1)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -259,15 +261,17 @@ class ServingSystem:
         """Change (or start) a model's parallelism controller live; nothing changes on a bad
         request (InvalidInput naming the problem)."""
         path = find_model(self.models, model)
-        self._checked_policy(path.deployment, scheduler)
+        deployment = self._checked_policy(path.deployment, scheduler)
         self.controllers.set_policy(model, scheduler)
+        path.deployment = deployment  # kept with the model: a later change is checked against it
 
-    def _checked_policy(self, deployment: Deployment, scheduler: SchedulerConfig) -> None:
+    def _checked_policy(self, deployment: Deployment, scheduler: SchedulerConfig) -> Deployment:
+        changed = revalidated(deployment, scheduler=scheduler.model_dump())
         try:
-            revalidated(deployment, scheduler=scheduler.model_dump())
-            build_policy(scheduler, deployment, self.base_dir)
+            build_policy(scheduler, deployment, self.base_dir, self.controllers.cores)
         except ConfigError as exc:
             raise InvalidInput(scrub_paths(str(exc))) from None
+        return changed
 
     async def set_replicas(self, model: str, replicas: int) -> None:
         await self.model_admin.set_replicas(model, replicas)

@@ -198,6 +198,8 @@ def test_a_bad_scheduler_request_is_refused_and_changes_nothing(
         client.set_scheduler("echo", "fixed", c=1, unknown_key=1)
     with pytest.raises(InvalidInput, match="scheduler.max_c .* is below min_c"):
         client.set_scheduler("echo", "queue-length", min_c=2, max_c=1)
+    with pytest.raises(InvalidInput, match="2 requests at once x 2 threads each = 4 threads"):
+        client.set_scheduler("echo", "fixed", c=2, intra=2)  # 2 cores, not oversubscribed
     with pytest.raises(UnknownModel):
         client.set_scheduler("nope", "fixed", c=1)
     with pytest.raises(Unauthorized), Client(served.url, token="wrong") as stranger:
