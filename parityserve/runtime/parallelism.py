@@ -4,8 +4,9 @@ configuration it chooses live through one small ``Applier``.
 
 A switch changes c (``ServingSystem.set_parallelism``) and intra (``set_threads``), neither of
 which restarts a process or takes back a running batch, so no query is lost or answered twice
-across it (``tests/integration/test_parallelism_controller_serving.py`` counts them). Every decision is
-kept for ``/admin/state``, exported in ``/metrics``, and each switch is logged on one line.
+across it (``tests/integration/test_parallelism_controller_serving.py`` counts them). Every
+decision is kept for ``/admin/state``, exported in ``/metrics``, and each switch is logged on
+one line.
 """
 
 from __future__ import annotations
