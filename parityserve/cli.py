@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -341,13 +342,34 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
 
     config = load_config(args.config)
+    schedulers = _check_schedulers(config, Path(args.config).parent, args.config)
     print(f"{args.config}: ok — {len(config.models)} models, "
           f"{len(config.applications)} applications")
     for model in config.models:
         print(f"  model {model.name} v{model.version}: {model.source} x{model.replicas}")
+        if model.name in schedulers:
+            print(f"  scheduler: {schedulers[model.name]}")
     for app in config.applications:
         print(f"  app {app.name}: {list(app.models)}, SLO {app.slo_ms:g} ms")
     return 0
+
+
+def _check_schedulers(config: Any, folder: Path, where: str) -> dict[str, str]:
+    """Each model's scheduler policy, built as `start` builds it (its profile read and checked
+    against the model), so that validate catches what start would refuse."""
+    from parityserve.errors import ConfigError
+    from parityserve.runtime.parallelism import build_policy
+
+    found = {}
+    for model in config.models:
+        if model.scheduler is not None:
+            try:
+                build_policy(model.scheduler, model, folder, os.cpu_count() or 1)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            found[model.name] = (f"{model.scheduler.policy}, every "
+                                 f"{model.scheduler.period_s:g} s")
+    return found
 
 
 def _cmd_keys_generate(args: argparse.Namespace) -> int:

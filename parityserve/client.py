@@ -252,6 +252,14 @@ class Client:
         restart); each replica's heartbeat then reports it in ``/admin/state``."""
         return self._call("POST", f"/admin/models/{_q(model)}/threads", {"threads": threads})
 
+    def set_scheduler(self, model: str, policy: str, **settings: Any) -> dict[str, Any]:
+        """Change ``model``'s parallelism controller live, e.g. ``set_scheduler("m", "fixed",
+        c=2, intra=1)``, ``set_scheduler("m", "serf", profile="m.profile.json")`` or
+        ``set_scheduler("m", "queue-length", target_ongoing_requests=2)``; the fields are
+        the YAML ``scheduler:`` section's."""
+        return self._call("POST", f"/admin/models/{_q(model)}/scheduler",
+                          {"policy": policy, **settings})
+
     def link_models(self, app: str, models: Sequence[str]) -> dict[str, Any]:
         return self._call("POST", f"/admin/applications/{_q(app)}/models",
                           {"models": list(models)})

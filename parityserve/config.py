@@ -24,6 +24,7 @@ __all__ = [
     "ParityConfig",
     "REDUNDANCY_MODES",
     "RedundancyConfig",
+    "SchedulerConfig",
     "Deployment",
     "EmulationConfig",
     "FaultConfig",
@@ -251,6 +252,45 @@ class RedundancyConfig(_Frozen):
         return self.workers or minimum_workers(self.K, self.S, self.E)
 
 
+class SchedulerConfig(_Frozen):
+    """The online parallelism controller of one model (issue 18): every ``period_s`` it
+    estimates the arrival rate over ``window_s`` and sets c (and intra) live."""
+
+    policy: Literal["serf", "fixed", "queue-length"]
+    period_s: float = Field(5.0, ge=0.005, le=3600, description="seconds between decisions")
+    window_s: float = Field(30.0, gt=0, le=86_400, description="arrival-rate window")
+    profile: str | None = Field(None, description="serf: the JSON `parityserve profile` "
+                                "wrote for this model (relative to the config's folder)")
+    gain_threshold: float = Field(0.1, ge=0, lt=1, description="serf: switch only when the "
+                                  "predicted mean latency falls by more than this fraction, "
+                                  "two periods in a row")
+    c: int | None = Field(None, ge=1, le=256, description="fixed: requests at once")
+    intra: int | None = Field(None, ge=1, le=256, description="fixed, queue-length: threads "
+                              "per request (default: threads_per_replica)")
+    target_ongoing_requests: float = Field(2.0, gt=0, description="queue-length (Ray Serve)")
+    min_c: int = Field(1, ge=1, le=256, description="queue-length: fewest requests at once")
+    max_c: int | None = Field(None, ge=1, le=256, description="queue-length: most at once "
+                              "(default: the data replicas)")
+    upscale_delay_s: float = Field(30.0, ge=0, description="queue-length (Ray Serve)")
+    downscale_delay_s: float = Field(600.0, ge=0, description="queue-length (Ray Serve)")
+    look_back_period_s: float = Field(30.0, gt=0, description="queue-length (Ray Serve)")
+
+    @model_validator(mode="after")
+    def _check_policy(self) -> SchedulerConfig:
+        if self.policy == "serf" and not self.profile:
+            raise ValueError("scheduler.profile: policy serf needs the profile file "
+                             "(write one with `parityserve profile -c CONFIG --model M`)")
+        if self.policy != "serf" and self.profile:
+            raise ValueError(f"scheduler.profile is only used by policy serf, not {self.policy}")
+        if self.policy == "fixed" and self.c is None:
+            raise ValueError("scheduler.c: policy fixed needs c (requests at once)")
+        if self.policy != "fixed" and self.c is not None:
+            raise ValueError(f"scheduler.c is only used by policy fixed, not {self.policy}")
+        if self.max_c is not None and self.max_c < self.min_c:
+            raise ValueError(f"scheduler.max_c ({self.max_c}) is below min_c ({self.min_c})")
+        return self
+
+
 class Deployment(_Frozen):
     """One deployed model version and its replicas."""
 
@@ -294,6 +334,8 @@ class Deployment(_Frozen):
     oversubscribe: bool = Field(
         False, description="allow parallelism x threads_per_replica up to twice the cores "
         "(a labelled extension of SERF's faithful c x intra <= cores) when threads are set live")
+    scheduler: SchedulerConfig | None = Field(
+        None, description="choose c and intra online: serf, fixed or queue-length (null: off)")
 
     @model_validator(mode="before")
     @classmethod
@@ -327,8 +369,11 @@ class Deployment(_Frozen):
                              f"replicas (one per task of a group), got {self.replicas}")
         try:
             check_parallelism(self.parallelism, mode)
+            if self.scheduler is not None:  # it sets c, so it needs a mode c applies to
+                check_parallelism(1, mode)
         except ValueError as exc:
-            raise ValueError(f"model {self.name!r}: {exc}") from None
+            where = "scheduler: " if self.scheduler is not None else ""
+            raise ValueError(f"model {self.name!r}: {where}{exc}") from None
         return self
 
     def data_replicas(self) -> int:

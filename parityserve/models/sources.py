@@ -71,6 +71,8 @@ class SourcePolicy:
     # ---- checks: each raises Forbidden (403) or InvalidInput (400), else returns None ----
     def check_deployment(self, deployment: Deployment) -> None:
         self.check_source(deployment.source, deployment.weights)
+        if deployment.scheduler is not None and deployment.scheduler.profile is not None:
+            self.check_file(deployment.scheduler.profile, "profile file")
         if deployment.parity is not None:
             self.check_parity(deployment.parity)
 

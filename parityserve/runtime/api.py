@@ -18,6 +18,7 @@ from parityserve.config import (
     FaultConfig,
     ParityConfig,
     RedundancyConfig,
+    SchedulerConfig,
     TensorSpec,
 )
 
@@ -100,6 +101,8 @@ class ServingSystem(Protocol):
     async def set_parallelism(self, model: str, parallelism: int | None) -> None: ...
 
     async def set_threads(self, model: str, threads: int) -> None: ...
+
+    async def set_scheduler(self, model: str, scheduler: SchedulerConfig) -> None: ...
 
     async def set_redundancy(self, model: str, redundancy: RedundancyConfig,
                              parity: ParityConfig | None) -> None: ...

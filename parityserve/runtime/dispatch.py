@@ -152,6 +152,9 @@ class ModelPath:
         # Futures answered by decoding, and how; a late real prediction still goes to the cache.
         self.rebuilt: weakref.WeakKeyDictionary[asyncio.Future[Any], str] = (
             weakref.WeakKeyDictionary())
+        # The parallelism controller's load probe (runtime/parallelism.py), when one watches:
+        # told of every query that reaches the scheduler (cache hits load no replica).
+        self.probe: Callable[[float, asyncio.Future[Any]], None] | None = None
 
     # ---- the scheduler's state, as the rest of the runtime reads it --------------------------
     @property
@@ -238,7 +241,10 @@ class ModelPath:
             self.admit(1, deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         query = Query(item, key, future)
-        actions = self.machine.submit(query, deadline, self.clock())
+        now = self.clock()
+        actions = self.machine.submit(query, deadline, now)
+        if self.probe is not None:
+            self.probe(now, future)
         if key is not None:
             self._track_pending(key, query)
         self._apply(actions)
@@ -267,6 +273,11 @@ class ModelPath:
 
     def serving_replicas(self) -> int:
         return self.machine.serving_replicas()
+
+    def ongoing(self) -> int:
+        """Queries queued or running: Ray Serve's "ongoing requests" for the queue-length
+        policy."""
+        return len(self.queue) + sum(len(b.entries) for b in self.inflight.values())
 
     def _key(self, item: Any) -> tuple[str, int, bytes] | None:
         if not self._caching:

@@ -34,6 +34,7 @@ from parityserve.config import (
     Limits,
     ParityConfig,
     RedundancyConfig,
+    SchedulerConfig,
     TensorSpec,
 )
 from parityserve.core.inputs import depth_error, scan
@@ -308,7 +309,8 @@ class _RedundancyBody(_Body):
 _ADMIN_BODIES: dict[str, type[BaseModel]] = {
     "admin_link_models": _LinkBody, "admin_replicas": _ReplicasBody,
     "admin_faults": _FaultsBody, "admin_redundancy": _RedundancyBody,
-    "admin_parallelism": _ParallelismBody, "admin_threads": _ThreadsBody}
+    "admin_parallelism": _ParallelismBody, "admin_threads": _ThreadsBody,
+    "admin_scheduler": SchedulerConfig}
 
 
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
@@ -521,6 +523,8 @@ class _Frontend:
                 r(models + "/{model}/parallelism", self.set_parallelism, "admin_parallelism",
                   "model", ["POST"]),
                 r(models + "/{model}/threads", self.set_threads, "admin_threads", "model",
+                  ["POST"]),
+                r(models + "/{model}/scheduler", self.set_scheduler, "admin_scheduler", "model",
                   ["POST"])]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
@@ -687,6 +691,14 @@ class _Frontend:
         model = request.path_params["model"]
         await self.system.set_threads(model, body.threads)
         return _json({"model": model, "threads": body.threads}), "ok"
+
+    async def set_scheduler(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(SchedulerConfig, await self._body(request), "scheduler request")
+        if body.profile is not None:  # read from the server's disk: only under model_roots
+            self.sources.check_file(body.profile, "profile file")
+        model = request.path_params["model"]
+        await self.system.set_scheduler(model, body)
+        return _json({"model": model, "scheduler": body.model_dump(mode="json")}), "ok"
 
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")

@@ -37,6 +37,7 @@ class Metrics:
         self._define_models()
         self._define_replicas()
         self._define_selection()
+        self._define_parallelism()
 
     def _define_requests(self) -> None:
         reg = self.registry
@@ -159,6 +160,36 @@ class Metrics:
 
     def observe_default(self, app: str, reason: str) -> None:
         self._defaults.labels(app, reason).inc()
+
+    def _define_parallelism(self) -> None:
+        reg, labels = self.registry, ["model"]
+        self._config = Gauge("parityserve_parallelism_config", "The configuration the "
+                             "parallelism controller runs: knob c (requests at once) or intra "
+                             "(threads per request)", ["model", "knob"], registry=reg)
+        self._lambda = Gauge("parityserve_scheduler_arrival_rate", "The controller's arrival "
+                             "rate estimate (queries per second over its window)", labels,
+                             registry=reg)
+        self._latency_seen = Gauge("parityserve_scheduler_latency_seconds", "Mean latency of "
+                                   "the configuration chosen: predicted by the policy's model "
+                                   "(NaN without one) or observed over the window",
+                                   ["model", "kind"], registry=reg)
+        self._switches = Counter("parityserve_scheduler_switches", "Configuration switches "
+                                 "the controller applied", ["model", "policy"], registry=reg)
+
+    def parallelism_decision(self, model: str, policy: str, *, c: int, intra: int,
+                             arrival_rate: float, predicted_s: float | None,
+                             observed_s: float | None, switched: bool) -> None:
+        """One controller tick (runtime/parallelism.py)."""
+        self._config.labels(model, "c").set(c)
+        self._config.labels(model, "intra").set(intra)
+        self._lambda.labels(model).set(arrival_rate)
+        nan = float("nan")
+        self._latency_seen.labels(model, "predicted").set(
+            nan if predicted_s is None else predicted_s)
+        self._latency_seen.labels(model, "observed").set(nan if observed_s is None else observed_s)
+        counter = self._switches.labels(model, policy)  # present from the first tick, at 0
+        if switched:
+            counter.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""

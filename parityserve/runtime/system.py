@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -28,12 +29,13 @@ from parityserve.config import (
     FaultConfig,
     ParityConfig,
     RedundancyConfig,
+    SchedulerConfig,
     ServingConfig,
 )
 from parityserve.core.cache import ClockCache
-from parityserve.errors import ModelLoadError, Unavailable, WorkerError
+from parityserve.errors import ConfigError, InvalidInput, ModelLoadError, Unavailable, WorkerError
 from parityserve.models.sources import scrub_paths
-from parityserve.runtime.admin_ops import AppAdmin, ModelAdmin, slo_for
+from parityserve.runtime.admin_ops import AppAdmin, ModelAdmin, revalidated, slo_for
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.applications import AppRuntime
 from parityserve.runtime.commands import Command
@@ -46,6 +48,7 @@ from parityserve.runtime.launcher import LocalLauncher, WorkerProcess
 from parityserve.runtime.lookup import find_model
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.model_infer import infer_rows
+from parityserve.runtime.parallelism import Controllers, SystemApplier, build_policy
 from parityserve.runtime.router import QueryRouter
 from parityserve.runtime.rpc import RejectLog, WorkerLink
 from parityserve.runtime.state_store import StateStore, open_store
@@ -90,6 +93,10 @@ class ServingSystem:
         self._supervisor: Supervisor | None = None
         self._model_admin: ModelAdmin | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        # The parallelism controllers (issue 18): one task per model with a ``scheduler``.
+        self.controllers = Controllers(self.models, SystemApplier(
+            self.set_parallelism, self.set_threads), self.metrics, clock, base_dir,
+            cores=os.cpu_count() or 1)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -120,6 +127,7 @@ class ServingSystem:
         self, *, wait_ready: bool = True, timeout_s: float = STARTUP_TIMEOUT_S
     ) -> None:
         server = self.config.server
+        self.controllers.check(self.config.models)  # a bad scheduler profile fails first
         # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.
         self.router.store = await asyncio.to_thread(open_store, server.state_store,
                                                     base_dir=self.base_dir)
@@ -132,6 +140,7 @@ class ServingSystem:
         for deployment in self.config.models:
             self.models[deployment.name] = self._supervisor.launch_path(deployment)
         self._loop_task = asyncio.get_running_loop().create_task(self._supervise())
+        self.controllers.start()
         if wait_ready:
             await self.wait_ready(timeout_s)
 
@@ -184,6 +193,7 @@ class ServingSystem:
 
     async def close(self) -> None:
         """Stop workers in order and answer everything still waiting."""
+        await self.controllers.close()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -241,7 +251,27 @@ class ServingSystem:
         return self._model_admin
 
     async def deploy(self, deployment: Deployment) -> None:
+        if deployment.scheduler is not None:  # a bad profile is refused before any launch
+            self._checked_policy(deployment, deployment.scheduler)
         await self.model_admin.deploy(deployment)
+        if deployment.scheduler is not None:
+            self.controllers.set_policy(deployment.name, deployment.scheduler)
+
+    async def set_scheduler(self, model: str, scheduler: SchedulerConfig) -> None:
+        """Change (or start) a model's parallelism controller live; nothing changes on a bad
+        request (InvalidInput naming the problem)."""
+        path = find_model(self.models, model)
+        deployment = self._checked_policy(path.deployment, scheduler)
+        self.controllers.set_policy(model, scheduler)
+        path.deployment = deployment  # kept with the model: a later change is checked against it
+
+    def _checked_policy(self, deployment: Deployment, scheduler: SchedulerConfig) -> Deployment:
+        changed = revalidated(deployment, scheduler=scheduler.model_dump())
+        try:
+            build_policy(scheduler, deployment, self.base_dir, self.controllers.cores)
+        except ConfigError as exc:
+            raise InvalidInput(scrub_paths(str(exc))) from None
+        return changed
 
     async def set_replicas(self, model: str, replicas: int) -> None:
         await self.model_admin.set_replicas(model, replicas)
@@ -280,6 +310,7 @@ class ServingSystem:
             "platform": path.platform,
             "slo_ms": path.slo_s * 1000,
             "parallelism": path.deployment.parallelism,
+            "scheduler": self.controllers.state(path.name),
             "threads": path.deployment.threads_per_replica,
             "oversubscribe": path.deployment.oversubscribe,
             "emulation": _emulation_state(path),
