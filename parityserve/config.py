@@ -223,6 +223,10 @@ class RedundancyConfig(_Frozen):
     decoder: Literal["interpolate", "subtract"] = Field(
         "interpolate", description="systematic-berrut: how a missing answer is rebuilt "
         "(subtract: exact for affine models; see the README before using either)")
+    group_wait_ms: float = Field(
+        0.0, ge=0, le=10_000, description="berrut modes: a group with fewer than K x batch "
+        "queries waits up to this long (from its oldest query) for more before it is coded; "
+        "every group costs its K + S (or N + 1) tasks however few queries it holds")
 
     @model_validator(mode="after")
     def _check(self) -> RedundancyConfig:
@@ -235,6 +239,9 @@ class RedundancyConfig(_Frozen):
         if self.decoder != "interpolate" and self.mode != "systematic-berrut":
             raise ValueError(f"redundancy: decoder is only used by systematic-berrut, not "
                              f"{self.mode}")
+        if self.group_wait_ms and self.mode not in ("berrut", "systematic-berrut"):
+            raise ValueError(f"redundancy: group_wait_ms is only used by the berrut modes, not "
+                             f"{self.mode} (ParM's is parity.group_wait_ms)")
         if self.workers is not None:
             if self.mode != "berrut":
                 raise ValueError(f"redundancy: workers is only used by berrut, not {self.mode}")

@@ -121,7 +121,8 @@ def mode_of(deployment: Deployment) -> ModeSettings:
             k=parity.k, r=parity.r, coefficients=parity.coefficients, encoder=parity.encoder,
             grace_s=parity.timeout_ms / 1000 if parity.timeout_ms is not None else None,
             group_wait_s=parity.group_wait_ms / 1000),
-        K=cfg.K, S=cfg.S, E=cfg.E, workers=cfg.workers, decoder=cfg.decoder)
+        K=cfg.K, S=cfg.S, E=cfg.E, workers=cfg.workers, decoder=cfg.decoder,
+        group_wait_s=cfg.group_wait_ms / 1000)
 
 
 class ModelPath:
