@@ -211,6 +211,9 @@ class ServingSystem:
         """The outputs, and which rows were rebuilt by decoding (row -> method)."""
         return await infer_rows(find_model(self.models, model, version), batch, self.clock)
 
+    def expected_accuracy(self, model: str, version: int | None, method: str) -> float | None:
+        return find_model(self.models, model, version).expected_accuracy(method)
+
     # ---- metadata and readiness ------------------------------------------------------------
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         path = find_model(self.models, model, version)

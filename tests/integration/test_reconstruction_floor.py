@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as triton
 
 from parityserve.client import Client
 
@@ -35,12 +37,14 @@ def _table(accuracy: float) -> dict:
 
 
 MODELS = [_model("low", reconstruction=_table(0.6)), _model("high", reconstruction=_table(0.95)),
-          _model("unmeasured"), _model("plain", reconstruction=_table(0.6))]
-FLOORS = {"low": 0.9, "high": 0.9, "unmeasured": 0.5, "plain": None}
+          _model("unmeasured"), _model("plain", reconstruction=_table(0.6)),
+          _model("viahttp", reconstruction=_table(0.95)), _model("viagrpc")]
+FLOORS = {"low": 0.9, "high": 0.9, "unmeasured": 0.5, "plain": None, "viahttp": None,
+          "viagrpc": None}
 
 
 @pytest.fixture(scope="module")
-def client(server_factory):
+def served(server_factory):
     config = {
         "server": {"http_port": 0, "cache_bytes": 0, "heartbeat_timeout_ms": 5000},
         "models": MODELS,
@@ -48,7 +52,11 @@ def client(server_factory):
                           "default_output": "DEFAULT",
                           "min_expected_accuracy": FLOORS[m["name"]]} for m in MODELS],
     }
-    served = server_factory(config)
+    return server_factory(config)
+
+
+@pytest.fixture(scope="module")
+def client(served):
     with Client(served.url) as c:
         yield c
 
@@ -95,3 +103,25 @@ def test_without_a_floor_a_low_accuracy_reconstruction_is_served_flagged(client)
     assert answer["expected_accuracy"] == pytest.approx(0.6)
     np.testing.assert_allclose(answer["output"], x, rtol=1e-5, atol=1e-5)
 
+
+
+def test_v2_http_reports_the_expected_accuracy_per_method(served) -> None:
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 4)).astype(np.float32)
+    tc = triton.InferenceServerClient(served.url.removeprefix("http://"))
+    inp = triton.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=False)
+    result = tc.infer("viahttp", [inp])
+    params = result.get_response()["parameters"]
+    assert params["reconstruction"] == ["parm-subtraction"], params
+    assert params["reconstruction_expected_accuracy"] == [0.95]
+    tc.close()
+
+
+def test_v2_grpc_says_unmeasured_where_nobody_measured(served) -> None:
+    x = np.random.default_rng(6).uniform(-1, 1, (1, 4)).astype(np.float32)
+    with tg.InferenceServerClient(served.grpc_url) as tc:
+        inp = tg.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        params = tc.infer("viagrpc", [inp]).get_response().parameters
+    assert params["reconstruction"].string_param == "parm-subtraction"
+    assert params["reconstruction_expected_accuracy"].string_param == "unmeasured"
