@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
-	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf check-plain-install fuzz clean venv
+	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf bench-parity_curve \
+	bench-berrut_group_wait check-plain-install fuzz clean venv
 
 venv: $(STAMP)
 
@@ -53,7 +54,9 @@ bench-overhead: $(BENCH_STAMP)
 	$(BIN)/parityserve bench overhead $(ARGS)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
-bench-tail bench-accuracy bench-selection bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf: bench-%: $(BENCH_STAMP)
+BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf parity_curve \
+	berrut_group_wait
+$(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
 # A real plain install (no extras) in a throwaway venv: the server starts and answers a

@@ -29,8 +29,16 @@ The experiment follows ParM section 6:
   real fault injection (``POST /admin/models/bench/faults``). The pairs are drawn from a
   fixed set of slots (the largest deployment's), so every mode sees the same per-slot
   timeline, seeded by (seed, repetition, rate);
-* **load:** open-loop Poisson at several rates up to the knee, ``--queries`` per point
-  (20,000 by default) and ``--repeats`` repetitions (3), medians shown;
+* **load:** open-loop Poisson, ``--queries`` per point (20,000 by default) and ``--repeats``
+  repetitions (3), medians shown. One server per case serves all its repetitions (they
+  differ in their Poisson and shuffle seeds), which saves a server start per repetition;
+* **sizing (issue 21: the full run in 45 min):** 9 cases x 3 repetitions x 20,000 queries is
+  540,000 queries per rate, so every rate r costs 540,000 / r seconds of load: 36 min at
+  250 q/s, 51 min at 175, 90 min at 100. The full run therefore measures **one rate, 250 q/s
+  (near the knee of ``none`` at 12 instances)**: about 40 min with server starts. "Several
+  rates up to the knee" does not fit beside 20,000 x 3: the cheapest second rate (175 q/s)
+  makes it about 93 min, 48 over. ``--rates 100,175,250`` is the sweep, in about 3 h; every
+  run prints its estimate against the 45-min budget before it starts;
 * **headline:** the gap p99.9 - p50 and its ratio to equal-resources with the same number of
   instances, beside ParM's "up to 3.5x" (target: at least 3.5x for ParM k = 2 at 12 + 6);
 * **cost:** extra instances over ``none``, and the frontend's CPU per query (the server
@@ -95,8 +103,10 @@ __all__ = [
     "MODES",
     "add_arguments",
     "build_parser",
+    "budget_line",
     "cost_rows",
     "main",
+    "plan_s",
     "run",
     "shuffle_events",
     "shuffle_transitions",
@@ -107,7 +117,9 @@ __all__ = [
 MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",
          "systematic-berrut")
 SOURCE = "zoo:parm-mlp"  # real outputs; its compute time is replaced by the profile's
-RATES = (100.0, 175.0, 250.0)  # q/s; the top one is near the knee of `none` at 12 instances
+RATES = (250.0,)  # q/s, the full run: near the knee of `none` at 12 instances (see sizing)
+SWEEP_RATES = (100.0, 175.0, 250.0)  # --quick takes the first and last
+BUDGET_MIN = 45.0  # issue 21: the full run's wall time
 PARM_HEADLINE = 3.5  # "reduces the gap between 99.9th percentile and median latency by up to"
 
 
@@ -119,7 +131,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default="2,4", help="ParM group sizes k")
     p.add_argument("--deployed", type=int, default=12, help="deployed instances m (ParM: 12 "
                    "GPU, 24 CPU)")
-    p.add_argument("--rates", help=f"offered loads, q/s (default {','.join(map(str, RATES))})")
+    p.add_argument("--rates", help=f"offered loads, q/s (default {','.join(map(str, RATES))}: "
+                   f"what fits {BUDGET_MIN:g} min; the sweep: "
+                   f"{','.join(f'{r:g}' for r in SWEEP_RATES)})")
     p.add_argument("--queries", type=int, default=20_000, help="queries per point")
     p.add_argument("--repeats", type=int, default=3, help="repetitions per point (medians)")
     p.add_argument("--shuffles", type=int, default=4, help="concurrent background shuffles")
@@ -129,6 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="added to each batch an instance serves while in a shuffle")
     p.add_argument("--reactive-ms", type=float, default=60.0,
                    help="reactive: re-issue a batch not answered after this long")
+    p.add_argument("--berrut-group-wait-ms", type=float, default=0.0,
+                   help="berrut modes: a partial group waits up to this long for more "
+                        "queries (redundancy.group_wait_ms; default 0, as before)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true",
@@ -144,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- pure helpers: cases, configs, shuffles, costs -------------------------------------------
 def testbed_cases(modes: Sequence[str], ks: Sequence[int], deployed: int,
-                  reactive_ms: float) -> list[Case]:
+                  reactive_ms: float, *, berrut_group_wait_ms: float = 0.0) -> list[Case]:
     """The deployments, resource-matched (see the module docstring)."""
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
@@ -172,7 +189,10 @@ def testbed_cases(modes: Sequence[str], ks: Sequence[int], deployed: int,
             cases += [Case(f"parm-k{k}", mode, m, m + extra[k], {"mode": "parm"},
                            {"k": k, "replicas": extra[k]}, extra[k]) for k in ks]
         else:
-            cases.append(Case(mode, mode, m + s, m + s, {"mode": mode, "K": m, "S": s}))
+            berrut: dict[str, Any] = {"mode": mode, "K": m, "S": s}
+            if berrut_group_wait_ms:
+                berrut["group_wait_ms"] = berrut_group_wait_ms
+            cases.append(Case(mode, mode, m + s, m + s, berrut))
     return cases
 
 
@@ -221,6 +241,21 @@ def shuffle_transitions(events: Sequence[tuple[float, float, tuple[int, int]]],
     return sorted(out, key=lambda x: (x[0], not x[2], x[1]))
 
 
+def plan_s(cases: int, rates: Sequence[float], queries: int, repeats: int) -> float:
+    """Estimated wall time: every (case, repetition, rate) point's load, one server start
+    per case (its repetitions share it)."""
+    return estimate_runtime_s(list(rates) * repeats * cases, queries, cases)
+
+
+def budget_line(estimate_s: float, budget_min: float = BUDGET_MIN) -> str:
+    """The estimate against the issue's budget, in words."""
+    minutes = estimate_s / 60
+    if minutes <= budget_min:
+        return f"about {minutes:.0f} min in all: within the {budget_min:g}-min budget"
+    return (f"about {minutes:.0f} min in all: over the {budget_min:g}-min budget by "
+            f"{minutes - budget_min:.0f} min")
+
+
 def cost_rows(points: Sequence[dict[str, Any]], deployed: int) -> list[dict[str, Any]]:
     """Per point: extra instances over ``none`` and frontend CPU per query beside ``none``'s
     at the same rate (None where ``none`` was not run)."""
@@ -245,25 +280,27 @@ def run(args: argparse.Namespace) -> int:
         args.queries, args.repeats = min(args.queries, 2000), 1
     rates = [float(r) for r in _split(args.rates)] if args.rates else list(RATES)
     if args.quick and not args.rates:
-        rates = [rates[0], rates[-1]]
+        rates = [SWEEP_RATES[0], SWEEP_RATES[-1]]
     profile = profile_named(args.profile)
     cases = testbed_cases(_split(args.modes), [int(k) for k in _split(args.ks)],
-                          args.deployed, args.reactive_ms)
+                          args.deployed, args.reactive_ms,
+                          berrut_group_wait_ms=args.berrut_group_wait_ms)
     slots = max(c.instances for c in cases)
     shuffle = {"concurrent": args.shuffles, "size_mb": [128, 256], "gbps": args.shuffle_gbps,
                "delay_ms": args.shuffle_delay_ms, "cluster_slots": slots}
     fingerprint = {"profile": profile.label, "source": SOURCE, "queries": args.queries,
                    "shuffle": shuffle, "seed": args.seed, "deployed": args.deployed,
-                   "reactive_ms": args.reactive_ms}
+                   "reactive_ms": args.reactive_ms, "server": "one per case"}
+    if args.berrut_group_wait_ms:
+        fingerprint["berrut_group_wait_ms"] = args.berrut_group_wait_ms
     name = "parm-testbed-quick" if args.quick else "parm-testbed"
     folder = args.results_dir / (".work" if args.quick else "parm-testbed-runs")
     saved = Checkpoint(folder / f"{name}-{settings_key(fingerprint)}.jsonl", fingerprint,
                        resume=args.resume or args.report_only)
-    starts = args.repeats * len(cases)
-    estimate = estimate_runtime_s(rates * starts, args.queries, starts)
+    estimate = plan_s(len(cases), rates, args.queries, args.repeats)
     print(f"== {profile.label}\n== ParM testbed: m = {args.deployed}, rates {rates} q/s, "
-          f"{args.queries} queries x {args.repeats}, cases {[c.name for c in cases]}; about "
-          f"{estimate / 60:.0f} min in all ==", flush=True)
+          f"{args.queries} queries x {args.repeats}, cases {[c.name for c in cases]}; "
+          f"{budget_line(estimate)} ==", flush=True)
     started = time.monotonic()
     if not args.report_only:
         data_dir = resolve_data_dir(args.data_dir)
@@ -296,18 +333,19 @@ def run(args: argparse.Namespace) -> int:
 def _measure(cases: Sequence[Case], rates: Sequence[float], saved: Checkpoint,
              args: argparse.Namespace, shuffle: dict[str, Any], bodies: list[bytes],
              data_dir: Path, profile: str) -> None:
-    """Every (repetition, case, rate) not saved yet; a fresh server per case and repetition."""
-    for rep in range(args.repeats):
-        for case in cases:
-            todo = [r for r in rates if saved.get(case.name, r, rep) is None]
-            if not todo:
-                continue
-            config = testbed_config(case, profile, args.seed + rep)
-            path = write_config(config, args.results_dir / ".work" / f"testbed-{case.name}.yaml")
-            with ServerProcess(path, data_dir=data_dir) as server:
-                for rate in todo:
-                    row, lat = _point(server, case, bodies, rate, rep, args, shuffle)
-                    saved.put({**row, "latency_quantiles_ms": latency_quantiles_ms(lat)}, rep)
+    """Every (case, repetition, rate) not saved yet; one server per case serves all its
+    repetitions (a start costs about 20 s: one per repetition would not fit the budget)."""
+    for case in cases:
+        todo = [(rep, r) for rep in range(args.repeats) for r in rates
+                if saved.get(case.name, r, rep) is None]
+        if not todo:
+            continue
+        config = testbed_config(case, profile, args.seed)
+        path = write_config(config, args.results_dir / ".work" / f"testbed-{case.name}.yaml")
+        with ServerProcess(path, data_dir=data_dir) as server:
+            for rep, rate in todo:
+                row, lat = _point(server, case, bodies, rate, rep, args, shuffle)
+                saved.put({**row, "latency_quantiles_ms": latency_quantiles_ms(lat)}, rep)
 
 
 def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, rep: int,
@@ -479,7 +517,9 @@ EXAMPLES = (
     ("python -m benchmarks.parm_testbed --quick",
      "check the harness: 2,000 queries per point, 1 repetition, 2 rates (about 8 min)"),
     ("python -m benchmarks.parm_testbed",
-     "the full run: 20,000 queries x 3 repetitions per point (hours; it prints an estimate)"),
+     "the full run: 20,000 queries x 3 repetitions x 9 cases at 250 q/s (about 40 min)"),
+    ("python -m benchmarks.parm_testbed --rates 100,175,250",
+     "the rate sweep, about 3 h (it prints its estimate first)"),
     ("python -m benchmarks.parm_testbed --resume",
      "go on from the runs an interrupted full run saved"),
     ("python -m benchmarks.parm_testbed --deployed 24 --ks 2",

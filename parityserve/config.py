@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.emulation import ServiceProfile, profile_named
+from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.core.scheduling.settings import check_parallelism
 from parityserve.errors import ConfigError
 
@@ -224,6 +225,10 @@ class RedundancyConfig(_Frozen):
     decoder: Literal["interpolate", "subtract"] = Field(
         "interpolate", description="systematic-berrut: how a missing answer is rebuilt "
         "(subtract: exact for affine models; see the README before using either)")
+    group_wait_ms: float = Field(
+        0.0, ge=0, le=10_000, description="berrut modes: a group with fewer than K x batch "
+        "queries waits up to this long (from its oldest query) for more before it is coded; "
+        "every group costs its K + S (or N + 1) tasks however few queries it holds")
 
     @model_validator(mode="after")
     def _check(self) -> RedundancyConfig:
@@ -236,6 +241,9 @@ class RedundancyConfig(_Frozen):
         if self.decoder != "interpolate" and self.mode != "systematic-berrut":
             raise ValueError(f"redundancy: decoder is only used by systematic-berrut, not "
                              f"{self.mode}")
+        if self.group_wait_ms and self.mode not in ("berrut", "systematic-berrut"):
+            raise ValueError(f"redundancy: group_wait_ms is only used by the berrut modes, not "
+                             f"{self.mode} (ParM's is parity.group_wait_ms)")
         if self.workers is not None:
             if self.mode != "berrut":
                 raise ValueError(f"redundancy: workers is only used by berrut, not {self.mode}")
@@ -291,6 +299,23 @@ class SchedulerConfig(_Frozen):
         return self
 
 
+class ReconstructionConfig(_Frozen):
+    """Measured accuracy of rebuilt answers (issue 21), per decoding method, and its source;
+    without it, ParM reads the degraded-mode accuracy ``train-parity`` stored beside the
+    parity weights (``core/reconstruction.py``)."""
+
+    expected_accuracy: dict[str, float] = Field(
+        min_length=1, description="decoding method (parm-subtraction, parm-linear, "
+        "parm-concat, berrut, systematic-berrut) -> accuracy of a rebuilt answer, 0..1")
+    source: str = Field(min_length=1, max_length=1000,
+                        description="where the numbers were measured (a results file, a run)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ReconstructionConfig:
+        ExpectedAccuracy(self.expected_accuracy, self.source)  # ValueError naming the problem
+        return self
+
+
 class Deployment(_Frozen):
     """One deployed model version and its replicas."""
 
@@ -331,6 +356,8 @@ class Deployment(_Frozen):
         "a batch at once, the rest stay warm but do not pull (null: every ready replica "
         "pulls). Changed live with POST /admin/models/{model}/parallelism, never restarting "
         "a process. Only with redundancy none, equal-resources or parm (data replicas only)")
+    reconstruction: ReconstructionConfig | None = Field(
+        None, description="expected accuracy of rebuilt answers, flagged on each of them")
     oversubscribe: bool = Field(
         False, description="allow parallelism x threads_per_replica up to twice the cores "
         "(a labelled extension of SERF's faithful c x intra <= cores) when threads are set live")
@@ -412,6 +439,9 @@ class Application(_Frozen):
     loss: Literal["zero-one", "cross-entropy", "abs-error"] = "zero-one"
     confidence_threshold: float | None = Field(
         None, ge=0, le=1, description="below this confidence, answer with the default output")
+    min_expected_accuracy: float | None = Field(
+        None, ge=0, le=1, description="a rebuilt answer expected to be right less often than "
+        "this (or never measured) is replaced by the default output, flagged")
 
     @model_validator(mode="after")
     def _check_name(self) -> Application:

@@ -196,6 +196,7 @@ class SimConfig:
     S: int = 1
     E: int = 0
     workers: int | None = None  # berrut: replicas per group (None: the minimum)
+    berrut_group_wait_s: float = 0.0  # berrut modes: a partial group's wait for more queries
     parallelism: int | None = None  # service parallelism c (Deployment.parallelism)
     faults: Mapping[str, FaultSpec] = field(default_factory=dict)
     rpc_overhead_s: float = 0.0  # per task: frontend -> worker -> frontend
@@ -234,6 +235,8 @@ class SimConfig:
             check_parallelism(self.parallelism, self.mode)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if not self.berrut_group_wait_s >= 0:
+            raise ConfigError(f"berrut_group_wait_s must be >= 0, got {self.berrut_group_wait_s}")
         if self.mode == "reactive" and self.reactive_timeout_s is None:
             raise ConfigError("reactive mode needs reactive_timeout_s")
         need = {"replication": self.d, "berrut": self.coded_tasks(),
@@ -342,7 +345,8 @@ def mode_settings(config: SimConfig) -> ModeSettings:
                             group_wait_s=config.group_wait_s) if config.mode == "parm" else None
     return ModeSettings(mode=config.mode, copies=config.d,
                         reissue_after_s=config.reactive_timeout_s, parity=parity, K=config.K,
-                        S=config.S, E=config.E, workers=config.workers)
+                        S=config.S, E=config.E, workers=config.workers,
+                        group_wait_s=config.berrut_group_wait_s)
 
 
 def _stand_in(entries: list[Entry[Query]]) -> npt.NDArray[np.float32]:

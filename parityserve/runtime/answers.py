@@ -1,8 +1,10 @@
 """One application query's answer, from what its models returned by the deadline.
 
 The policy combines the predictions that arrived; the answer is that output (flagged when a
-model's part was rebuilt by decoding), or the application's default output with the reason:
-nothing usable arrived, the policy failed, or its confidence is below the threshold.
+model's part was rebuilt by decoding, with the decoding method and its expected accuracy),
+or the application's default output with the reason: nothing usable arrived, the policy
+failed, its confidence is below the threshold, or a rebuilt part is expected to be right
+less often than the application's ``min_expected_accuracy`` (``core/reconstruction.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 from typing import Any
 
 from parityserve.config import Application
+from parityserve.core.reconstruction import Rebuilt, below_floor
 from parityserve.errors import PredictError
 from parityserve.runtime.api import Prediction
 from parityserve.runtime.applications import AppRuntime, describe_combined
@@ -44,9 +47,31 @@ def answer(runtime: AppRuntime, state: dict[str, Any], context: str, qid: str,
     rebuilt = {m: how for m in combined.used
                if (how := paths[m].reconstruction(asked[m][0])) is not None}
     if rebuilt:  # answered by decoding, not by the model's own prediction
-        extra["reconstructed"] = next(iter(rebuilt.values())) if one else rebuilt
+        parts = _flag_rebuilt(extra, rebuilt, paths, one)
+        reason = below_floor(app.min_expected_accuracy, parts)
+        if reason is not None:
+            return default(app, qid, reason, metrics, extra)
     return Prediction(qid, combined.output, model=one,
                       version=paths[one].version if one else None, cached=cached, extra=extra)
+
+
+def _flag_rebuilt(extra: dict[str, Any], rebuilt: dict[str, str],
+                  paths: dict[str, ModelPath], one: str | None) -> list[Rebuilt]:
+    """Flag the answer with each rebuilt part's method and its expected accuracy (None when
+    nobody measured it), and where that number comes from."""
+    parts = [Rebuilt(m, how, paths[m].expected_accuracy(how)) for m, how in rebuilt.items()]
+    sources = {p.model: s.source for p in parts if (s := paths[p.model].expected) is not None}
+    if one is not None:
+        extra["reconstructed"] = parts[0].method
+        extra["expected_accuracy"] = parts[0].expected
+        if sources:
+            extra["expected_accuracy_source"] = sources[one]
+    else:
+        extra["reconstructed"] = rebuilt
+        extra["expected_accuracy"] = {p.model: p.expected for p in parts}
+        if sources:
+            extra["expected_accuracy_source"] = sources
+    return parts
 
 
 def default(app: Application, qid: str, reason: str, metrics: Metrics,

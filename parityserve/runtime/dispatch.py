@@ -25,6 +25,7 @@ from parityserve.core.admission import ServiceEstimate
 from parityserve.core.cache import ClockCache, cache_key, input_digest
 from parityserve.core.deadline_queue import DeadlineQueue, Entry
 from parityserve.core.inputs import Leaves
+from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.core.scheduling import (
     DATA_POOL,
     Abort,
@@ -121,7 +122,8 @@ def mode_of(deployment: Deployment) -> ModeSettings:
             k=parity.k, r=parity.r, coefficients=parity.coefficients, encoder=parity.encoder,
             grace_s=parity.timeout_ms / 1000 if parity.timeout_ms is not None else None,
             group_wait_s=parity.group_wait_ms / 1000),
-        K=cfg.K, S=cfg.S, E=cfg.E, workers=cfg.workers, decoder=cfg.decoder)
+        K=cfg.K, S=cfg.S, E=cfg.E, workers=cfg.workers, decoder=cfg.decoder,
+        group_wait_s=cfg.group_wait_ms / 1000)
 
 
 class ModelPath:
@@ -130,8 +132,10 @@ class ModelPath:
 
     def __init__(self, deployment: Deployment, *, link: Link, metrics: Metrics,
                  cache: ClockCache[tuple[str, int, bytes], Any], clock: Callable[[], float],
-                 slo_s: float, max_queue: int | None) -> None:
+                 slo_s: float, max_queue: int | None,
+                 expected: ExpectedAccuracy | None = None) -> None:
         self.name = deployment.name
+        self.expected = expected  # measured accuracy of rebuilt answers (core/reconstruction)
         self.version = deployment.version
         self.link = link
         self.metrics = metrics
@@ -410,6 +414,10 @@ class ModelPath:
         if not self.deployment.allow_nonfinite and not _finite(outputs):
             return "nonfinite", "NaN or infinity in the outputs"
         return None
+
+    def expected_accuracy(self, method: str) -> float | None:
+        """How often an answer rebuilt by ``method`` is right, as measured; None: unknown."""
+        return self.expected.of(method) if self.expected is not None else None
 
     def reconstruction(self, future: Any) -> str | None:
         """How a query was answered by decoding (``parm-subtraction``, ``berrut``...), or None."""

@@ -147,7 +147,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
             name = _output_name(request, meta)
             result, rebuilt = await self.system.infer_detailed(request.model_name, version,
                                                                batch)
-            return _response(request, meta, name, np.asarray(result), rebuilt)
+            expected = {m: self.system.expected_accuracy(request.model_name, version, m)
+                        for m in set(rebuilt.values())}
+            return _response(request, meta, name, np.asarray(result), rebuilt, expected)
         return await self._answer(context, infer)
 
     async def _answer(self, context: Any, work: Callable[[], Awaitable[_R]], *,
@@ -289,7 +291,7 @@ def _output_name(request: Any, meta: ModelMetadata) -> str:
 
 
 def _response(request: Any, meta: ModelMetadata, name: str, result: np.ndarray,
-              rebuilt: dict[int, str]) -> Any:
+              rebuilt: dict[int, str], expected: dict[str, float | None]) -> Any:
     datatype = v2.dtype_to_datatype(result.dtype)
     response = pb.ModelInferResponse(
         model_name=meta.name, model_version=request.model_version or _latest(meta),
@@ -300,8 +302,11 @@ def _response(request: Any, meta: ModelMetadata, name: str, result: np.ndarray,
     if rebuilt:  # rows answered by decoding (ParM or Berrut), as the HTTP route reports them
         response.parameters["reconstructed_rows"].string_param = ",".join(
             str(r) for r in sorted(rebuilt))
-        response.parameters["reconstruction"].string_param = ",".join(
-            sorted(set(rebuilt.values())))
+        methods = sorted(set(rebuilt.values()))
+        response.parameters["reconstruction"].string_param = ",".join(methods)
+        # One per method, in the same order; "unmeasured" where nobody measured it.
+        response.parameters["reconstruction_expected_accuracy"].string_param = ",".join(
+            "unmeasured" if (a := expected.get(m)) is None else f"{a:g}" for m in methods)
     return response
 
 

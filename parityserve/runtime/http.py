@@ -619,8 +619,11 @@ class _Frontend:
         name = _output_name(decoded, meta)
         result, rebuilt = await self.system.infer_detailed(model, version,
                                                            _the_input(decoded, meta))
-        params = ({"reconstructed_rows": sorted(rebuilt),
-                   "reconstruction": sorted(set(rebuilt.values()))} if rebuilt else None)
+        methods = sorted(set(rebuilt.values()))
+        params = ({"reconstructed_rows": sorted(rebuilt), "reconstruction": methods,
+                   "reconstruction_expected_accuracy": [
+                       self.system.expected_accuracy(model, version, m) for m in methods]}
+                  if rebuilt else None)
         out, headers = v2.encode_infer_response(
             model, str(version) if version else _latest(meta), decoded.id,
             [(name, result)], {name: decoded.wants_binary(name)}, params)

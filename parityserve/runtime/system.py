@@ -41,6 +41,7 @@ from parityserve.runtime.applications import AppRuntime
 from parityserve.runtime.commands import Command
 from parityserve.runtime.credentials import ReplicaCredentials, server_keys
 from parityserve.runtime.dispatch import ModelPath, Replica
+from parityserve.runtime.expected import expected_accuracy
 from parityserve.runtime.health import STARTUP_TIMEOUT_S, live_replicas
 from parityserve.runtime.inbox import Inbox
 from parityserve.runtime.keys import ServerKeys
@@ -158,6 +159,7 @@ class ServingSystem:
             deployment, link=self._link, metrics=self.metrics, cache=self.cache,
             clock=self.clock, slo_s=slo_for(self.apps, deployment.name, deployment),
             max_queue=self.config.server.max_queue,  # None: derived (core/admission.py)
+            expected=expected_accuracy(deployment, self.base_dir),
         )
 
     async def _supervise(self) -> None:
@@ -218,6 +220,9 @@ class ServingSystem:
                              ) -> tuple[np.ndarray, dict[int, str]]:
         """The outputs, and which rows were rebuilt by decoding (row -> method)."""
         return await infer_rows(find_model(self.models, model, version), batch, self.clock)
+
+    def expected_accuracy(self, model: str, version: int | None, method: str) -> float | None:
+        return find_model(self.models, model, version).expected_accuracy(method)
 
     # ---- metadata and readiness ------------------------------------------------------------
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:

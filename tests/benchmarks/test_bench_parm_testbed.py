@@ -96,6 +96,29 @@ def test_the_target_line_says_met_or_missed_from_parm_k2() -> None:
     assert "not run" in tb.target_line([], 12)
 
 
+def test_the_full_run_fits_the_issues_45_minutes_and_a_second_rate_does_not() -> None:
+    cases = len(tb.testbed_cases(tb.MODES, (2, 4), 12, 60.0))
+    full = tb.plan_s(cases, tb.RATES, 20_000, 3)
+    assert cases == 9 and full / 60 <= tb.BUDGET_MIN
+    # 540,000 queries at 250 q/s is 36 min of load; 9 server starts and 27 points' drains
+    assert full == pytest.approx(9 * 20 + 27 * (20_000 / 250 + 3))
+    assert "within the 45-min budget" in tb.budget_line(full)
+    two = tb.plan_s(cases, (175.0, 250.0), 20_000, 3)
+    assert "over the 45-min budget by 48 min" in tb.budget_line(two)
+
+
+def test_berrut_cases_carry_the_group_wait_only_when_asked() -> None:
+    plain = {c.name: c for c in tb.testbed_cases(tb.MODES, (2,), 12, 60.0)}
+    waited = {c.name: c for c in tb.testbed_cases(tb.MODES, (2,), 12, 60.0,
+                                                  berrut_group_wait_ms=20.0)}
+    for name in ("berrut", "systematic-berrut"):
+        assert "group_wait_ms" not in plain[name].redundancy
+        assert waited[name].redundancy["group_wait_ms"] == 20.0
+        model = parse_config(tb.testbed_config(waited[name], "parm-gpu-resnet18", 0)).models[0]
+        assert model.redundancy.group_wait_ms == 20.0
+    assert waited["none"] == plain["none"] and waited["parm-k2"] == plain["parm-k2"]
+
+
 @pytest.mark.skipif(not os.environ.get("PARITYSERVE_DATA"), reason="needs PARITYSERVE_DATA "
                     "(MNIST test inputs)")
 @pytest.mark.timeout(300)

@@ -93,7 +93,8 @@ def deployment(config: SimConfig) -> Deployment:
         assert config.reactive_timeout_s is not None
         redundancy["timeout_ms"] = config.reactive_timeout_s * 1000
     if mode in ("berrut", "systematic-berrut"):
-        redundancy.update(K=config.K, S=config.S, E=config.E)
+        redundancy.update(K=config.K, S=config.S, E=config.E,
+                          group_wait_ms=config.berrut_group_wait_s * 1000)
     parity = ParityConfig(k=config.k, r=config.r, group_wait_ms=config.group_wait_s * 1000) \
         if mode == "parm" else None
     return Deployment(

@@ -147,3 +147,22 @@ def test_a_config_needing_more_workers_than_the_host_allows_is_refused() -> None
                                           "server.max_local_workers = 5"):
         parse_config({"server": {"max_local_workers": 5}, "models": models})
     assert parse_config({"server": {"max_local_workers": 6}, "models": models})
+
+
+@pytest.mark.parametrize(("redundancy", "message"), [
+    ({"mode": "parm", "group_wait_ms": 5}, "only used by the berrut modes"),
+    ({"mode": "none", "group_wait_ms": 5}, "only used by the berrut modes"),
+    ({"mode": "berrut", "group_wait_ms": -1}, "greater than or equal to 0"),
+    ({"mode": "systematic-berrut", "group_wait_ms": 20_000}, "less than or equal to 10000"),
+])
+def test_berrut_group_wait_is_checked(redundancy: dict, message: str) -> None:
+    extra = {"parity": {"k": 2}} if redundancy["mode"] == "parm" else {}
+    with pytest.raises(ValidationError, match=message):
+        _dep(replicas=3, redundancy=redundancy, **extra)
+
+
+def test_berrut_group_wait_reaches_the_scheduler() -> None:
+    from parityserve.runtime.dispatch import mode_of
+    dep = _dep(replicas=3, redundancy={"mode": "systematic-berrut", "group_wait_ms": 12.5})
+    assert mode_of(dep).group_wait_s == pytest.approx(0.0125)
+    assert mode_of(_dep(replicas=3, redundancy={"mode": "berrut"})).group_wait_s == 0.0

@@ -350,3 +350,72 @@ def test_pool_names_are_spelled_and_parsed_in_one_place(name: str, index: int | 
 
 def test_slo_constant_matches_the_rig() -> None:
     assert Rig(ModeSettings()).machine.slo_s == SLO
+
+
+# ---- the Berrut modes' group wait ----------------------------------------------------------
+def _berrut_rig(mode: str, wait_s: float) -> Rig:
+    rig = Rig(ModeSettings(mode, K=2, S=1, group_wait_s=wait_s))
+    for rid in ("r0", "r1", "r2"):
+        rig.add(rid)  # AIMD batch size 1: a full group is K x 1 = 2 queries
+    return rig
+
+
+def test_berrut_group_waits_for_a_second_query_then_codes_both() -> None:
+    rig = _berrut_rig("berrut", 0.01)
+    rig.submit()
+    assert rig.lines == ["wake +10ms"]  # one query: hold the group, not three coded tasks
+    rig.at(0.004).submit()  # the group is full: coded at once, before the wait is over
+    assert rig.lines[1:] == ["+coded", "+coded", "+coded", "send r0 coded 0",
+                             "send r1 coded 1", "send r2 coded 2"]
+    rig.echo("r0")
+    rig.echo("r1")
+    assert rig.lines[-1] == "answer [0, 1] berrut"  # two of three decode both queries
+    rig.tick()  # the stale wake-up forms nothing
+    assert rig.lines[-1] == "answer [0, 1] berrut" and rig.machine.groups == 1
+
+
+def test_berrut_group_wait_is_bounded_by_the_oldest_query() -> None:
+    rig = _berrut_rig("berrut", 0.01)
+    rig.submit()
+    rig.at(0.004)
+    rig.tick()  # the wake-up asked for, 10 ms after query 0, not after now
+    assert rig.now == T0 + 0.01
+    assert rig.lines == ["wake +10ms", "+coded", "+coded", "+coded", "send r0 coded 0",
+                         "send r1 coded 1", "send r2 coded 2"]
+    rig.echo("r2")
+    rig.echo("r1")
+    assert rig.answers() == {0: [0.0]}
+
+
+def test_systematic_berrut_group_wait_fills_both_data_batches() -> None:
+    rig = _berrut_rig("systematic-berrut", 0.01)
+    rig.submit()
+    assert rig.lines == ["wake +10ms"]
+    rig.submit()
+    assert rig.lines[1:] == ["+coded", "send r0 data [0]", "send r1 data [1]",
+                             "send r2 coded 0"]
+    rig.echo("r1")
+    rig.echo("r2")  # the slow r0's batch is rebuilt from the other and the coded one
+    assert rig.lines[-2:] == ["answer [1]", "answer [0] systematic-berrut"]
+
+
+def test_berrut_without_a_group_wait_codes_a_lone_query_at_once() -> None:
+    rig = _berrut_rig("berrut", 0.0)
+    rig.submit()
+    assert rig.lines == ["+coded", "+coded", "+coded", "send r0 coded 0", "send r1 coded 1",
+                         "send r2 coded 2"]
+
+
+def test_the_group_wait_is_the_longer_of_it_and_delayed_batching() -> None:
+    rig = Rig(ModeSettings("berrut", K=2, S=1, group_wait_s=0.002), max_delay_s=0.006)
+    for rid in ("r0", "r1", "r2"):
+        rig.add(rid)
+    rig.submit()
+    assert rig.lines == ["wake +6ms"]
+
+
+def test_other_modes_do_not_wait_to_form() -> None:
+    rig = Rig(ModeSettings("none", group_wait_s=0.05))  # ignored outside the berrut modes
+    rig.add("r0")
+    rig.submit()
+    assert rig.lines == ["send r0 data [0]"]

@@ -181,3 +181,26 @@ def test_the_clients_cpu_competes_for_shared_cores_only() -> None:
     np.testing.assert_allclose(two_cores.latency_s, [0.005])
     unshared = _run(SimConfig(slo_s=1.0, client_query_cpu_s=0.005), one)  # a core each
     np.testing.assert_allclose(unshared.latency_s, [0.005])
+
+
+@pytest.mark.parametrize("mode", ["berrut", "systematic-berrut"])
+def test_berrut_group_wait_fills_groups_under_light_load(mode: str) -> None:
+    # 100 q/s on 5 ms batches: a group formed the moment a replica is idle holds about one
+    # query and costs K + S tasks; a 20 ms group wait packs several queries into each.
+    arrivals = _poisson(100.0, 2000)
+    runs = {}
+    for wait in (0.0, 0.020):
+        cfg = SimConfig(mode=mode, replicas=3, K=2, S=1, max_batch_size=8, slo_s=1.0,
+                        berrut_group_wait_s=wait)
+        runs[wait] = _run(cfg, arrivals)
+    per_query = {w: (r.counters["tasks_coded"] + r.counters["tasks_data"]) / arrivals.size
+                 for w, r in runs.items()}
+    assert per_query[0.020] < 0.6 * per_query[0.0]
+    # No query waits for its group longer than the wait: the bound is wait + one service.
+    assert float(np.max(runs[0.020].latency_s)) <= 0.020 + 0.005 + 1e-9
+    assert len(runs[0.020].how) == arrivals.size and "expired" not in runs[0.020].how
+
+
+def test_berrut_group_wait_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="berrut_group_wait_s"):
+        SimConfig(mode="berrut", replicas=3, berrut_group_wait_s=-0.001)

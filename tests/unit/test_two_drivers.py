@@ -5,6 +5,7 @@ exactly the same actions, in the same order, at the same times (``scheduler_scri
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from scheduler_script import ARRIVALS, sim_config, through_runtime, through_simulator
@@ -38,3 +39,12 @@ def test_the_scenario_has_a_slow_replica_a_dead_one_and_a_deadline_miss(mode: st
     assert missed  # expired in the queue, or answered after its deadline (the default)
     # Every query got exactly one outcome, the dead replica's included.
     assert outcomes == Counter(range(len(ARRIVALS)))
+
+
+@pytest.mark.parametrize("mode", ["berrut", "systematic-berrut"])
+def test_both_drivers_hold_a_berrut_group_for_its_wait(mode: str) -> None:
+    config = replace(sim_config(mode), berrut_group_wait_s=0.003)
+    simulated = through_simulator(config)
+    assert simulated == through_runtime(config)
+    assert simulated != through_simulator(sim_config(mode))  # the wait changed the schedule
+    assert any(step[0] == "wake" for _, step in simulated[:2])  # the first query is held

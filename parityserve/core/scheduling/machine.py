@@ -264,8 +264,9 @@ class Scheduler:
     def _dispatch_to(self, replica: Replica) -> bool:
         now = self.now
         limit = replica.aimd.max_batch_size * self.mode.batches_per_dispatch
+        wait = max(self.batching.max_delay_s, self.mode.form_wait_s)
         decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now, limit,
-                                self.batching.max_delay_s)
+                                wait)
         if not decision.dispatch:
             self._wake_for_batch(decision.wake_at)
             return False

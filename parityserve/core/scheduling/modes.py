@@ -96,6 +96,9 @@ class Redundancy:
     mode = "none"
     batches_per_dispatch = 1  # batches formed at once (K for the Berrut modes)
     pools: frozenset[str] = frozenset({DATA_POOL})  # the pools whose replicas it feeds
+    # How long a partial dispatch may wait for more queries (from its oldest), on top of the
+    # model's delayed batching: the Berrut modes' group wait. 0: the batching rule alone.
+    form_wait_s = 0.0
 
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -342,6 +345,11 @@ class Berrut(Redundancy):
         self.systematic = settings.mode == "systematic-berrut"
         self.K, self.S, self.E = settings.K, settings.S, settings.E
         self.batches_per_dispatch = settings.K
+        # Every group costs K + S (or N + 1) tasks however few queries it holds; under light
+        # load a group formed the moment a replica is idle holds about one query, so the
+        # coded work per query is N + 1 times the plain work. Waiting a little (ParM's
+        # group_wait, here before coding rather than after sending) fills groups.
+        self.form_wait_s = settings.group_wait_s
         # Codes are immutable (frozen nodes): one serves every group of this mode.
         make: Callable[[], BerrutGroup | SystematicGroup]
         if self.systematic:

@@ -90,3 +90,6 @@ class ModeSettings:
     E: int = 0
     workers: int | None = None  # berrut: coded tasks per group (None: the minimum)
     decoder: str = "interpolate"  # systematic-berrut: interpolate or subtract
+    # berrut modes: a partial group waits up to this long (from its oldest query) for more
+    # queries before it is coded; 0 forms it at once (see ``Redundancy.form_wait_s``)
+    group_wait_s: float = 0.0
