@@ -106,6 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="repetitions of the dynamic-load comparison (policies interleaved)")
     p.add_argument("--dynamic-models", default="resnet20",
                    help="models that get the dynamic-load part (it takes minutes per policy)")
+    p.add_argument("--lead-in-seconds", type=float, default=10.0,
+                   help="unmeasured load at the first phase's rate before the phases, so a "
+                        "controller starts the comparison settled, as one that has been "
+                        "running would be")
     p.add_argument("--phases", default="0.6,0.15,0.6",
                    help="dynamic-load phases as fractions of λ_max (moderate, low, moderate)")
     p.add_argument("--quick", action="store_true",
@@ -149,6 +153,7 @@ def _apply_quick(args: argparse.Namespace) -> None:
     args.levels = min(args.levels, 4)
     args.queries = min(args.queries, 400)
     args.phase_seconds = min(args.phase_seconds, 15.0)
+    args.lead_in_seconds = min(args.lead_in_seconds, 5.0)
 
 
 def _data_dir(given: Path | None) -> Path:
@@ -170,7 +175,7 @@ def _fingerprint(model: str, args: argparse.Namespace) -> dict[str, Any]:
     """The settings a saved run depends on: which models or parts an invocation runs does
     not change a run, so a full report can be put together from runs made one model at a
     time (each model has its own file)."""
-    skip = {"models", "parts", "dynamic_models", "quick"}
+    skip = {"models", "parts", "dynamic_models", "quick", "lead_in_seconds"}  # in the key
     return {"model": model, **{k: v for k, v in _settings(args).items() if k not in skip}}
 
 
@@ -390,7 +395,7 @@ def _dynamic(url: str, model: str, profiles: dict[int, list[float]], cores: int,
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
     for rep in range(args.dynamic_repeats):
         for name, policy in policies.items():
-            key = f"dynamic-{name}-{rep}"
+            key = f"dynamic-{name}-{rep}-lead{args.lead_in_seconds:g}"
             if saved.get(key) is None:
                 profile_file = args.results_dir / f"serf-profile-{model}.json"
                 saved.put(key, _dynamic_run(url, name, policy, profile_file, rates, bodies,
@@ -398,6 +403,7 @@ def _dynamic(url: str, model: str, profiles: dict[int, list[float]], cores: int,
             runs[name].append(saved.rows[key])
     summary = dynamic_summary(runs)
     return {"rates": rates, "phase_seconds": args.phase_seconds,
+            "lead_in_seconds": args.lead_in_seconds,
             "policies": {k: _label(v) for k, v in policies.items()}, "runs": runs,
             "summary": summary, "verdict": dynamic_verdicts(summary, len(rates))}
 
@@ -443,7 +449,8 @@ def _dynamic_run(url: str, name: str, policy: Any, profile_file: Path,
                  rep: int) -> dict[str, Any]:
     switches_before = _apply_policy(url, policy, profile_file)
     schedule, phase_of = phased_schedule(rates, args.phase_seconds,
-                                         np.random.default_rng([args.seed, 7, rep]))
+                                         np.random.default_rng([args.seed, 7, rep]),
+                                         lead_in_s=args.lead_in_seconds)
     (result,) = _open_loop(url, bodies, [schedule], f"{name} #{rep + 1}")
     switches = _switches(url) - switches_before
     phases = []
@@ -497,7 +504,9 @@ def _dynamic_markdown(dyn: dict[str, Any]) -> str:
     rows = [{**r, "policy": f"{r['policy']} ({labels[r['policy']]})"
              if r["policy"].startswith("fixed-") else r["policy"]} for r in dyn["summary"]]
     verdict = dyn["verdict"]
-    lines = [f"Dynamic load ({dyn['phase_seconds']:.0f} s per phase; medians over "
+    lines = [f"Dynamic load ({dyn['phase_seconds']:.0f} s per phase after an unmeasured "
+             f"{dyn.get('lead_in_seconds', 0):.0f} s lead-in at the first phase's rate; "
+             "every run starts at c = 1, one thread; medians over "
              f"{max((r['repeats'] for r in dyn['summary']), default=0)} repetitions, "
              "policies interleaved):", "", markdown_table(rows, columns), ""]
     if verdict.get("complete"):

@@ -179,21 +179,27 @@ def phase_rates(lam_max: float, fractions: Sequence[float]) -> list[float]:
     return [f * lam_max for f in fractions]
 
 
-def phased_schedule(rates: Sequence[float], seconds: float, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def phased_schedule(rates: Sequence[float], seconds: float, rng: np.random.Generator, *,
+                    lead_in_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Poisson send times through consecutive phases of ``seconds`` each at ``rates``, and
-    the phase each send belongs to. A phase's arrivals never spill into the next."""
-    if seconds <= 0 or any(r <= 0 for r in rates):
-        raise ValueError(f"need seconds > 0 and positive rates, got {seconds}, {list(rates)}")
+    the phase each send belongs to (-1 for the lead-in: ``lead_in_s`` at the first rate
+    before phase 0, not to be measured). A phase's arrivals never spill into the next."""
+    if seconds <= 0 or lead_in_s < 0 or any(r <= 0 for r in rates):
+        raise ValueError(f"need seconds > 0, lead_in_s >= 0 and positive rates, got "
+                         f"{seconds}, {lead_in_s}, {list(rates)}")
+    spans = ([(-1, rates[0], lead_in_s)] if lead_in_s > 0 else []) + [
+        (i, rate, seconds) for i, rate in enumerate(rates)]
     times: list[np.ndarray] = []
     phases: list[np.ndarray] = []
-    for i, rate in enumerate(rates):
-        expected = rate * seconds
+    start = 0.0
+    for i, rate, width in spans:
+        expected = rate * width
         gaps = rng.exponential(1.0 / rate, int(expected + 10 * math.sqrt(expected) + 20))
         at = np.cumsum(gaps)
-        at = at[at < seconds]
-        times.append(i * seconds + at)
+        at = at[at < width]
+        times.append(start + at)
         phases.append(np.full(at.size, i))
+        start += width
     return np.concatenate(times), np.concatenate(phases)
 
 

@@ -175,3 +175,12 @@ def test_overhead_outside_the_queue_is_added_to_every_prediction() -> None:
         for model in ABLATIONS:
             assert b.predicted_s[model] == pytest.approx(
                 a.predicted_s[model] + extra.get(a.config, 0.0))
+
+
+def test_phased_schedule_lead_in_comes_first_and_is_marked_unmeasured() -> None:
+    times, phase = phased_schedule([400.0, 100.0], 10.0, np.random.default_rng(2), lead_in_s=5.0)
+    lead = times[phase == -1]
+    assert lead.size == pytest.approx(400.0 * 5.0, rel=0.1)
+    assert np.all(lead < 5.0)
+    assert np.all(times[phase == 0] >= 5.0) and np.all(times[phase == 1] >= 15.0)
+    assert np.all(np.diff(times) >= 0)
