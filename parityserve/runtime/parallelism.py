@@ -208,6 +208,20 @@ class Controllers:
         control.core.monitor.window_s = control.core.latency.window_s = cfg.window_s
         control.cfg = cfg
 
+    async def stop(self, name: str) -> None:
+        """Stop a model's controller (a version deployed without a ``scheduler``); the
+        configuration it set stays."""
+        control = self._controls.pop(name, None)
+        if control is None:
+            return
+        if control.task is not None:
+            control.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await control.task
+        path = self.models.get(name)
+        if path is not None and path.probe is control.probe:
+            path.probe = None
+
     async def _run(self, control: _ModelControl) -> None:
         while True:
             await asyncio.sleep(control.cfg.period_s)
@@ -268,11 +282,5 @@ class Controllers:
                 "last_decision": None if last is None else last.to_dict()}
 
     async def close(self) -> None:
-        for control in self._controls.values():
-            if control.task is not None:
-                control.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await control.task
-        for name, path in self.models.items():
-            if name in self._controls:
-                path.probe = None
+        for name in list(self._controls):
+            await self.stop(name)
