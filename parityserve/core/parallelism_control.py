@@ -46,6 +46,18 @@ PROFILE_SCHEMA = "parityserve.profile/1"  # what `parityserve profile` writes
 # ---------------------------------------------------------------- what was seen
 
 
+# Both windows keep counts per slice of window_s / _SLICES, not one entry per query: memory
+# stays bounded at any rate, and an arrival's time is rounded up to its slice's end (an
+# error of at most 1/_SLICES of the window, at its two edges).
+_SLICES = 200
+
+
+def _slice(time_s: float, width: float) -> int:
+    """The slice ((k-1)·width, k·width] that ``time_s`` falls in; the rounding keeps a time
+    on a boundary (5.0 / 0.025) out of the next slice despite float noise."""
+    return math.ceil(round(time_s / width, 9))
+
+
 class ArrivalMonitor:
     """Arrival rate over the last ``window_s`` seconds (or since ``start_s``, while the window
     is not yet full: dividing a young window by its full width would read low)."""
@@ -55,22 +67,28 @@ class ArrivalMonitor:
             raise ValueError(f"window_s must be a finite number > 0, got {window_s!r}")
         self.window_s = window_s
         self.start_s = start_s
-        self._times: deque[float] = deque()
+        self.width = window_s / _SLICES
+        self._slices: deque[list[int]] = deque()  # [slice, arrivals], oldest first
 
     def record(self, times: Iterable[float]) -> None:
-        """Arrival timestamps, oldest first (an older one than the last is clamped to it)."""
+        """Arrival timestamps, oldest first (an older one than the last counts with it)."""
         for t in times:
-            self._times.append(max(t, self._times[-1]) if self._times else t)
+            key = _slice(t, self.width)
+            if self._slices and key <= self._slices[-1][0]:
+                self._slices[-1][1] += 1
+            else:
+                self._slices.append([key, 1])
 
     def rate(self, now: float) -> float:
         """Arrivals per second in (now - window_s, now]."""
-        opens = now - self.window_s
-        while self._times and self._times[0] <= opens:
-            self._times.popleft()
+        opens = _slice(now - self.window_s, self.width)
+        while self._slices and self._slices[0][0] <= opens:
+            self._slices.popleft()
         width = min(self.window_s, now - self.start_s)
         if width <= 0:
             return 0.0
-        return sum(1 for t in self._times if t <= now) / width
+        last = _slice(now, self.width)
+        return sum(n for key, n in self._slices if key <= last) / width
 
 
 class LatencyWindow:
@@ -78,18 +96,25 @@ class LatencyWindow:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._seen: deque[tuple[float, float]] = deque()
+        self.width = window_s / _SLICES
+        self._slices: deque[list[float]] = deque()  # [slice, latency sum, answers]
 
     def record(self, samples: Iterable[tuple[float, float]]) -> None:
-        """(answered at, latency) pairs."""
-        self._seen.extend(samples)
+        """(answered at, latency) pairs, oldest first."""
+        for done, latency in samples:
+            key = _slice(done, self.width)
+            if self._slices and key <= self._slices[-1][0]:
+                self._slices[-1][1] += latency
+                self._slices[-1][2] += 1
+            else:
+                self._slices.append([key, latency, 1])
 
     def mean(self, now: float) -> float | None:
-        while self._seen and self._seen[0][0] <= now - self.window_s:
-            self._seen.popleft()
-        if not self._seen:
-            return None
-        return math.fsum(lat for _, lat in self._seen) / len(self._seen)
+        opens = _slice(now - self.window_s, self.width)
+        while self._slices and self._slices[0][0] <= opens:
+            self._slices.popleft()
+        count = sum(n for _, _, n in self._slices)
+        return math.fsum(total for _, total, _ in self._slices) / count if count else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +262,7 @@ class SerfPolicy:
         cap_cur = self._capacity(seen.current) if now is not None else 0.0
         gain = 0.0 if target == seen.current else _gain(now, best, cap_cur,
                                                          self._capacity(target))
-        why = (f"lambda={seen.arrival_rate:.3g}/s: best c={target.c}, intra={target.intra}"
+        why = (f"best c={target.c}, intra={target.intra}"
                + ("" if now is not None else "; current configuration not profiled"))
         return Proposal(target, why, None if now is None else now.latency, best.latency,
                         gain, gated=True)
@@ -340,10 +365,15 @@ class Controller:
         self.switches = 0
         self.last: Decision | None = None
 
-    def set_policy(self, policy: Policy, gain_threshold: float) -> None:
-        """A new policy starts with no streak; the load seen so far is kept."""
+    def set_policy(self, policy: Policy, gain_threshold: float, *, window_s: float,
+                   now: float) -> None:
+        """A new policy starts with no streak; the load seen so far is kept, unless the
+        window changes width (then the estimate starts afresh at ``now``)."""
         self.policy = policy
         self.gate = Hysteresis(gain_threshold)
+        if window_s != self.monitor.window_s:
+            self.monitor = ArrivalMonitor(window_s, now)
+            self.latency = LatencyWindow(window_s)
 
     def tick(self, now: float, current: Config, ongoing: int,
              arrivals: Sequence[float] = (),

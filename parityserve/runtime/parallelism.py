@@ -67,26 +67,21 @@ class SystemApplier:
 
 
 class LoadProbe:
-    """Told of each query a model path takes (``ModelPath.probe``): keeps its arrival time,
-    and its latency once answered, until the controller drains them."""
+    """Told of each query a model path takes (``ModelPath.probe``): records its arrival, and
+    its latency once answered, straight into the controller's windows (which keep counts per
+    slice of the window, so memory stays bounded at any rate and any period)."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], core: Controller) -> None:
         self.clock = clock
-        self.arrivals: list[float] = []
-        self.answered: list[tuple[float, float]] = []
+        self.core = core
 
     def __call__(self, now: float, future: asyncio.Future[Any]) -> None:
-        self.arrivals.append(now)
+        self.core.monitor.record((now,))
         future.add_done_callback(lambda _: self._answered(now))
 
     def _answered(self, sent: float) -> None:
         done = self.clock()
-        self.answered.append((done, done - sent))
-
-    def drain(self) -> tuple[list[float], list[tuple[float, float]]]:
-        arrivals, answered = self.arrivals, self.answered
-        self.arrivals, self.answered = [], []
-        return arrivals, answered
+        self.core.latency.record(((done, done - sent),))
 
 
 def current_config(deployment: Deployment) -> Config:
@@ -193,6 +188,7 @@ class Controllers:
     def _start(self, name: str, cfg: SchedulerConfig, policy: Policy) -> None:
         control = _ModelControl(name, cfg, policy, self.clock())
         self._controls[name] = control
+        self._probe(control, self.models[name])  # from now on, not from the first tick
         control.task = asyncio.get_running_loop().create_task(self._run(control))
 
     def set_policy(self, name: str, cfg: SchedulerConfig) -> None:
@@ -204,9 +200,23 @@ class Controllers:
         if control is None:
             self._start(name, cfg, policy)
             return
-        control.core.set_policy(policy, cfg.gain_threshold)
-        control.core.monitor.window_s = control.core.latency.window_s = cfg.window_s
+        control.core.set_policy(policy, cfg.gain_threshold, window_s=cfg.window_s,
+                                now=self.clock())
         control.cfg = cfg
+
+    async def stop(self, name: str) -> None:
+        """Stop a model's controller (a version deployed without a ``scheduler``); the
+        configuration it set stays."""
+        control = self._controls.pop(name, None)
+        if control is None:
+            return
+        if control.task is not None:
+            control.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await control.task
+        path = self.models.get(name)
+        if path is not None and path.probe is control.probe:
+            path.probe = None
 
     async def _run(self, control: _ModelControl) -> None:
         while True:
@@ -219,15 +229,15 @@ class Controllers:
     def _probe(self, control: _ModelControl, path: ModelPath) -> LoadProbe:
         # A redeployed model gets a new path: the probe follows it.
         if control.probe is None or path.probe is not control.probe:
-            control.probe = LoadProbe(self.clock)
+            control.probe = LoadProbe(self.clock, control.core)
             path.probe = control.probe
         return control.probe
 
     async def tick(self, name: str) -> Decision:
         control, path = self._controls[name], self.models[name]
-        arrivals, answered = self._probe(control, path).drain()
+        self._probe(control, path)
         current = current_config(path.deployment)
-        decision = control.core.tick(self.clock(), current, path.ongoing(), arrivals, answered)
+        decision = control.core.tick(self.clock(), current, path.ongoing())
         applied = decision.switched and await self._switch(control, decision)
         self._export(name, decision, applied)
         return decision
@@ -268,11 +278,5 @@ class Controllers:
                 "last_decision": None if last is None else last.to_dict()}
 
     async def close(self) -> None:
-        for control in self._controls.values():
-            if control.task is not None:
-                control.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await control.task
-        for name, path in self.models.items():
-            if name in self._controls:
-                path.probe = None
+        for name in list(self._controls):
+            await self.stop(name)

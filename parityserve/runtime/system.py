@@ -261,6 +261,8 @@ class ServingSystem:
         await self.model_admin.deploy(deployment)
         if deployment.scheduler is not None:
             self.controllers.set_policy(deployment.name, deployment.scheduler)
+        else:  # the new version says nothing about parallelism: nothing changes it any more
+            await self.controllers.stop(deployment.name)
 
     async def set_scheduler(self, model: str, scheduler: SchedulerConfig) -> None:
         """Change (or start) a model's parallelism controller live; nothing changes on a bad

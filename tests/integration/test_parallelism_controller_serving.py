@@ -194,6 +194,10 @@ def test_a_bad_scheduler_request_is_refused_and_changes_nothing(
     (tmp_path / "elsewhere.json").write_text(json.dumps(profile("echo")))
     with pytest.raises(Forbidden, match="profile file .* is outside the folders"):
         client.set_scheduler("echo", "serf", profile=str(tmp_path / "elsewhere.json"))
+    elsewhere = model(tmp_path)
+    elsewhere["scheduler"]["profile"] = str(tmp_path / "elsewhere.json")
+    with pytest.raises(Forbidden, match="profile file .* is outside the folders"):
+        client.deploy({**elsewhere, "version": 9})
     with pytest.raises(InvalidInput, match="unknown_key|Extra inputs"):
         client.set_scheduler("echo", "fixed", c=1, unknown_key=1)
     with pytest.raises(InvalidInput, match="scheduler.max_c .* is below min_c"):
@@ -211,6 +215,19 @@ def test_the_admin_call_is_documented_behind_the_token(client: Client) -> None:
     spec = client._send("GET", "/openapi.json").json()
     operation = spec["paths"]["/admin/models/{model}/scheduler"]["post"]
     assert operation["security"]
+
+
+def test_a_version_deployed_with_or_without_a_scheduler_starts_or_stops_it(
+        client: Client, profiles: Path) -> None:
+    version2 = {**model(profiles), "version": 2}
+    client.deploy(version2)  # a profile under model_roots, checked before the launch
+    wait_until(lambda: model_state(client, "echo")["version"] == 2, timeout_s=60)
+    wait_until(lambda: (scheduler(client) or {}).get("last_decision") is not None
+               and scheduler(client)["policy"] == "serf", timeout_s=10)
+    client.deploy({**version2, "version": 3, "scheduler": None})
+    wait_until(lambda: model_state(client, "echo")["version"] == 3, timeout_s=60)
+    assert scheduler(client) is None
+    client.predict("echo", [1.0, 2.0, 3.0, 4.0])  # still served, by nothing that watches it
 
 
 def test_a_profile_of_another_model_fails_the_start(profiles: Path, tmp_path: Path) -> None:

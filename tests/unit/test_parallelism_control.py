@@ -257,7 +257,7 @@ def test_serf_switches_after_two_periods_and_records_why() -> None:
     assert second.chosen == TWO_NARROW and second.current == ONE_WIDE
     assert second.arrival_rate == pytest.approx(15.0)
     assert second.predicted_chosen_s == pytest.approx(predict_latency(15.0, [10.0, 9.0]).latency)
-    assert "lambda=15/s: best c=2, intra=1; gain" in second.reason
+    assert "best c=2, intra=1; gain" in second.reason
     record = second.to_dict()
     assert record["chosen"] == {"c": 2, "intra": 1} and record["switched"] is True
     assert record["predicted_chosen_ms"] == pytest.approx(second.predicted_chosen_s * 1000)
@@ -284,11 +284,38 @@ def test_an_unstable_prediction_shows_as_null_in_the_record() -> None:
 def test_fixed_switches_at_once_and_a_new_policy_starts_without_a_streak() -> None:
     controller = serf(window_s=1.0)
     controller.tick(1.0, ONE_WIDE, 0, arrivals(15.0, 0.0, 1.0))  # period 1 of 2 toward (2, 1)
-    controller.set_policy(FixedPolicy(ONE_NARROW), 0.1)
+    controller.set_policy(FixedPolicy(ONE_NARROW), 0.1, window_s=1.0, now=1.0)
     decision = controller.tick(2.0, ONE_WIDE, 0)
     assert decision.switched and decision.chosen == ONE_NARROW and decision.policy == "fixed"
-    controller.set_policy(SerfPolicy(PROFILE, max_c=2), 0.1)
+    controller.set_policy(SerfPolicy(PROFILE, max_c=2), 0.1, window_s=1.0, now=2.0)
     assert not controller.tick(3.0, ONE_WIDE, 0, arrivals(15.0, 2.0, 3.0)).switched
+
+
+def test_a_new_window_width_starts_the_estimate_afresh() -> None:
+    controller = serf(window_s=10.0)
+    controller.tick(10.0, ONE_WIDE, 0, arrivals(5.0, 0.0, 10.0))
+    controller.set_policy(SerfPolicy(PROFILE, max_c=2), 0.1, window_s=10.0, now=10.0)
+    assert controller.monitor.rate(10.0) == pytest.approx(5.0)  # same width: kept
+    controller.set_policy(SerfPolicy(PROFILE, max_c=2), 0.1, window_s=2.0, now=10.0)
+    decision = controller.tick(11.0, ONE_WIDE, 0, arrivals(3.0, 10.0, 11.0))
+    assert decision.arrival_rate == pytest.approx(3.0)  # one second old, three arrivals
+
+
+@settings(max_examples=60, deadline=None)
+@given(times=st.lists(st.floats(0.0, 100.0), max_size=300), now=st.floats(0.0, 120.0),
+       window=st.floats(0.5, 50.0))
+def test_the_sliced_window_counts_within_one_slice_of_exact(
+        times: list[float], now: float, window: float) -> None:
+    times.sort()
+    monitor = ArrivalMonitor(window, 0.0)
+    monitor.record(times)
+    width = min(window, now)
+    if width <= 0:
+        return
+    slack = window / 200 + 1e-9  # an arrival within a slice of either edge may go either way
+    low = sum(1 for t in times if now - window + slack < t <= now - slack)
+    high = sum(1 for t in times if now - window - slack < t <= now + slack)
+    assert low / width - 1e-9 <= monitor.rate(now) <= high / width + 1e-9
 
 
 def test_the_queue_length_policy_drives_c_through_the_same_controller() -> None:

@@ -188,18 +188,38 @@ def test_a_refused_switch_is_reported_logged_once_and_retried(
     controllers = Controllers({"resnet20": path}, applier,  # type: ignore[dict-item]
                               Metrics(), lambda: 1.0, None, cores=2)
 
-    async def two_ticks() -> None:
+    async def two_ticks() -> dict[str, Any] | None:
         controllers.start()
         for _ in range(2):
             await controllers.tick("resnet20")
+        state = controllers.state("resnet20")
         await controllers.close()
+        return state
 
     with caplog.at_level("WARNING", logger="parityserve.runtime.parallelism"):
-        asyncio.run(two_ticks())
+        state = asyncio.run(two_ticks())
     assert applier.calls == 2  # tried again next period
-    state = controllers.state("resnet20")
     assert state is not None and state["switches"] == 0
     assert state["error"] == "switch to c=1, intra=1 refused: no"
     assert [r.getMessage() for r in caplog.records] == [
         "parallelism resnet20: switch to c=1, intra=1 refused: no"]
     assert state["last_decision"]["chosen"] == {"c": 1, "intra": 1}
+
+
+def test_a_stopped_controller_leaves_the_path_alone() -> None:
+    from parityserve.runtime.metrics import Metrics
+    from parityserve.runtime.parallelism import Controllers
+
+    path = _Path(deployment({"policy": "fixed", "c": 1}))
+    controllers = Controllers({"resnet20": path}, _Refusing(),  # type: ignore[dict-item]
+                              Metrics(), lambda: 1.0, None, cores=2)
+
+    async def start_tick_stop() -> None:
+        controllers.start()
+        await controllers.tick("resnet20")
+        assert path.probe is not None  # watching the path's queries
+        await controllers.stop("resnet20")
+        await controllers.stop("resnet20")  # stopping twice is harmless
+
+    asyncio.run(start_tick_stop())
+    assert path.probe is None and controllers.state("resnet20") is None
