@@ -25,7 +25,9 @@ STATELESS_EXIT = Topology.build(["A", "S"], [("frontend", "A"), ("A", "S"),
                                              ("S", "frontend")], stateful=["A"])
 ADJACENT = Topology.build(["A", "B"], [("frontend", "A"), ("A", "B"), ("B", "frontend")],
                           stateful=["A", "B"])
-GRAPHS = [CHAIN, JOIN, STATELESS_EXIT, ADJACENT]
+THREE = Topology.build(["A", "B", "C"], [("frontend", "A"), ("A", "B"), ("B", "C"),
+                                         ("C", "frontend")], stateful=["A", "B", "C"])
+GRAPHS = [CHAIN, JOIN, STATELESS_EXIT, ADJACENT, THREE]
 
 
 def crash_choices(sim: Sim) -> list[tuple[str, str]]:
@@ -90,7 +92,7 @@ def test_many_injected_failures_all_consistent() -> None:
     and backups over seeded runs, every run consistent."""
     killed = 0
     for seed in range(600):
-        sim = Sim(GRAPHS[seed % 4], random.Random(seed), batch_limit=1 + seed % 3)
+        sim = Sim(GRAPHS[seed % len(GRAPHS)], random.Random(seed), batch_limit=1 + seed % 3)
         killed += walk(sim, random.Random(~seed), clients=8, steps=150, crashes=4)
         assert sim.problems() == [], seed
     assert killed >= 1000
