@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.emulation import ServiceProfile, profile_named
+from parityserve.core.hams.topology import GraphError, Topology
 from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.core.scheduling.settings import check_parallelism
 from parityserve.errors import ConfigError
@@ -450,6 +451,42 @@ class Application(_Frozen):
         return self
 
 
+# -- stateful service graphs (HAMS, issue 19) --------------------------------------------
+class GraphOperator(_Frozen):
+    """One node of a graph: a deployed model, the operators (or ``frontend``) it reads."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    model: str
+    inputs: tuple[str, ...] = Field(min_length=1, description="two or more make a join")
+    stateful: bool = Field(False, description="kept by a primary and a hot backup")
+
+
+class Graph(_Frozen):
+    """A DAG of operators served at ``POST /{name}/predict``; ``output`` answers the client."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    operators: tuple[GraphOperator, ...] = Field(min_length=1)
+    output: str
+    stream_key: str = Field("stream", description="request field naming per-stream state")
+    fault_tolerance: Literal["hams", "remus", "checkpoint-replay", "bare"] = "hams"
+
+    def topology(self) -> Topology:
+        edges = [(i, op.name) for op in self.operators for i in op.inputs]
+        return Topology.build([op.name for op in self.operators],
+                              [*edges, (self.output, "frontend")],
+                              [op.name for op in self.operators if op.stateful])
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Graph:
+        if self.name in _RESERVED_NAMES:
+            raise ValueError(f"graph name {self.name!r} is reserved")
+        try:
+            self.topology()
+        except GraphError as exc:
+            raise ValueError(f"graph {self.name!r}: {exc}") from None
+        return self
+
+
 _LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
@@ -566,6 +603,7 @@ class ServingConfig(_Frozen):
     server: Server = Server()
     models: tuple[Deployment, ...] = ()
     applications: tuple[Application, ...] = ()
+    graphs: tuple[Graph, ...] = ()
 
     @model_validator(mode="after")
     def _check_references(self) -> ServingConfig:
@@ -579,11 +617,22 @@ class ServingConfig(_Frozen):
             missing = [m for m in app.models if m not in names]
             if missing:
                 raise ValueError(f"application {app.name!r} links unknown models {missing}")
+        _check_graphs(self.graphs, names, apps)
         workers = sum(m.worker_processes() for m in self.models)
         if workers > self.server.max_local_workers:
             raise ValueError(f"the models need {workers} worker processes, more than "
                              f"server.max_local_workers = {self.server.max_local_workers}")
         return self
+
+
+def _check_graphs(graphs: tuple[Graph, ...], models: list[str], apps: list[str]) -> None:
+    routes = [g.name for g in graphs] + apps
+    if len(set(routes)) != len(routes):
+        raise ValueError(f"graph and application names share one route space, got {routes}")
+    for graph in graphs:
+        missing = sorted({op.model for op in graph.operators} - set(models))
+        if missing:
+            raise ValueError(f"graph {graph.name!r} uses undeployed models {missing}")
 
 
 def parse_config(data: Any, *, where: str = "config") -> ServingConfig:

@@ -1,0 +1,40 @@
+"""HAMS: stateful service graphs that survive a crash, the pure decisions.
+
+* ``lineage``: hops and lineages (Alg. 1's record);
+* ``requests``: one operator's request manager, held by the frontend's graph router;
+* ``durability``: watermarks, the backup's apply rule (Alg. 2) and the frontend's output commit;
+* ``shipping``: the primary's non-stop state shipping (copy gate, one state in flight);
+* ``topology``: a validated graph, with next/previous stateful operators;
+* ``recovery``: which backups to promote and what is speculation after a failure;
+* ``router``: the frontend's graph router (every operator's request manager, the commit).
+"""
+
+from parityserve.core.hams.durability import (
+    BackupApplier,
+    Held,
+    OutputCommit,
+    StateRecord,
+    Watermarks,
+)
+from parityserve.core.hams.lineage import (
+    FRONTEND,
+    Hop,
+    Lineage,
+    client_of,
+    extend,
+    merge,
+    seq_at,
+    speculative,
+)
+from parityserve.core.hams.recovery import Failover, plan_failover
+from parityserve.core.hams.requests import Arrival, Executed, RequestManager
+from parityserve.core.hams.router import GraphRouter
+from parityserve.core.hams.shipping import CopyOrder, PrimaryShipper, ShipperStats
+from parityserve.core.hams.topology import GraphError, Topology
+
+__all__ = [
+    "FRONTEND", "Arrival", "BackupApplier", "CopyOrder", "Executed", "Failover", "GraphError",
+    "GraphRouter", "Held", "Hop", "Lineage", "OutputCommit", "PrimaryShipper", "RequestManager",
+    "ShipperStats", "StateRecord", "Topology", "Watermarks", "client_of", "extend", "merge",
+    "plan_failover", "seq_at", "speculative",
+]

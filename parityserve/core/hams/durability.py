@@ -1,0 +1,167 @@
+"""When a state is durable, and what may leave once it is (HAMS Alg. 2, §IV-D, H1, H5).
+
+* ``Watermarks``: for each upstream stateful operator, the highest sequence number whose
+  state its backup has applied. Sequence numbers are contiguous (H3), so one number per
+  operator is a prefix watermark.
+* ``BackupApplier``: the backup side of one stateful operator. It buffers the primary's
+  states and applies one only when every state it depends on is durable, i.e.
+  ``durable[m] >= lineage.seq_at(m)`` for each previous stateful operator ``m`` (the paper
+  prints ``<=``; H1). Applying a state makes it durable, which it announces downstream.
+* ``OutputCommit``: the frontend as the last "stateful operator", whose apply is the reply.
+  A reply waits until every stateful operator in its lineage has made its part durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from parityserve.core.hams.lineage import Lineage, speculative
+
+__all__ = ["BackupApplier", "Held", "OutputCommit", "StateRecord", "Watermarks"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Watermarks:
+    def __init__(self, ops: Iterable[str]) -> None:
+        self._durable = dict.fromkeys(ops, 0)
+
+    def __getitem__(self, op: str) -> int:
+        return self._durable[op]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._durable)
+
+    def advance(self, op: str, seq: int) -> bool:
+        """Record that ``op``'s state ``seq`` is durable. Late or repeated notices (they can
+        be reordered) never move a watermark back. Returns whether it moved."""
+        if op not in self._durable or seq <= self._durable[op]:
+            return False
+        self._durable[op] = seq
+        return True
+
+    def reset(self, op: str, seq: int) -> None:
+        """After ``op``'s failover its durable point is its promoted backup's, exactly."""
+        if op in self._durable:
+            self._durable[op] = seq
+
+    def covers(self, lineage: Lineage) -> bool:
+        """Alg. 2 line 8 the right way round: every watched operator is durable at or past
+        the sequence number this lineage carries for it."""
+        return all(self._durable[h.op] >= h.seq for h in lineage if h.op in self._durable)
+
+
+@dataclass(frozen=True)
+class StateRecord(Generic[T]):
+    """``State{reqs, tensors}``: a full state after request ``seq``. ``lineages`` are those of
+    every request executed since the previous shipped state (states may be coalesced)."""
+    op: str
+    seq: int
+    lineages: tuple[Lineage, ...]
+    tensors: T
+
+
+class BackupApplier(Generic[T]):
+    """Alg. 2 for one stateful operator's backup. ``pfm`` are its previous stateful
+    operators; the caller applies what ``receive`` and ``notify`` return, in order, and
+    then tells the next stateful operators and the frontend ``(op, applied_seq)``."""
+
+    def __init__(self, op: str, pfm: Iterable[str], applied_seq: int = 0,
+                 seed: Mapping[str, int] | None = None) -> None:
+        """``seed``: the durable points known when a backup joins late (from the frontend,
+        which hears every notice), since earlier notices will not be sent again."""
+        self.op = op
+        self.durable = Watermarks(pfm)
+        for m, seq in (seed or {}).items():
+            self.durable.advance(m, seq)
+        self.applied_seq = applied_seq
+        self._buffer: list[StateRecord[T]] = []
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def receive(self, state: StateRecord[T]) -> list[StateRecord[T]]:
+        """Buffer a state from the primary (a stale or repeated one is ignored)."""
+        newest = self._buffer[-1].seq if self._buffer else self.applied_seq
+        if state.op != self.op or state.seq <= newest:
+            return []
+        self._buffer.append(state)
+        return self._drain()
+
+    def notify(self, op: str, seq: int) -> list[StateRecord[T]]:
+        """``Notify{op, seq}`` from a previous stateful operator's backup."""
+        return self._drain() if self.durable.advance(op, seq) else []
+
+    def _drain(self) -> list[StateRecord[T]]:
+        ready = []
+        while self._buffer and all(self.durable.covers(lin) for lin in self._buffer[0].lineages):
+            state = self._buffer.pop(0)
+            self.applied_seq = state.seq
+            ready.append(state)
+        return ready
+
+    def discard_beyond(self, bounds: Mapping[str, int]) -> int:
+        """A failover rolled an upstream operator back: buffered states built on its
+        discarded speculation can never become durable; drop them (the primary that sent
+        them is being replaced too). Returns how many were dropped."""
+        keep = [s for s in self._buffer if not any(speculative(lin, bounds) for lin in s.lineages)]
+        dropped = len(self._buffer) - len(keep)
+        self._buffer = keep
+        return dropped
+
+
+@dataclass(frozen=True)
+class Held(Generic[R]):
+    """A reply at the frontend, with the lineage that says what it depends on."""
+    client: int
+    lineage: Lineage
+    reply: R
+
+
+class OutputCommit(Generic[R]):
+    """The frontend's reply buffer: one reply per client request, released when durable."""
+
+    def __init__(self, stateful: Iterable[str]) -> None:
+        self.durable = Watermarks(stateful)
+        self._held: dict[int, Held[R]] = {}
+        self._released: set[int] = set()
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def held_lineages(self) -> list[Lineage]:
+        return [h.lineage for h in self._held.values()]
+
+    def offer(self, client: int, lineage: Lineage, reply: R) -> list[Held[R]]:
+        """A reply reached the frontend. A second reply for a client request that was already
+        released or is held is dropped: the client sees one answer."""
+        if client in self._released or client in self._held:
+            return []
+        self._held[client] = Held(client, lineage, reply)
+        return self._release()
+
+    def notify(self, op: str, seq: int) -> list[Held[R]]:
+        return self._release() if self.durable.advance(op, seq) else []
+
+    def _release(self) -> list[Held[R]]:
+        ready = [h for h in self._held.values() if self.durable.covers(h.lineage)]
+        for held in ready:
+            del self._held[held.client]
+            self._released.add(held.client)
+        return ready
+
+    def discard_beyond(self, bounds: Mapping[str, int]) -> list[int]:
+        """Drop held replies built on discarded speculation (H8); their client requests
+        stay open and get the recomputed reply. Returns those client requests."""
+        gone = [c for c, h in self._held.items() if speculative(h.lineage, bounds)]
+        for client in gone:
+            del self._held[client]
+        return gone
+
+    def forget(self, client: int) -> None:
+        """The client request is garbage-collected everywhere; a late copy stays dropped
+        only while this record exists, so call it after the graph has collected too."""
+        self._released.discard(client)

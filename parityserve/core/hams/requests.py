@@ -1,0 +1,144 @@
+"""One operator's request manager (HAMS Alg. 1 with decisions H3, H5, H8).
+
+In parityserve every operator-to-operator message passes through the frontend's graph
+router, so the router holds one ``RequestManager`` per operator (the paper puts one in a
+proxy beside each operator). What that buys: the retained outputs and the executed-request
+log survive a worker crash without being shipped in every state message, and "the
+predecessors resend from lineage" is a local lookup in the frontend.
+
+The manager
+* deduplicates inputs by their sources ``(pred, pred_seq)``, keeping the first copy;
+* assigns contiguous sequence numbers from 1 when a batch is formed, i.e. in execution
+  order (H3), not on receipt;
+* keeps each executed request and its output until the frontend garbage-collects its
+  client request (H5), so a recovered successor can be fed again;
+* after a failover, rolls back to a promoted backup's sequence number or discards
+  speculation (H8).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from parityserve.core.hams.lineage import Lineage, client_of, extend, speculative
+
+__all__ = ["Arrival", "Executed", "RequestManager"]
+
+P = TypeVar("P")
+
+Sources = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Arrival(Generic[P]):
+    """An input for the operator: the lineage so far, which outputs it combines, the data."""
+    lineage: Lineage
+    sources: Sources
+    payload: P
+
+
+@dataclass
+class Executed(Generic[P]):
+    """A request the operator was given, with its sequence number and, later, its output."""
+    seq: int
+    arrival: Arrival[P]
+    lineage: Lineage
+    output: P | None = None
+    done: bool = field(default=False)
+
+
+class RequestManager(Generic[P]):
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self._next_seq = 1
+        self._queue: deque[Arrival[P]] = deque()
+        self._keys: set[Sources] = set()
+        self._log: dict[int, Executed[P]] = {}
+        self._slots: dict[Sources, int] = {}  # discarded outputs to re-execute in place (H8)
+
+    @property
+    def last_seq(self) -> int:
+        return self._next_seq - 1
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def offer(self, arrival: Arrival[P]) -> bool:
+        """Queue an input; False (and nothing changes) if these sources were seen before."""
+        if arrival.sources in self._keys:
+            return False
+        self._keys.add(arrival.sources)
+        self._queue.append(arrival)
+        return True
+
+    def form_batch(self, limit: int) -> list[Executed[P]]:
+        """Take up to ``limit`` inputs in queue order and number them as they will execute."""
+        batch: list[Executed[P]] = []
+        while self._queue and len(batch) < limit:
+            arrival = self._queue.popleft()
+            seq = self._slots.pop(arrival.sources, None) or self._take_seq()
+            lineage = extend(arrival.lineage, arrival.sources, self.op, seq)
+            self._log[seq] = entry = Executed(seq, arrival, lineage)
+            batch.append(entry)
+        return batch
+
+    def _take_seq(self) -> int:
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        return seq
+
+    def record(self, seq: int, output: P) -> Executed[P]:
+        """Keep the output of request ``seq`` until its client request is collected."""
+        entry = self._log[seq]
+        entry.output, entry.done = output, True
+        return entry
+
+    def dispatched(self) -> list[Executed[P]]:
+        return [e for _, e in sorted(self._log.items())]
+
+    def unanswered(self) -> list[Executed[P]]:
+        """Dispatched but never answered: what a restarted stateless operator is given again,
+        under the same sequence numbers."""
+        return [e for _, e in sorted(self._log.items()) if not e.done]
+
+    def retained(self, after: int = 0) -> list[Executed[P]]:
+        """Executed requests with an output, beyond sequence number ``after``, in order."""
+        return [e for seq, e in sorted(self._log.items()) if seq > after and e.done]
+
+    def collect(self, client: int) -> int:
+        """Forget every executed request of a client request that has left the graph."""
+        gone = [seq for seq, e in self._log.items() if client_of(e.lineage) == client]
+        for seq in gone:
+            self._keys.discard(self._log.pop(seq).arrival.sources)
+        return len(gone)
+
+    def rollback(self, to_seq: int, bounds: Mapping[str, int]) -> None:
+        """This operator's backup, holding state ``to_seq``, was promoted: what it executed
+        after ``to_seq`` runs again under new numbers, except inputs that were themselves
+        speculation (their upstream recomputes and sends them again)."""
+        redo = [e.arrival for seq, e in sorted(self._log.items()) if seq > to_seq]
+        for seq in [seq for seq in self._log if seq > to_seq]:
+            del self._log[seq]
+        self._next_seq = to_seq + 1
+        keep = [a for a in (*redo, *self._queue) if not speculative(a.lineage, bounds)]
+        self._drop_keys(a for a in (*redo, *self._queue) if speculative(a.lineage, bounds))
+        self._queue = deque(keep)
+
+    def discard(self, bounds: Mapping[str, int]) -> None:
+        """An upstream operator rolled back: drop queued speculation, and free the executed
+        slots that depended on it so that the re-sent input re-executes under its original
+        sequence number (H8: downstream numbering stays contiguous)."""
+        gone = [a for a in self._queue if speculative(a.lineage, bounds)]
+        self._queue = deque(a for a in self._queue if not speculative(a.lineage, bounds))
+        self._drop_keys(gone)
+        for seq, entry in list(self._log.items()):
+            if speculative(entry.lineage, bounds):
+                del self._log[seq]
+                self._keys.discard(entry.arrival.sources)
+                self._slots[entry.arrival.sources] = seq
+
+    def _drop_keys(self, arrivals: Iterable[Arrival[P]]) -> None:
+        for arrival in arrivals:
+            self._keys.discard(arrival.sources)

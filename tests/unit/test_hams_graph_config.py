@@ -1,0 +1,74 @@
+"""Graphs in the YAML config: a valid one becomes a topology; a bad one is refused with the
+reason (cycle, unknown operator, a join input that does not exist, undeployed model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from parityserve.config import parse_config
+from parityserve.errors import ConfigError
+
+GOOD = """
+models:
+  - {name: features, source: "zoo:noop"}
+  - {name: lstm, source: "zoo:noop"}
+  - {name: scorer, source: "zoo:noop"}
+graphs:
+  - name: stocks
+    stream_key: ticker
+    operators:
+      - {name: feat, model: features, inputs: [frontend]}
+      - {name: seq, model: lstm, inputs: [feat], stateful: true}
+      - {name: side, model: features, inputs: [frontend]}
+      - {name: score, model: scorer, inputs: [seq, side]}
+    output: score
+"""
+
+
+def graph_config(**change: Any) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(GOOD)
+    data["graphs"][0].update(change)
+    return data
+
+
+def test_a_graph_in_yaml_becomes_a_topology_with_its_join() -> None:
+    graph = parse_config(yaml.safe_load(GOOD)).graphs[0]
+    topology = graph.topology()
+    assert topology.stateful == {"seq"} and topology.exits == ("score",)
+    assert topology.preds["score"] == ("seq", "side")
+    assert topology.next_stateful("feat") == ("seq",)
+    assert graph.fault_tolerance == "hams" and graph.stream_key == "ticker"
+
+
+def ops(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": "a", "model": "lstm", "inputs": ["frontend"]}, *extra]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"operators": ops({"name": "b", "model": "lstm", "inputs": ["a", "c"]},
+                       {"name": "c", "model": "lstm", "inputs": ["b"]}), "output": "c"},
+     "cycle"),
+    ({"operators": ops({"name": "j", "model": "scorer", "inputs": ["a", "ghost"]}),
+      "output": "j"}, "unknown operator 'ghost'"),
+    ({"operators": ops(), "output": "nowhere"}, "unknown operator 'nowhere'"),
+    ({"operators": ops({"name": "b", "model": "lstm", "inputs": ["a"]}), "output": "a"},
+     "'b' has no output"),
+    ({"operators": ops({"name": "b", "model": "missing", "inputs": ["a"]}), "output": "b"},
+     "undeployed models"),
+    ({"name": "admin"}, "reserved"),
+    ({"fault_tolerance": "raid"}, "fault_tolerance"),
+    ({"replicas": 2}, "replicas"),
+])
+def test_bad_graphs_are_refused_with_the_reason(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(graph_config(**change))
+
+
+def test_graphs_and_applications_share_one_route_space() -> None:
+    data = graph_config()
+    data["applications"] = [{"name": "stocks", "models": ["lstm"]}]
+    with pytest.raises(ConfigError, match="route space"):
+        parse_config(data)
