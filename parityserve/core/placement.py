@@ -23,6 +23,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from parityserve.core.scheduling.pools import DATA_POOL, parity_pool
+
 __all__ = [
     "Member",
     "Node",
@@ -168,8 +170,8 @@ def coding_groups(data: int, group_size: int, parity_pools: int = 0) -> list[lis
         return []
     groups = []
     for g, start in enumerate(range(0, data, group_size)):
-        slots = [("data", i) for i in range(start, min(start + group_size, data))]
-        slots += [(f"parity{j}", g) for j in range(parity_pools)]
+        slots = [(DATA_POOL, i) for i in range(start, min(start + group_size, data))]
+        slots += [(parity_pool(j), g) for j in range(parity_pools)]
         groups.append(slots)
     return groups
 
