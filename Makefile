@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
-	bench-simulate bench-frontend_wrk check-plain-install fuzz clean venv
+	bench-simulate bench-frontend_wrk bench-ray_cluster check-plain-install fuzz clean venv
 
 venv: $(STAMP)
 
@@ -53,7 +53,8 @@ bench-overhead: $(BENCH_STAMP)
 	$(BIN)/parityserve bench overhead $(ARGS)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
-bench-tail bench-accuracy bench-selection bench-simulate bench-frontend_wrk: bench-%: $(BENCH_STAMP)
+bench-tail bench-accuracy bench-selection bench-simulate bench-frontend_wrk \
+	bench-ray_cluster: bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
 # A real plain install (no extras) in a throwaway venv: the server starts and answers a
