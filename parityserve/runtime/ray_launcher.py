@@ -45,7 +45,7 @@ from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.placement_plan import deployment_members, slot_key
 from parityserve.runtime.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes"]
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,16 @@ class RayReplica:
         self.kill()
 
 
+def reachable(connect: str, node_ip: str) -> str:
+    """The address workers on other nodes dial: a frontend bound to every interface
+    (0.0.0.0, ::) is reached at this node's IP, as Ray knows it."""
+    head, _, port = connect.rpartition(":")
+    host = head.removeprefix("tcp://")
+    if host in ("0.0.0.0", "*", "::", "[::]"):
+        return f"tcp://{node_ip}:{port}"
+    return connect
+
+
 def alive_nodes() -> list[Node]:
     """The nodes Ray reports alive, with their total CPU, GPU and memory."""
     nodes = []
@@ -151,12 +161,12 @@ class RayLauncher:
     """
 
     def __init__(self, connect: str, address: str | None = None) -> None:
-        self.connect = connect
         self.started_ray = False
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
                      log_to_driver=True, configure_logging=False)
             self.started_ray = address is None
+        self.connect = reachable(connect, ray.util.get_node_ip_address())
         self.deployments: dict[tuple[str, int], Deployment] = {}
         self.running: dict[str, RayReplica] = {}  # slot key -> its live replica
         self.placement = Placement()

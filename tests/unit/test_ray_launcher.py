@@ -42,6 +42,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeActorClass, list[Node
     actors, nodes = FakeActorClass(), [
         Node(node_id, Resources(cpu=2, memory=2**32)) for node_id in NODE_IDS]
     monkeypatch.setattr(ray_launcher.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray_launcher.ray.util, "get_node_ip_address", lambda: "10.0.0.1")
     monkeypatch.setattr(ray_launcher, "ReplicaActor", actors)
     monkeypatch.setattr(ray_launcher, "alive_nodes", lambda: list(nodes))
     monkeypatch.setattr(ray_launcher.RayReplica, "exit_code", lambda self: self._code)
@@ -108,3 +109,14 @@ def test_a_dead_nodes_replica_is_placed_on_a_survivor_and_others_stay(fake_ray) 
     assert [r.node_id for r in replicas[1:]] == [
         _strategy_node(o) for o, _ in actors.created[1:3]]  # nothing else moved
     assert any("coding group m/v1/group0" in note for note in launcher.placement.notes)
+
+
+@pytest.mark.parametrize(("bound", "dialled"), [
+    ("tcp://0.0.0.0:5555", "tcp://10.0.0.9:5555"),
+    ("tcp://[::]:5555", "tcp://10.0.0.9:5555"),
+    ("tcp://10.0.0.1:5555", "tcp://10.0.0.1:5555"),
+    ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5555"),
+])
+def test_workers_dial_the_frontends_node_ip_when_it_binds_every_interface(
+        bound: str, dialled: str) -> None:
+    assert ray_launcher.reachable(bound, "10.0.0.9") == dialled
