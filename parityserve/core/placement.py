@@ -109,8 +109,9 @@ class _Ledger:
         self.models[node_id][member.model] += 1
         self.assigned[member.key] = node_id
 
-    def best(self, member: Member) -> str | None:
+    def best(self, member: Member, avoid: str | None = None) -> str | None:
         fits = [n for n in self.order if member.demand.fits_in(self.free[n])]
+        fits = [n for n in fits if n != avoid] or fits
         return min(fits, key=lambda n: self._score(member, n), default=None)
 
     def _score(self, member: Member, node_id: str) -> tuple[int, int, float, int]:
@@ -122,9 +123,12 @@ class _Ledger:
 
 
 def place(members: Sequence[Member], nodes: Sequence[Node],
-          fixed: Mapping[str, str] | None = None) -> Placement:
+          fixed: Mapping[str, str] | None = None,
+          avoid: Mapping[str, str] | None = None) -> Placement:
     """Assign every member a node (or say why not). ``fixed`` members keep their node (it must
-    be one of ``nodes``) and count against its resources."""
+    be one of ``nodes``) and count against its resources. A member in ``avoid`` goes on
+    another node than the one named there whenever another has room: a replacement for a
+    replica that died goes elsewhere, since its node may be dying before the cluster says so."""
     ledger = _Ledger(nodes)
     by_key = {m.key: m for m in members}
     for key, node_id in (fixed or {}).items():
@@ -134,7 +138,7 @@ def place(members: Sequence[Member], nodes: Sequence[Node],
     for member in members:
         if member.key in ledger.assigned:
             continue
-        best = ledger.best(member)
+        best = ledger.best(member, (avoid or {}).get(member.key))
         if best is None:
             unplaced[member.key] = _no_room(member, ledger)
         else:

@@ -179,9 +179,10 @@ class RayLauncher:
 
     def start(self, spec: WorkerSpec, keys: ClientKeys | None = None) -> RayReplica:
         key = slot_key(spec.replica_id)
+        before = self.running.get(key)  # the replica this one replaces, if any
         members = self._members()
         member = next((m for m in members if m.key == key), Member(key, spec.model))
-        node_id = self._place(key, members)
+        node_id = self._place(key, members, before.node_id if before is not None else None)
         env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
         if keys is not None:
             env[ENV_VAR] = keys.to_env()
@@ -204,11 +205,14 @@ class RayLauncher:
                             if k in live or k == self.latest}
         return deployment_members(self.deployments.values())
 
-    def _place(self, key: str, members: list[Member]) -> str | None:
-        """The node for slot ``key``: every other running replica keeps its node."""
+    def _place(self, key: str, members: list[Member], previous: str | None) -> str | None:
+        """The node for slot ``key``: every other running replica keeps its node, and a
+        replacement avoids its predecessor's node (Ray may not have noticed yet that it is
+        dead: our heartbeats time out sooner than its health checks)."""
         fixed = {k: r.node_id for k, r in self.running.items()
                  if k != key and r.node_id is not None}
-        self.placement = place(members, alive_nodes(), fixed)
+        avoid = {key: previous} if previous is not None else None
+        self.placement = place(members, alive_nodes(), fixed, avoid)
         for note in self.placement.notes:
             log.warning("placement: %s", note)
         if key in self.placement.unplaced:

@@ -133,6 +133,15 @@ def test_fixed_members_keep_their_node_and_use_its_room() -> None:
     assert placement.nodes == {"a/0": "n1", "a/1": "n0"}
 
 
+def test_a_replacement_avoids_its_predecessors_node_while_another_has_room() -> None:
+    members = plain_members("a", 2)
+    cluster = nodes(2, 2)
+    assert place(members, cluster, {"a/0": "n0"}, avoid={"a/1": "n0"}).nodes["a/1"] == "n1"
+    assert place(members, cluster, {"a/0": "n1"}, avoid={"a/1": "n1"}).nodes["a/1"] == "n0"
+    # no other node has room: the avoided one is still better than none
+    assert place(members, nodes(2, 0), {"a/0": "n0"}, avoid={"a/1": "n0"}).nodes["a/1"] == "n0"
+
+
 def test_node_failure_moves_only_its_members() -> None:
     members = parm_members("m", 2, 1) + plain_members("p", 2)
     cluster = nodes(3, 3, 3)
