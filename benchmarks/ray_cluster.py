@@ -9,7 +9,7 @@ no CPUs), a ParM k=2 deployment (2 data + 1 parity replica) and a plain 2-replic
   agents, idle workers), of the replica actors Ray runs, and of the parityserve workers, over
   an idle window and a loaded one;
 * **node failure**: closed-loop load (``--clients`` threads, each one query at a time) while
-  the node that holds ParM data replica 0 is killed without a graceful shutdown: per
+  the node that holds ParM data replica 0 crashes (its raylet and its processes killed): per
   ``--bin-s`` bin, queries answered per second, p50/p99 latency and answers rebuilt by
   decoding; the time until every replica is ready again on the survivors.
 
@@ -21,7 +21,9 @@ in ``--results-dir``; a finished run is reused unless ``--force``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -41,8 +43,6 @@ from parityserve.errors import ConfigError
 __all__ = ["build_parser", "classify", "main", "run", "timeline"]
 
 VECTOR = {"name": "input", "datatype": "FP32", "shape": [4]}
-_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-           "health_check_initial_delay_ms": 0}
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -123,7 +123,7 @@ def _cluster() -> Iterator[tuple[Any, list[Any], float]]:
 
     started = time.monotonic()
     c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "_system_config": _HEALTH})
+        "num_cpus": 0, "include_dashboard": False})  # Ray's default health checks
     nodes = [c.add_node(num_cpus=3) for _ in range(3)]
     c.wait_for_nodes()
     try:
@@ -131,6 +131,19 @@ def _cluster() -> Iterator[tuple[Any, list[Any], float]]:
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+def _crash(c: Any, node: Any) -> None:
+    """A machine's crash: its raylet and every process on it (replica actors, and with them
+    their workers) die at once, as tests/integration/test_ray_cluster.py does."""
+    import ray
+
+    pids = [a["Pid"] for a in ray._private.state.actors().values()
+            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
+    c.remove_node(node, allow_graceful=False)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _config(address: str) -> dict[str, Any]:
@@ -159,13 +172,10 @@ def _load(url: str, app: str, stop: threading.Event, seed: int) -> list[tuple[fl
 
 
 def _all_ready(server: Any, survivors: set[str]) -> bool:
-    import ray
-
-    states = [r.state for p in server.system.models.values() for r in p.replicas.values()]
-    actors = [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
-              if a["State"] == "ALIVE" and a["ActorClassName"] == "ReplicaActor"]
-    return (len(actors) == 5 and set(actors) <= survivors and len(states) == 5
-            and set(states) == {"ready"})
+    """Every replica ready and pinned to a surviving node (the frontend's view)."""
+    replicas = [r for p in server.system.models.values() for r in p.replicas.values()]
+    return (len(replicas) == 5 and all(r.state == "ready" for r in replicas)
+            and {r.process.node_id for r in replicas} <= survivors)
 
 
 def timeline(samples: Sequence[tuple[float, float, int]], start: float, bin_s: float
@@ -243,7 +253,7 @@ def _under_load(args: argparse.Namespace, server: Any, c: Any, nodes: list[Any],
         time.sleep(window)
         loaded = cost(before, _sample(), time.monotonic() - t_load)
         killed_at = time.monotonic()
-        c.remove_node(victim, allow_graceful=False)
+        _crash(c, victim)
         recovered_at = None
         while time.monotonic() < killed_at + after_kill or recovered_at is None:
             if recovered_at is None and _all_ready(server, survivors):

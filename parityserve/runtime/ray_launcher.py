@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "parityserve"
 _POLL_EVERY_S = 0.2
+SUSPECT_S = 60.0  # how long a node where an actor died unasked gets no new replicas
 ACTOR_DIED = -9  # the exit code reported when the actor (or its node) died under the worker
 
 
@@ -168,9 +169,10 @@ class RayLauncher:
             self.started_ray = address is None
         self.connect = reachable(connect, ray.util.get_node_ip_address())
         self.deployments: dict[tuple[str, int], Deployment] = {}
-        self.running: dict[str, RayReplica] = {}  # slot key -> its live replica
+        self.running: dict[str, RayReplica] = {}  # slot key -> its latest replica
         self.placement = Placement()
         self.latest: tuple[str, int] | None = None
+        self.suspects: dict[str, float] = {}  # node id -> until when it is not trusted
 
     def note_deployment(self, deployment: Deployment) -> None:
         """The supervisor is about to launch for ``deployment``: place by its groups."""
@@ -199,8 +201,8 @@ class RayLauncher:
 
     def _members(self) -> list[Member]:
         """Slots of the deployments still running here (and of the one being launched)."""
-        self.running = {k: r for k, r in self.running.items() if r.exit_code() is None}
-        live = {(r.spec.model, r.spec.version) for r in self.running.values()}
+        live = {(r.spec.model, r.spec.version) for r in self.running.values()
+                if r.exit_code() is None}
         self.deployments = {k: d for k, d in self.deployments.items()
                             if k in live or k == self.latest}
         return deployment_members(self.deployments.values())
@@ -210,15 +212,26 @@ class RayLauncher:
         replacement avoids its predecessor's node (Ray may not have noticed yet that it is
         dead: our heartbeats time out sooner than its health checks)."""
         fixed = {k: r.node_id for k, r in self.running.items()
-                 if k != key and r.node_id is not None}
+                 if k != key and r.node_id is not None and r.exit_code() is None}
         avoid = {key: previous} if previous is not None else None
-        self.placement = place(members, alive_nodes(), fixed, avoid)
+        self.placement = place(members, self._trusted_nodes(), fixed, avoid)
         for note in self.placement.notes:
             log.warning("placement: %s", note)
         if key in self.placement.unplaced:
             log.warning("placement: %s; leaving it to Ray's scheduler",
                         self.placement.unplaced[key])
         return self.placement.nodes.get(key)
+
+    def _trusted_nodes(self) -> list[Node]:
+        """Live nodes, less those where one of our actors died unasked in the last minute:
+        a crashed machine stays 'alive' to Ray until its health checks give up on it."""
+        now = time.monotonic()
+        for r in self.running.values():
+            if r.death is not None and r.node_id is not None:
+                self.suspects.setdefault(r.node_id, now + SUSPECT_S)
+        self.suspects = {n: t for n, t in self.suspects.items() if t > now}
+        nodes = alive_nodes()
+        return [n for n in nodes if n.node_id not in self.suspects] or nodes
 
     def stop_all(self, procs: Iterable[object], grace_s: float = 2.0) -> None:
         """Stop the replicas among ``procs``; shut down Ray if this launcher started it."""

@@ -2,9 +2,9 @@
 
 A ParM k=2 model (2 data replicas + 1 parity replica: one coding group) and a plain model run
 as Ray actors. Ray's own actor table (GCS) says where each replica runs: the coding group
-spans three distinct nodes. Then one node is killed (no graceful shutdown) under load: every
-query is answered once and correctly (``zoo:echo`` returns its input, and ParM decodes it
-exactly), and the lost replicas come back on the two surviving nodes.
+spans three distinct nodes. Then one node crashes (its raylet and processes killed) under
+load: every query is answered once and correctly (``zoo:echo`` returns its input, and ParM
+decodes it exactly), and the lost replicas come back on the two surviving nodes.
 
 Ray runs with the dashboard off. The public state API (``ray.util.state``) is served by the
 dashboard, so the actor table is read from the GCS client that API sits on.
@@ -12,6 +12,9 @@ dashboard, so the actor table is read from the GCS client that API sits on.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -88,6 +91,18 @@ def groups() -> dict[str, list[str]]:
     return out
 
 
+def crash(c: Cluster, node: object) -> None:
+    """A machine's crash: its raylet and every process on it die at once. (Killing only the
+    raylet of a logical node leaves its actors running on this host until Ray's health checks
+    notice; a real machine takes them down with it.)"""
+    pids = [a["Pid"] for a in ray._private.state.actors().values()
+            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
+    c.remove_node(node, allow_graceful=False)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # its worker follows (it dies with its parent)
+
+
 def nodes_by_slot() -> dict[str, str]:
     return {slot_key(rid): node for rid, node in alive_actors().items()}
 
@@ -128,7 +143,7 @@ def test_node_killed_under_load_loses_no_query_and_replicas_come_back(cluster, s
                    for i, app in enumerate(["parm", "plain"] * 3)]
         time.sleep(1.0)  # load is flowing before the kill
         killed_at = time.monotonic()
-        c.remove_node(victim, allow_graceful=False)
+        crash(c, victim)
 
         def serving_again() -> bool:
             """Every replica ready, each pinned to a surviving node (the frontend's view)."""

@@ -120,3 +120,22 @@ def test_a_dead_nodes_replica_is_placed_on_a_survivor_and_others_stay(fake_ray) 
 def test_workers_dial_the_frontends_node_ip_when_it_binds_every_interface(
         bound: str, dialled: str) -> None:
     assert ray_launcher.reachable(bound, "10.0.0.9") == dialled
+
+
+def test_a_node_where_an_actor_died_unasked_gets_no_new_replica_for_a_while(fake_ray) -> None:
+    """Two replicas lost on one crashed node: the second replacement avoids it too, though
+    Ray still lists the node alive and the second slot's own predecessor is long gone."""
+    _, nodes = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 3})
+    crashed = replicas[0]
+    crashed._code, crashed.death = ray_launcher.ACTOR_DIED, "ActorDiedError: node died"
+    del launcher.running["m/v1/2"]  # a slot whose predecessor is no longer known
+    fresh = launcher.start(WorkerSpec("m/v1/2#9-cd", "m", 1, "zoo:echo"))
+    assert fresh.node_id != crashed.node_id and crashed.node_id in launcher.suspects
+    # a replica stopped on purpose casts no suspicion
+    launcher.suspects.clear()
+    replicas[1]._code = ray_launcher.ACTOR_DIED  # killed by us: no death recorded
+    crashed.death = None
+    launcher.start(WorkerSpec("m/v1/1#10-ef", "m", 1, "zoo:echo"))
+    assert not launcher.suspects
