@@ -123,7 +123,10 @@ class RayReplica:
 
     def kill(self) -> None:
         self._code = self._code if self._code is not None else ACTOR_DIED
-        ray.kill(self.actor, no_restart=True)
+        # The supervisor kills from its periodic round: an actor already gone with its node
+        # must not raise there (it would stop the round, and every later restart with it).
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(self.actor, no_restart=True)
 
     def terminate(self, grace_s: float = 2.0) -> None:
         """SIGTERM to the worker through its actor, then end the actor."""
