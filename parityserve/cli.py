@@ -10,9 +10,12 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parityserve.errors import ParityServeError
+
+if TYPE_CHECKING:
+    from parityserve.config import ServingConfig
 
 __all__ = ["main"]
 
@@ -53,6 +56,11 @@ def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "port, 8001 with 8000; 0 turns gRPC off)")
     p.add_argument("--data-dir", type=Path, help="datasets/weights folder ($PARITYSERVE_DATA)")
     p.add_argument("--log-dir", type=Path, help="write each worker's stderr to a file here")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="run the workers as Ray actors on a cluster: 'auto' (the cluster this "
+                        "host joined with `ray start`) or ray://HOST:10001; same as "
+                        "launcher: {kind: ray, address: ...} in the YAML. Needs "
+                        "`pip install 'parityserve[ray]'`")
     p.set_defaults(func=_cmd_start)
 
 
@@ -271,6 +279,13 @@ def _server_with(server: Any, ports: dict[str, int]) -> Any:
         raise ParityServeError(f"command line: {problems}") from None
 
 
+def _with_ray(config: ServingConfig, address: str) -> ServingConfig:
+    """``--ray-address``: the workers run as Ray actors on the cluster at ``address``."""
+    from parityserve.config import LauncherConfig
+
+    return config.model_copy(update={"launcher": LauncherConfig(kind="ray", address=address)})
+
+
 def _cmd_start(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
     from parityserve.runtime.server import resolve_admin_token, serve
@@ -280,6 +295,8 @@ def _cmd_start(args: argparse.Namespace) -> int:
              if v is not None}
     if ports:  # validated, so a bad port gets the same clear error as in YAML
         config = config.model_copy(update={"server": _server_with(config.server, ports)})
+    if args.ray_address:
+        config = _with_ray(config, args.ray_address)
     data_dir = _data_dir(args.data_dir)
     base_dir = args.config.resolve().parent
     token = resolve_admin_token(config, base_dir)  # before serving: say where it lives

@@ -30,7 +30,9 @@ __all__ = [
     "Deployment",
     "EmulationConfig",
     "FaultConfig",
+    "LauncherConfig",
     "Limits",
+    "ReplicaResources",
     "Server",
     "ServingConfig",
     "TLSConfig",
@@ -317,6 +319,14 @@ class ReconstructionConfig(_Frozen):
         return self
 
 
+class ReplicaResources(_Frozen):
+    """CPU, GPU and memory one replica reserves on a cluster node (the Ray launcher)."""
+
+    cpu: float = Field(1.0, ge=0)
+    gpu: float = Field(0.0, ge=0)
+    memory_mb: float = Field(0.0, ge=0)
+
+
 class Deployment(_Frozen):
     """One deployed model version and its replicas."""
 
@@ -331,6 +341,9 @@ class Deployment(_Frozen):
     threads_per_replica: int = Field(
         1, ge=1, le=256, description="intra-op threads per replica (SERF's intra); changed "
         "live with POST /admin/models/{model}/threads, never restarting a process")
+    resources: ReplicaResources | None = Field(
+        None, description="what one replica asks a cluster launcher (Ray) for; default: "
+        "threads_per_replica CPUs")
     batching: BatchingConfig = BatchingConfig()
     options: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the model"
@@ -599,8 +612,24 @@ class Server(_Frozen):
         return self
 
 
+class LauncherConfig(_Frozen):
+    """Where worker replicas run: local subprocesses (default), or Ray actors on a cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(
+        None, description="ray: 'auto' (the cluster this host belongs to), ray://HOST:PORT, "
+        "or null for a private single-node Ray started by the frontend")
+
+    @model_validator(mode="after")
+    def _check_address(self) -> LauncherConfig:
+        if self.kind == "local" and self.address is not None:
+            raise ValueError("launcher.address is only used with kind: ray")
+        return self
+
+
 class ServingConfig(_Frozen):
     server: Server = Server()
+    launcher: LauncherConfig = LauncherConfig()
     models: tuple[Deployment, ...] = ()
     applications: tuple[Application, ...] = ()
     graphs: tuple[Graph, ...] = ()

@@ -341,6 +341,9 @@ class Supervisor:
     # ---- desired state ---------------------------------------------------------------------
     def reconcile(self, path: ModelPath, deployment: Deployment) -> None:
         """Start or stop replicas so every pool has the size ``deployment`` asks for."""
+        note = getattr(self.launcher, "note_deployment", None)
+        if note is not None:  # a cluster launcher places by the deployment's coding groups
+            note(deployment)
         pools = {r.pool for r in path.replicas.values()}
         wanted = {DATA_POOL: deployment.data_replicas(),
                   **dict.fromkeys(deployed_parity_pools(deployment), deployment.parity_replicas())}

@@ -53,7 +53,7 @@ from parityserve.runtime.parallelism import Controllers, SystemApplier, build_po
 from parityserve.runtime.router import QueryRouter
 from parityserve.runtime.rpc import RejectLog, WorkerLink
 from parityserve.runtime.state_store import StateStore, open_store
-from parityserve.runtime.supervisor import Settings, Supervisor
+from parityserve.runtime.supervisor import Launcher, Settings, Supervisor
 
 __all__ = ["ServingSystem"]
 
@@ -98,6 +98,7 @@ class ServingSystem:
         self.controllers = Controllers(self.models, SystemApplier(
             self.set_parallelism, self.set_threads), self.metrics, clock, base_dir,
             cores=os.cpu_count() or 1)
+        self._ray: Any = None  # the RayLauncher, when the config asks for Ray
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -135,7 +136,8 @@ class ServingSystem:
         keys = server_keys(server, self.base_dir)
         self._link = WorkerLink(server.host, server.rpc_port, keys=keys, on_reject=self._reject)
         self._credentials = ReplicaCredentials(keys, self._link)
-        self._supervisor = self._make_supervisor(self._link.address)
+        launcher = await asyncio.to_thread(self._make_launcher, self._link.address)
+        self._supervisor = self._make_supervisor(launcher)
         self._model_admin = ModelAdmin(self._supervisor, self.clock)
         self._link.start(Inbox(self._supervisor, self._reject))
         for deployment in self.config.models:
@@ -145,11 +147,24 @@ class ServingSystem:
         if wait_ready:
             await self.wait_ready(timeout_s)
 
-    def _make_supervisor(self, address: str) -> Supervisor:
+    def _make_launcher(self, address: str) -> Launcher:
+        """Local subprocesses, or Ray actors (``launcher: {kind: ray}``; ray loads only then)."""
+        spec = self.config.launcher
+        if spec.kind == "ray":
+            try:
+                from parityserve.runtime.ray_launcher import RayLauncher
+            except ImportError as exc:
+                raise ConfigError("launcher kind ray needs Ray installed: "
+                                  f"pip install 'parityserve[ray]' ({exc})") from exc
+            self._ray = RayLauncher(address, spec.address)
+            return self._ray
+        return LocalLauncher(address, log_dir=self.log_dir)
+
+    def _make_supervisor(self, launcher: Launcher) -> Supervisor:
         assert self._credentials is not None
         return Supervisor(
             Settings.from_server(self.config.server, self.base_dir, self.data_dir),
-            models=self.models, launcher=LocalLauncher(address, log_dir=self.log_dir),
+            models=self.models, launcher=launcher,
             keyring=self._credentials, send=self._send_quietly, clock=self.clock,
             metrics=self.metrics, make_path=self._make_path)
 
@@ -203,6 +218,8 @@ class ServingSystem:
         procs = self._supervisor.shut_down() if self._supervisor is not None else []
         local = [p for p in procs if isinstance(p, WorkerProcess)]
         await asyncio.to_thread(LocalLauncher.stop_all, local)
+        if self._ray is not None:
+            await asyncio.to_thread(self._ray.stop_all, procs)
         if self._link is not None:
             await self._link.close()
         self.store.close()

@@ -35,6 +35,7 @@ __all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "apply_threads", "keys_from_env", "
            "run_worker"]
 
 EXIT_LOAD_FAILED = 3  # exit status of a launched worker whose model did not load
+EXIT_LAUNCHER_DIED = 4  # the process that launched this worker died under it
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,15 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
         sys.exit(0)  # the frontend died before the request above took effect
 
 
+_launcher_pid: int | None = None  # with --die-with-parent: the process that launched us
+
+
 def _exit_on_signal(_signum: int, _frame: Any) -> None:
+    if _launcher_pid is not None and os.getppid() != _launcher_pid:
+        # Our launcher died (the SIGTERM asked for in _die_with_parent): no BYE. A frontend
+        # forgets a replica that says BYE, but this one was lost (a Ray actor or its node
+        # died), so the frontend must see it fail and start a replacement.
+        os._exit(EXIT_LAUNCHER_DIED)
     sys.exit(0)  # unwinds through run_worker, which says BYE on the way out
 
 
@@ -366,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit at once if this is not our parent")
     args = parser.parse_args(argv)
     if args.die_with_parent:
+        global _launcher_pid
+        _launcher_pid = os.getppid()
         _die_with_parent(args.parent_pid)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     spec = WorkerSpec.from_json(args.spec)

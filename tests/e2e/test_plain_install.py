@@ -1,9 +1,11 @@
-"""A plain ``pip install parityserve`` serves: no module of the ``bench`` extra is needed.
+"""A plain ``pip install parityserve`` serves: no module of the ``bench`` or ``ray`` extras is
+needed.
 
 The check (``plain_install_check.py``) runs in a subprocess whose import system refuses every
-module that only the extra brings: aiohttp, matplotlib and whatever they pull in that serving
-does not. The list comes from the installed packages' own metadata and ``pyproject.toml``, so
-a new bench-only dependency is refused here without anyone updating this file.
+module that only those extras bring: aiohttp, matplotlib, ray and whatever they pull in that
+serving does not. The list comes from the installed packages' own metadata and
+``pyproject.toml``, so a new extra-only dependency is refused here without anyone updating
+this file.
 ``make check-plain-install`` runs the same check in a fresh venv with a real plain install.
 """
 
@@ -76,10 +78,11 @@ def _installed(name: str) -> bool:
 
 
 def bench_only_modules() -> set[str]:
-    """Top-level modules that the bench extra brings and a plain install does not."""
+    """Top-level modules that the bench and ray extras bring and a plain install does not."""
     project = _project()
     core = _closure(project["dependencies"])
-    bench_only = _closure(project["optional-dependencies"]["bench"]) - core
+    extras = project["optional-dependencies"]
+    bench_only = _closure([*extras["bench"], *extras["ray"]]) - core
     owners = md.packages_distributions()
     return {module for module, dists in owners.items()
             if {_canonical(d) for d in dists} <= bench_only}
@@ -88,6 +91,7 @@ def bench_only_modules() -> set[str]:
 def test_the_refused_modules_cover_the_bench_extra() -> None:
     refused = bench_only_modules()
     assert {"aiohttp", "matplotlib"} <= refused
+    assert "ray" in refused  # the local launcher, the default, serves without Ray
     assert not refused & {"numpy", "starlette", "uvicorn", "httpx", "zmq", "yaml", "sklearn"}
 
 

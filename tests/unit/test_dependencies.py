@@ -31,3 +31,26 @@ def test_the_bench_extra_holds_them_and_dev_pulls_it_in() -> None:
 def test_torch_stays_pinned_and_out_of_the_core() -> None:
     assert PROJECT["optional-dependencies"]["torch"] == ["torch==2.13.0"]
     assert "torch" not in _names(PROJECT["dependencies"])
+
+
+def test_ray_is_an_extra_that_dev_pulls_in() -> None:
+    extras = PROJECT["optional-dependencies"]
+    assert "ray" not in _names(PROJECT["dependencies"])
+    assert _names(extras["ray"]) == {"ray"}
+    assert "parityserve[ray]" in extras["dev"]
+
+
+def test_only_the_ray_launcher_imports_ray() -> None:
+    """A plain install never loads Ray: one module imports it, and only the launcher
+    factory (lazily) imports that module."""
+    import ast
+
+    package = Path(__file__).parents[2] / "parityserve"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"runtime/ray_launcher.py"}

@@ -1,0 +1,141 @@
+"""The Ray launcher's decisions, with Ray's API replaced by fakes (no cluster, no processes):
+which node each actor is pinned to, what it asks Ray for, where its keys go, what happens when
+no node has room, and re-placement after a replica's node died. The real cluster is in
+tests/integration/test_ray_cluster.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install 'parityserve[ray]'")
+
+from parityserve.config import parse_config  # noqa: E402
+from parityserve.core.placement import Node, Resources  # noqa: E402
+from parityserve.runtime import ray_launcher  # noqa: E402
+from parityserve.runtime.keys import ClientKeys  # noqa: E402
+from parityserve.runtime.worker import WorkerSpec  # noqa: E402
+
+NODE_IDS = [f"{i + 1:02x}" * 28 for i in range(3)]  # Ray's node ids: 28 bytes of hex
+ECHO = {"source": "zoo:echo", "input": {"name": "input", "datatype": "FP32", "shape": [4]}}
+
+
+class FakeActorClass:
+    """Records ``ReplicaActor.options(...).remote(...)`` instead of asking Ray."""
+
+    def __init__(self) -> None:
+        self.created: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
+
+    def options(self, **options: Any) -> FakeActorClass:
+        self._options = options
+        return self
+
+    def remote(self, *args: Any) -> object:
+        self.created.append((self._options, args))
+        return object()
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeActorClass, list[Node]]:
+    actors, nodes = FakeActorClass(), [
+        Node(node_id, Resources(cpu=2, memory=2**32)) for node_id in NODE_IDS]
+    monkeypatch.setattr(ray_launcher.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray_launcher.ray.util, "get_node_ip_address", lambda: "10.0.0.1")
+    monkeypatch.setattr(ray_launcher, "ReplicaActor", actors)
+    monkeypatch.setattr(ray_launcher, "alive_nodes", lambda: list(nodes))
+    monkeypatch.setattr(ray_launcher.RayReplica, "exit_code", lambda self: self._code)
+    return actors, nodes
+
+
+def _launch(launcher: ray_launcher.RayLauncher, model: dict[str, Any],
+            keys: ClientKeys | None = None) -> list[ray_launcher.RayReplica]:
+    dep = parse_config({"models": [{"name": "m", **ECHO, **model}]}).models[0]
+    launcher.note_deployment(dep)
+    slots = [str(i) for i in range(dep.data_replicas())]
+    slots += [f"parity0-{i}" for i in range(dep.parity_replicas())]
+    return [launcher.start(WorkerSpec(f"m/v1/{s}#{n}-ab", "m", 1, "zoo:echo"), keys)
+            for n, s in enumerate(slots)]
+
+
+def _strategy_node(options: dict[str, Any]) -> str | None:
+    strategy = options["scheduling_strategy"]
+    return None if strategy == "SPREAD" else strategy.node_id
+
+
+def test_a_parm_group_is_pinned_to_three_nodes_with_its_resources(fake_ray) -> None:
+    actors, _ = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555", "auto")
+    replicas = _launch(launcher, {"replicas": 2, "parity": {"k": 2},
+                                  "resources": {"cpu": 1, "memory_mb": 256}})
+    pinned = [_strategy_node(options) for options, _ in actors.created]
+    assert sorted(pinned) == NODE_IDS
+    assert [r.node_id for r in replicas] == pinned
+    for options, _ in actors.created:
+        assert options["scheduling_strategy"].soft is False  # a hard pin: no silent drift
+        assert (options["num_cpus"], options["num_gpus"], options["memory"]) == (1, 0, 2**28)
+        assert options["name"].startswith("m/v1/")
+
+
+def test_keys_travel_in_the_workers_environment_not_its_command(fake_ray) -> None:
+    actors, _ = fake_ray
+    keys = ClientKeys(b"S" * 40, b"P" * 40, b"X" * 40)
+    _launch(ray_launcher.RayLauncher("tcp://10.0.0.1:5555"), {"replicas": 1}, keys)
+    (_, (connect, spec_json, env)), = actors.created
+    assert connect == "tcp://10.0.0.1:5555"
+    assert "X" * 40 not in spec_json and env[ray_launcher.ENV_VAR] == keys.to_env()
+
+
+def test_no_room_leaves_it_to_ray_and_says_why(fake_ray, caplog) -> None:
+    actors, _ = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    with caplog.at_level(logging.WARNING, logger=ray_launcher.__name__):
+        replicas = _launch(launcher, {"replicas": 7})  # 7 CPUs asked of 6
+    assert [_strategy_node(o) for o, _ in actors.created].count(None) == 1
+    assert replicas[-1].node_id is None
+    assert "no node has 1 CPU" in caplog.text and "Ray's scheduler" in caplog.text
+
+
+def test_a_dead_nodes_replica_is_placed_on_a_survivor_and_others_stay(fake_ray) -> None:
+    actors, nodes = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 2, "parity": {"k": 2}})
+    victim = replicas[0]
+    nodes.remove(next(n for n in nodes if n.node_id == victim.node_id))
+    victim._code = ray_launcher.ACTOR_DIED  # what exit_code reports when its node died
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert fresh.node_id in {n.node_id for n in nodes}
+    assert [r.node_id for r in replicas[1:]] == [
+        _strategy_node(o) for o, _ in actors.created[1:3]]  # nothing else moved
+    assert any("coding group m/v1/group0" in note for note in launcher.placement.notes)
+
+
+@pytest.mark.parametrize(("bound", "dialled"), [
+    ("tcp://0.0.0.0:5555", "tcp://10.0.0.9:5555"),
+    ("tcp://[::]:5555", "tcp://10.0.0.9:5555"),
+    ("tcp://10.0.0.1:5555", "tcp://10.0.0.1:5555"),
+    ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5555"),
+])
+def test_workers_dial_the_frontends_node_ip_when_it_binds_every_interface(
+        bound: str, dialled: str) -> None:
+    assert ray_launcher.reachable(bound, "10.0.0.9") == dialled
+
+
+def test_a_node_where_an_actor_died_unasked_gets_no_new_replica_for_a_while(fake_ray) -> None:
+    """Two replicas lost on one crashed node: the second replacement avoids it too, though
+    Ray still lists the node alive and the second slot's own predecessor is long gone."""
+    _, nodes = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 3})
+    crashed = replicas[0]
+    crashed._code, crashed.death = ray_launcher.ACTOR_DIED, "ActorDiedError: node died"
+    del launcher.running["m/v1/2"]  # a slot whose predecessor is no longer known
+    fresh = launcher.start(WorkerSpec("m/v1/2#9-cd", "m", 1, "zoo:echo"))
+    assert fresh.node_id != crashed.node_id and crashed.node_id in launcher.suspects
+    # a replica stopped on purpose casts no suspicion
+    launcher.suspects.clear()
+    replicas[1]._code = ray_launcher.ACTOR_DIED  # killed by us: no death recorded
+    crashed.death = None
+    launcher.start(WorkerSpec("m/v1/1#10-ef", "m", 1, "zoo:echo"))
+    assert not launcher.suspects
