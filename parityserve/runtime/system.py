@@ -55,7 +55,7 @@ from parityserve.runtime.rpc import RejectLog, WorkerLink
 from parityserve.runtime.state_store import StateStore, open_store
 from parityserve.runtime.supervisor import Launcher, Settings, Supervisor
 
-__all__ = ["ServingSystem"]
+__all__ = ["ServingSystem", "keep_ticking"]
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +178,7 @@ class ServingSystem:
         )
 
     async def _supervise(self) -> None:
-        while True:
-            await asyncio.sleep(_SUPERVISE_EVERY_S)
-            self.supervisor.tick()
+        await keep_ticking(self.supervisor.tick, _SUPERVISE_EVERY_S)
 
     def _send_quietly(self, rid: str, command: Command) -> None:
         if self._link is None:
@@ -360,3 +358,19 @@ def _emulation_state(path: ModelPath) -> dict[str, Any] | None:
 
 def _record(stats: Any) -> dict[str, Any]:
     return {k: getattr(stats, k) for k in stats.__dataclass_fields__}
+
+
+async def keep_ticking(tick: Callable[[], None], every_s: float) -> None:
+    """Call ``tick`` every ``every_s`` for ever. A tick that raises is logged and the next one
+    still runs: one bad round (a launcher call failing on a dead node, say) must not end
+    every later restart, which is what the supervision loop is for."""
+    failures = 0
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            tick()
+        except Exception:  # anything: the loop outlives it, the log keeps the traceback
+            failures += 1
+            if failures == 1 or failures % 100 == 0:
+                log.exception("supervisor round failed (%d so far); the next one runs anyway",
+                              failures)
