@@ -75,6 +75,7 @@ class ServingSystem:
         clock: Callable[[], float] = time.monotonic,
         log_dir: Path | None = None,
     ) -> None:
+        _refuse_unserved_graphs(config)
         self.config = config
         self.base_dir = base_dir
         self.data_dir = data_dir
@@ -374,3 +375,13 @@ async def keep_ticking(tick: Callable[[], None], every_s: float) -> None:
             if failures == 1 or failures % 100 == 0:
                 log.exception("supervisor round failed (%d so far); the next one runs anyway",
                               failures)
+
+
+def _refuse_unserved_graphs(config: ServingConfig) -> None:
+    """A ``graphs:`` section is validated (``parityserve validate``) but not served yet: its
+    route and the primary-backup runtime are still to come (issue 19). Starting would
+    silently leave the graph without a route, so the start says so instead."""
+    if config.graphs:
+        names = ", ".join(g.name for g in config.graphs)
+        raise ConfigError(f"graphs ({names}): stateful service graphs are validated but not "
+                          "served yet; remove the graphs: section to start this server")

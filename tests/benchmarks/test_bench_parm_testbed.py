@@ -4,7 +4,6 @@ then one tiny real run end to end (2 deployed instances, 150 queries)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -119,13 +118,12 @@ def test_berrut_cases_carry_the_group_wait_only_when_asked() -> None:
     assert waited["none"] == plain["none"] and waited["parm-k2"] == plain["parm-k2"]
 
 
-@pytest.mark.skipif(not os.environ.get("PARITYSERVE_DATA"), reason="needs PARITYSERVE_DATA "
-                    "(MNIST test inputs)")
 @pytest.mark.timeout(300)
-def test_a_tiny_run_writes_labelled_results(tmp_path: Path) -> None:
+def test_a_tiny_run_writes_labelled_results(tmp_path: Path, data_dir: Path) -> None:
     code = tb.main(["--deployed", "2", "--modes", "none,equal-resources,parm", "--ks", "2",
                     "--rates", "40", "--queries", "150", "--repeats", "1",
-                    "--shuffle-delay-ms", "20", "--results-dir", str(tmp_path)])
+                    "--shuffle-delay-ms", "20", "--results-dir", str(tmp_path),
+                    "--data-dir", str(data_dir)])
     assert code == 0
     report = json.loads((tmp_path / "parm-testbed.json").read_text())
     assert report["label"].startswith("EMULATED accelerator 'parm-gpu-resnet18'")

@@ -72,3 +72,10 @@ def test_graphs_and_applications_share_one_route_space() -> None:
     data["applications"] = [{"name": "stocks", "models": ["lstm"]}]
     with pytest.raises(ConfigError, match="route space"):
         parse_config(data)
+
+
+def test_a_server_refuses_to_start_graphs_it_cannot_serve_yet() -> None:
+    from parityserve.runtime.system import ServingSystem
+
+    with pytest.raises(ConfigError, match=r"graphs \(stocks\).*not served yet"):
+        ServingSystem(parse_config(yaml.safe_load(GOOD)))
