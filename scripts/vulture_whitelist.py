@@ -74,3 +74,13 @@ _.encode_response
 
 # An autouse pytest fixture: pytest runs it for every test in its module.
 _keep_sigterm
+
+# pydantic runs model validators by decoration (config.py).
+_._check_policy
+_._check_shape
+_._check_address
+# Records read as a whole (asdict / JSON): the profile document's elapsed time, and the
+# HAMS primary shipper's statistics (core/hams/shipping.py), kept for the state-manager runtime.
+_.elapsed_s
+_.last_executed
+_.unshipped

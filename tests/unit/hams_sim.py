@@ -284,9 +284,6 @@ class Sim:
         pids = {0} | {p.pid for p in self.primaries.values()}
         return pids | {b.pid for b in self.backups.values() if b is not None}
 
-    def _op_of(self, primary: Primary) -> str:
-        return next(op for op, p in self.primaries.items() if p is primary)
-
     def _promote(self, op: str, applied: int) -> None:
         backup = self.backups[op]
         assert backup is not None

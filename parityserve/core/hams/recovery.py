@@ -42,9 +42,6 @@ class Failover:
     roll_back_in_place: tuple[str, ...]  # listed operators whose backup is dead (Fig. 6)
     frontend_discards: bool  # the frontend holds replies built on speculation
 
-    def is_speculation(self, lineage: Lineage) -> bool:
-        return speculative(lineage, self.bounds)
-
 
 def plan_failover(topology: Topology, failed: Iterable[str], applied: Mapping[str, int],
                   executed: Mapping[str, Iterable[Lineage]], epoch: int,

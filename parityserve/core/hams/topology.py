@@ -50,17 +50,6 @@ class Topology:
     def succs(self, op: str) -> tuple[str, ...]:
         return tuple(o for o in self.operators if op in self.preds[o])
 
-    def downstream(self, op: str) -> tuple[str, ...]:
-        """Every operator reachable from ``op``, in topological order."""
-        seen: set[str] = set()
-        stack = list(self.succs(op))
-        while stack:
-            nxt = stack.pop()
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.extend(self.succs(nxt))
-        return tuple(o for o in self.operators if o in seen)
-
     def next_stateful(self, op: str) -> tuple[str, ...]:
         """NFM: the nearest stateful operators downstream, through stateless ones only.
         The frontend stands in when a path reaches the exit without one."""
