@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from parityserve.core.profiling import load_levels
 from parityserve.core.queueing import (
     Config,
     QueueModel,
@@ -42,7 +43,6 @@ __all__ = [
     "error_summary",
     "fixed_policies",
     "lambda_max",
-    "load_levels",
     "phase_rates",
     "phased_schedule",
     "relative_error",
@@ -77,13 +77,6 @@ def lambda_max(profiles: Mapping[int, Sequence[float]], configs: Sequence[Config
     return max(capacity(profiles, config) for config in configs)
 
 
-def load_levels(lam_max: float, levels: int = LEVELS) -> list[float]:
-    """λ_k = k·λ_max/(levels + 1), k = 1..levels: low to high, never λ_max itself."""
-    if not lam_max > 0 or levels < 1:
-        raise ValueError(f"need lambda_max > 0 and levels >= 1, got {lam_max}, {levels}")
-    return [k * lam_max / (levels + 1) for k in range(1, levels + 1)]
-
-
 def build_cases(profiles: Mapping[int, Sequence[float]], *, cores: int, oversubscribe: bool,
                 levels: int = LEVELS, rho_max: float = 0.95,
                 overhead: Mapping[Config, float] | None = None
@@ -94,7 +87,7 @@ def build_cases(profiles: Mapping[int, Sequence[float]], *, cores: int, oversubs
     ``overhead_s``: the client's round trip beyond the server's slot time), added to every
     model's prediction alike."""
     configs = configurations(profiles, cores=cores, oversubscribe=oversubscribe)
-    rates = load_levels(lambda_max(profiles, configs), levels)
+    rates = load_levels(profiles, cores=cores, oversubscribe=oversubscribe, count=levels)
     cases: list[Case] = []
     skipped: list[dict[str, Any]] = []
     for config in configs:

@@ -18,7 +18,6 @@ from benchmarks.serf_analysis import (
     error_summary,
     fixed_policies,
     lambda_max,
-    load_levels,
     phase_rates,
     phased_schedule,
     relative_error,
@@ -31,10 +30,12 @@ PROFILES = {1: [400.0, 380.0, 250.0, 190.0], 2: [500.0, 260.0]}
 
 
 def test_levels_are_k_over_eleven_of_lambda_max() -> None:
-    assert load_levels(1100.0) == pytest.approx([100.0 * k for k in range(1, 11)])
-    assert load_levels(110.0, levels=4) == pytest.approx([22.0, 44.0, 66.0, 88.0])
-    with pytest.raises(ValueError):
-        load_levels(0.0)
+    # one profile whose fastest configuration drains at 1,100/s (c = 2 at 550/s each)
+    cases, skipped = build_cases({1: [600.0, 550.0]}, cores=2, oversubscribe=False)
+    rates = sorted({c.rate for c in cases} | {s["rate"] for s in skipped})
+    assert rates == pytest.approx([100.0 * k for k in range(1, 11)])
+    four, _ = build_cases({1: [600.0, 550.0]}, cores=2, oversubscribe=False, levels=4)
+    assert sorted({c.rate for c in four}) == pytest.approx([220.0, 440.0, 660.0, 880.0])
 
 
 def test_lambda_max_is_the_fastest_draining_configuration() -> None:
