@@ -62,6 +62,7 @@ from parityserve.bench.report import (
     plot_quantile_cdf,
     write_results,
 )
+from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
 
 __all__ = [
@@ -679,42 +680,24 @@ def latency_quantiles_ms(latencies_s: np.ndarray | Sequence[float]) -> list[floa
     return [round(float(v) * 1e3, 3) for v in np.quantile(lat, CDF_PROBABILITIES)]
 
 
-class Checkpoint:
-    """The finished runs of a load experiment, one JSON line each, so that ``--resume``
-    skips them.
+class Checkpoint(RunFile):
+    """The finished runs of a load experiment by (case, rate, repetition); each row carries
+    its own latency quantiles for the CDF plot."""
 
-    Why: the full experiment takes hours to days on a small machine, and a crash, a reboot
-    or the end of a working session must not throw away the runs already measured. A run is
-    reused only under the same settings (``fingerprint``: model, queries per point, burst
-    model, batch ceiling, seed, deployed instances), so a changed run never mixes with an old
-    one. Without ``resume`` an earlier file is kept aside as ``*.old``, not deleted. Each row
-    carries its own latency quantiles for the CDF plot.
-    """
-
-    def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
-        self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
-        self.rows: dict[tuple[str, float, int], dict[str, Any]] = {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if resume and path.exists():
-            for line in path.read_text().splitlines():
-                saved = json.loads(line) if line.strip() else {}
-                if saved.get("fingerprint") == self.fingerprint:
-                    row = saved["row"]
-                    self.rows[(row["case"], float(row["rate"]), int(saved["rep"]))] = row
-        elif path.exists():
-            path.replace(path.with_name(path.name + ".old"))
+    def key_of(self, saved: dict[str, Any]) -> tuple[str, float, int]:
+        row = saved["row"]
+        return (row["case"], float(row["rate"]), int(saved["rep"]))
 
     def get(self, case: str, rate: float, rep: int) -> dict[str, Any] | None:
         return self.rows.get((case, float(rate), rep))
 
     def put(self, row: dict[str, Any], rep: int) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"fingerprint": self.fingerprint, "rep": rep, "row": row}) + "\n")
-        self.rows[(row["case"], float(row["rate"]), rep)] = row
+        self.append((row["case"], float(row["rate"]), rep), {"rep": rep}, row)
 
     def cdf(self, case: str, rate: float) -> list[float] | None:
         """The latency quantiles of the first repetition at ``rate`` that kept them."""
-        for (name, at, _), row in sorted(self.rows.items()):
+        found = [(key, row) for key, row in self.rows.items() if isinstance(key, tuple)]
+        for (name, at, _), row in sorted(found, key=lambda kv: kv[0]):
             if name == case and at == float(rate) and row.get("latency_quantiles_ms"):
                 return list(row["latency_quantiles_ms"])
         return None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from parityserve.client import Client
@@ -62,3 +65,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("condition not met in time")
+
+
+def predict_all(url: str, app: str, xs: np.ndarray, workers: int) -> list[dict]:
+    """Ask ``app`` for every row of ``xs`` from ``workers`` threads at once (each thread has its
+    own client, closed at the end); the answers come back in the order of ``xs``."""
+    local = threading.local()
+    clients: list[Client] = []
+
+    def one(x: np.ndarray) -> dict:
+        if not hasattr(local, "client"):
+            local.client = Client(url)
+            clients.append(local.client)
+        return local.client.predict(app, x.tolist())
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, xs))
+    finally:
+        for c in clients:
+            c.close()

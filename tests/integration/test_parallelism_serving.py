@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import model_state, wait_until
+from conftest import model_state, predict_all, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput
@@ -53,24 +52,6 @@ def _served(client: Client) -> list[int]:
                                         key=lambda r: r["index"])]
 
 
-def _ask_all(url: str, xs: np.ndarray, workers: int) -> list[dict]:
-    local = threading.local()
-    clients: list[Client] = []  # one per thread, closed at the end
-
-    def one(x: np.ndarray) -> dict:
-        if not hasattr(local, "client"):
-            local.client = Client(url)
-            clients.append(local.client)
-        return local.client.predict("echo", x.tolist())
-
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, xs))
-    finally:
-        for c in clients:
-            c.close()
-
-
 def _check(answers: list[dict], xs: np.ndarray) -> None:
     for answer, x in zip(answers, xs, strict=True):
         assert answer["default"] is False, answer
@@ -81,7 +62,7 @@ def test_the_configured_limit_holds_and_is_reported(served, client) -> None:
     assert model_state(client, "echo")["parallelism"] == 1
     before = _served(client)
     xs = np.random.default_rng(1).uniform(-1, 1, size=(12, 4)).astype(np.float32)
-    _check(_ask_all(served.url, xs, workers=6), xs)
+    _check(predict_all(served.url, "echo", xs, workers=6), xs)
     after = _served(client)
     # c = 1: the first replica in order pulls every batch; the other two stay warm.
     assert [a - b for a, b in zip(after, before, strict=True)] == [12, 0, 0]
@@ -115,7 +96,7 @@ def test_every_query_is_answered_once_while_c_is_toggled(served, client) -> None
     toggler = threading.Thread(target=toggle)
     toggler.start()
     try:
-        answers = _ask_all(served.url, xs, workers=12)
+        answers = predict_all(served.url, "echo", xs, workers=12)
     finally:
         done.set()
         toggler.join()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import model_state, wait_until
+from conftest import model_state, predict_all, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput, UnknownModel
@@ -51,24 +50,6 @@ def _acked(client: Client, threads: int) -> bool:
     replicas = model_state(client, "digits")["replicas"]
     return bool(replicas) and all(r["state"] == "ready" and r["threads"] == threads
                                   for r in replicas)
-
-
-def _ask_all(url: str, xs: np.ndarray, workers: int) -> list[dict]:
-    local = threading.local()
-    clients: list[Client] = []
-
-    def one(x: np.ndarray) -> dict:
-        if not hasattr(local, "client"):
-            local.client = Client(url)
-            clients.append(local.client)
-        return local.client.predict("digits", x.tolist())
-
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, xs))
-    finally:
-        for c in clients:
-            c.close()
 
 
 def _served(client: Client) -> int:
@@ -116,7 +97,7 @@ def test_every_query_is_answered_once_while_threads_change(served, client) -> No
     toggler = threading.Thread(target=toggle)
     toggler.start()
     try:
-        answers = _ask_all(served.url, xs, workers=8)
+        answers = predict_all(served.url, "digits", xs, workers=8)
     finally:
         done.set()
         toggler.join()
