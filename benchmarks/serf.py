@@ -61,6 +61,7 @@ from parityserve.bench.loadgen import (
     run_open_loop,
 )
 from parityserve.bench.report import command_line, markdown_table, write_results
+from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.core.queueing import Config, configurations
@@ -88,8 +89,9 @@ QUEUE_LENGTH = {"target_ongoing_requests": 1.0, "upscale_delay_s": 3.0,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="resnet20,resnet56,mlp",
                    help="comma-separated, from: " + ", ".join(MODELS))
-    p.add_argument("--parts", default="profile,accuracy,dynamic",
-                   help="comma-separated, from: profile, accuracy, dynamic")
+    p.add_argument("--parts", default="profile,accuracy,dynamic,tail",
+                   help="comma-separated, from: profile, accuracy, dynamic, tail (the "
+                        "tail-aware controller against queue-length at a p99 SLO)")
     p.add_argument("--queries", type=int, default=2000,
                    help="queries per accuracy case (the issue asks for at least 2,000)")
     p.add_argument("--profile-requests", type=int, default=50,
@@ -112,6 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "running would be")
     p.add_argument("--phases", default="0.6,0.15,0.6",
                    help="dynamic-load phases as fractions of λ_max (moderate, low, moderate)")
+    p.add_argument("--tail-slo-ms", type=float, default=None,
+                   help="the tail part's p99 SLO (default: 1.5x the lowest simulated p99 "
+                        "any configuration reaches at the moderate phase's rate)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run (<= 10 min): ResNet-20 only, 4 levels, 400 queries per "
                         "case, 15 s phases")
@@ -154,6 +159,7 @@ def _apply_quick(args: argparse.Namespace) -> None:
     args.queries = min(args.queries, 400)
     args.phase_seconds = min(args.phase_seconds, 15.0)
     args.lead_in_seconds = min(args.lead_in_seconds, 5.0)
+    args.dynamic_repeats = min(args.dynamic_repeats, 1)
 
 
 def _data_dir(given: Path | None) -> Path:
@@ -175,7 +181,8 @@ def _fingerprint(model: str, args: argparse.Namespace) -> dict[str, Any]:
     """The settings a saved run depends on: which models or parts an invocation runs does
     not change a run, so a full report can be put together from runs made one model at a
     time (each model has its own file)."""
-    skip = {"models", "parts", "dynamic_models", "quick", "lead_in_seconds"}  # in the key
+    skip = {"models", "parts", "dynamic_models", "quick", "lead_in_seconds",
+            "tail_slo_ms"}  # in the key
     return {"model": model, **{k: v for k, v in _settings(args).items() if k not in skip}}
 
 
@@ -217,6 +224,12 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
             report["accuracy"] = _accuracy(server.url, cases, bodies, args, saved)
         if "dynamic" in parts and name in _split(args.dynamic_models):
             report["dynamic"] = _dynamic(server.url, name, profiles, cores, bodies, args, saved)
+        if "tail" in parts and name in _split(args.dynamic_models):
+            from benchmarks.serf_tail import tail_part  # it imports this module's helpers
+
+            report["tail"] = tail_part(server.url, name, _profile_file(name, args),
+                                       _phase_rates(profiles, cores, args), bodies, args,
+                                       saved)
     return report
 
 
@@ -230,30 +243,17 @@ def _inputs(dataset: str, data_dir: Path) -> np.ndarray:
     return x[::10][:1000]
 
 
-class _Runs:
-    """Finished measurements, one JSON line each, reused by ``--resume`` under the same
-    settings only (a changed setting starts afresh; the old file is kept as ``*.old``)."""
+class _Runs(RunFile):
+    """SERF's finished measurements by name (the profile, each case, each dynamic phase)."""
 
-    def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
-        self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
-        self.rows: dict[str, dict[str, Any]] = {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if resume and path.exists():
-            for line in path.read_text().splitlines():
-                saved = json.loads(line) if line.strip() else {}
-                if saved.get("fingerprint") == self.fingerprint:
-                    self.rows[saved["key"]] = saved["row"]
-        elif path.exists():
-            path.replace(path.with_name(path.name + ".old"))
+    def key_of(self, saved: dict[str, Any]) -> str:
+        return str(saved["key"])
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
 
     def put(self, key: str, row: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"fingerprint": self.fingerprint, "key": key, "row": row},
-                               default=float) + "\n")
-        self.rows[key] = row
+        self.append(key, {"key": key}, row)
 
 
 # ---- part 1: the profile ----
@@ -266,7 +266,7 @@ def _profile(url: str, name: str, args: argparse.Namespace, saved: _Runs) -> dic
         return found
     from parityserve.bench import profiler
 
-    out = args.results_dir / f"serf-profile-{name}.json"
+    out = _profile_file(name, args)
     argv = ["--url", url, "--model", MODEL_NAME, "--max-c", str(args.max_c), "--intra",
             args.intra, "--requests", str(args.profile_requests), "-o", str(out)]
     parser = argparse.ArgumentParser()
@@ -387,8 +387,7 @@ def _dynamic(url: str, model: str, profiles: dict[int, list[float]], cores: int,
              bodies: list[bytes], args: argparse.Namespace, saved: _Runs) -> dict[str, Any]:
     """Every policy through the same phases (moderate, low, moderate), policies interleaved
     within each repetition; per phase the medians over repetitions."""
-    configs = configurations(profiles, cores=cores, oversubscribe=args.oversubscribe)
-    rates = phase_rates(lambda_max(profiles, configs), [float(f) for f in _split(args.phases)])
+    rates = _phase_rates(profiles, cores, args)
     policies: dict[str, Any] = {
         **fixed_policies(profiles, cores, rates, oversubscribe=args.oversubscribe),
         "serf": "serf", "queue-length": "queue-length"}
@@ -397,7 +396,7 @@ def _dynamic(url: str, model: str, profiles: dict[int, list[float]], cores: int,
         for name, policy in policies.items():
             key = f"dynamic-{name}-{rep}-lead{args.lead_in_seconds:g}"
             if saved.get(key) is None:
-                profile_file = args.results_dir / f"serf-profile-{model}.json"
+                profile_file = _profile_file(model, args)
                 saved.put(key, _dynamic_run(url, name, policy, profile_file, rates, bodies,
                                             args, rep))
             runs[name].append(saved.rows[key])
@@ -406,6 +405,16 @@ def _dynamic(url: str, model: str, profiles: dict[int, list[float]], cores: int,
             "lead_in_seconds": args.lead_in_seconds,
             "policies": {k: _label(v) for k, v in policies.items()}, "runs": runs,
             "summary": summary, "verdict": dynamic_verdicts(summary, len(rates))}
+
+
+def _phase_rates(profiles: dict[int, list[float]], cores: int, args: argparse.Namespace
+                 ) -> list[float]:
+    configs = configurations(profiles, cores=cores, oversubscribe=args.oversubscribe)
+    return phase_rates(lambda_max(profiles, configs), [float(f) for f in _split(args.phases)])
+
+
+def _profile_file(name: str, args: argparse.Namespace) -> Path:
+    return args.results_dir / f"serf-profile-{name}.json"
 
 
 def _apply_policy(url: str, policy: Any, profile_file: Path) -> int:
@@ -477,6 +486,10 @@ def _markdown(reports: dict[str, dict[str, Any]], args: argparse.Namespace) -> s
             parts.append(_cost_markdown(report["profile"], acc["exhaustive"]))
         if report.get("dynamic"):
             parts.append(_dynamic_markdown(report["dynamic"]))
+        if report.get("tail"):
+            from benchmarks.serf_tail import tail_markdown
+
+            parts.append(tail_markdown(report["tail"]))
     return "\n".join(parts)
 
 

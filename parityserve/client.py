@@ -260,6 +260,11 @@ class Client:
         return self._call("POST", f"/admin/models/{_q(model)}/scheduler",
                           {"policy": policy, **settings})
 
+    def remove_scheduler(self, model: str) -> dict[str, Any]:
+        """Stop ``model``'s parallelism controller; the c and threads it set stay, to be
+        changed by hand. ``{"stopped": False}`` when none was running."""
+        return self._call("DELETE", f"/admin/models/{_q(model)}/scheduler")
+
     def link_models(self, app: str, models: Sequence[str]) -> dict[str, Any]:
         return self._call("POST", f"/admin/applications/{_q(app)}/models",
                           {"models": list(models)})

@@ -272,6 +272,9 @@ class SchedulerConfig(_Frozen):
     window_s: float = Field(30.0, gt=0, le=86_400, description="arrival-rate window")
     profile: str | None = Field(None, description="serf: the JSON `parityserve profile` "
                                 "wrote for this model (relative to the config's folder)")
+    slo_p99_ms: float | None = Field(None, gt=0, le=3_600_000, description="serf: be "
+                                     "tail-aware, running the fewest cores whose p99 meets "
+                                     "this SLO (the profile needs a table for it)")
     gain_threshold: float = Field(0.1, ge=0, lt=1, description="serf: switch only when the "
                                   "predicted mean latency falls by more than this fraction, "
                                   "two periods in a row")
@@ -291,8 +294,10 @@ class SchedulerConfig(_Frozen):
         if self.policy == "serf" and not self.profile:
             raise ValueError("scheduler.profile: policy serf needs the profile file "
                              "(write one with `parityserve profile -c CONFIG --model M`)")
-        if self.policy != "serf" and self.profile:
-            raise ValueError(f"scheduler.profile is only used by policy serf, not {self.policy}")
+        if self.policy != "serf" and (self.profile or self.slo_p99_ms is not None):
+            field_name = "profile" if self.profile else "slo_p99_ms"
+            raise ValueError(f"scheduler.{field_name} is only used by policy serf, not "
+                             f"{self.policy}")
         if self.policy == "fixed" and self.c is None:
             raise ValueError("scheduler.c: policy fixed needs c (requests at once)")
         if self.policy != "fixed" and self.c is not None:

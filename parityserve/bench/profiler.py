@@ -72,7 +72,7 @@ from parityserve.core.profiling import (
     profile_plan,
 )
 from parityserve.core.queueing import Config, TableRow, configurations, reference_table
-from parityserve.core.tail_choice import TailEstimate, choose_for_p99
+from parityserve.core.tail_choice import tail_table
 from parityserve.errors import ConfigError, ParityServeError, Unavailable
 
 __all__ = ["add_arguments", "apply_configuration", "profile_config", "profile_deployment",
@@ -124,7 +124,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tail.add_argument("--slo-p99-ms", type=float,
                       help="per load level, also the cheapest configuration (fewest cores "
                            "busy) whose p99, simulated on the profiled service times by the "
-                           "discrete-event simulator (the real scheduler), meets this SLO")
+                           "discrete-event simulator (the real scheduler), meets this SLO; "
+                           "the table is saved in the profile, where a scheduler with "
+                           "`slo_p99_ms` set to the same value reads it")
     tail.add_argument("--tail-queries", type=int, default=5000,
                       help="simulated queries per (configuration, load level) (default 5000)")
     out = p.add_argument_group("output")
@@ -452,21 +454,9 @@ def _finite(value: float) -> float | None:
 
 def _tail_aware(measurements: Sequence[Measurement], levels: Sequence[float], setup: _Setup,
                 args: argparse.Namespace) -> dict[str, Any]:
-    rows = []
-    for rate in levels:
-        choice = choose_for_p99(measurements, rate, args.slo_p99_ms / 1e3, cores=setup.cores,
-                                oversubscribe=setup.oversubscribe, queries=args.tail_queries,
-                                seed=args.seed)
-        rows.append({"rate": rate, "chosen": _estimate_doc(choice.chosen),
-                     "candidates": [_estimate_doc(e) for e in choice.candidates]})
-    return {"slo_p99_ms": args.slo_p99_ms, "queries": args.tail_queries, "levels": rows}
-
-
-def _estimate_doc(e: TailEstimate | None) -> dict[str, Any] | None:
-    if e is None:
-        return None
-    return {**_config_doc(e.config), "cores": e.config.cores, "p99_s": _finite(e.p99_s),
-            "mean_s": _finite(e.mean_s), "n": e.n}
+    return tail_table(measurements, levels, args.slo_p99_ms / 1e3, cores=setup.cores,
+                      oversubscribe=setup.oversubscribe, queries=args.tail_queries,
+                      seed=args.seed)
 
 
 # ---- the exhaustive baseline ---------------------------------------------------------------

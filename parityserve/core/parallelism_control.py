@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from parityserve.core.autoscale import (
@@ -153,12 +153,18 @@ class Policy(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SerfProfile:
-    """The part of a profile document the controller reads: μ_1..μ_n per intra threads."""
+    """The part of a profile document the controller reads: μ_1..μ_n per intra threads, and
+    per configuration the mean time its requests spend outside the queue (``overhead_s`` of
+    the tuple profiled with c at once: HTTP, the frontend, the ZeroMQ hop). That time is
+    added to the queue's W before configurations are ranked, as the profiler's own
+    reference table does (``profiling.best_with_overhead``): a configuration that crowds the
+    frontend's core pays for it there."""
 
     model: str
     cores: int
     oversubscribe: bool
     profiles: Mapping[int, tuple[float, ...]]
+    overheads: Mapping[Config, float] = field(default_factory=dict)
 
 
 def _derive(measurements: Any) -> dict[int, tuple[float, ...]]:
@@ -189,7 +195,23 @@ def read_profile(doc: Any, *, model: str) -> SerfProfile:
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed profile document: {exc!r}") from None
     configurations(profiles, cores=cores, oversubscribe=over)  # raises on bad rates
-    return SerfProfile(model, cores, over, profiles)
+    return SerfProfile(model, cores, over, profiles, _overheads(doc.get("measurements")))
+
+
+def _overheads(measurements: Any) -> dict[Config, float]:
+    """``overhead_s`` per profiled (c, intra); none in an older document: all 0."""
+    out = {}
+    for m in measurements or ():
+        try:
+            value = float(m.get("overhead_s", 0.0))
+            config = Config(int(m["c"]), int(m["intra"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed profile measurement {m!r}: {exc!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"overhead_s must be a finite number >= 0, got {value!r} at "
+                             f"c={config.c}, intra={config.intra}")
+        out[config] = value
+    return out
 
 
 # ---------------------------------------------------------------- policies
@@ -240,10 +262,17 @@ class SerfPolicy:
                              + ("" if top is None else f" and c x intra <= {top} threads"))
         object.__setattr__(self, "_configs", allowed)
 
+    def allows(self, config: Config) -> bool:
+        """Profiled, and within the replicas and the threads the server lets run."""
+        return config in self._configs
+
     def predict(self, rate: float, config: Config) -> Prediction | None:
+        """The queue's W plus the configuration's overhead outside it (stable only)."""
         if config not in self._configs:
             return None
-        return predict_latency(rate, self.profile.profiles[config.intra][:config.c])
+        found = predict_latency(rate, self.profile.profiles[config.intra][:config.c])
+        extra = self.profile.overheads.get(config, 0.0)
+        return replace(found, latency=found.latency + extra) if found.stable else found
 
     def _capacity(self, config: Config) -> float:
         return config.c * self.profile.profiles[config.intra][config.c - 1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from parityserve.core.profiling import Measurement, profiles_from
 from parityserve.core.queueing import Config, configurations
 from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
 
-__all__ = ["TailChoice", "TailEstimate", "choose_for_p99", "simulated_tail"]
+__all__ = ["TailChoice", "TailEstimate", "choose_for_p99", "simulated_tail", "tail_table"]
 
 # No query may expire in the simulation: the deadline is far beyond any latency it reports.
 _NO_DEADLINE_S = 1e9
@@ -107,3 +108,29 @@ def choose_for_p99(measurements: Sequence[Measurement], arrival_rate: float,
     meeting = [e for e in estimates if e.p99_s <= slo_p99_s]
     chosen = min(meeting, key=lambda e: (e.config.cores, e.p99_s, e.config), default=None)
     return TailChoice(arrival_rate, slo_p99_s, chosen, estimates)
+
+
+def tail_table(measurements: Sequence[Measurement], levels: Sequence[float], slo_p99_s: float,
+               *, cores: int, oversubscribe: bool = False, queries: int = 5000,
+               seed: int = 0) -> dict[str, Any]:
+    """The profile document's ``tail_aware`` section (JSON): per load level, the cheapest
+    configuration meeting the SLO and every candidate's simulated p99 (null when unstable),
+    which the tail-aware controller policy reads (``core/tail_policy``)."""
+    rows = []
+    for rate in levels:
+        choice = choose_for_p99(measurements, rate, slo_p99_s, cores=cores,
+                                oversubscribe=oversubscribe, queries=queries, seed=seed)
+        rows.append({"rate": rate, "chosen": _estimate_doc(choice.chosen),
+                     "candidates": [_estimate_doc(e) for e in choice.candidates]})
+    return {"slo_p99_ms": slo_p99_s * 1000, "queries": queries, "levels": rows}
+
+
+def _estimate_doc(e: TailEstimate | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {"c": e.config.c, "intra": e.config.intra, "cores": e.config.cores,
+            "p99_s": _finite(e.p99_s), "mean_s": _finite(e.mean_s), "n": e.n}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no infinity

@@ -525,7 +525,9 @@ class _Frontend:
                 r(models + "/{model}/threads", self.set_threads, "admin_threads", "model",
                   ["POST"]),
                 r(models + "/{model}/scheduler", self.set_scheduler, "admin_scheduler", "model",
-                  ["POST"])]
+                  ["POST"]),
+                r(models + "/{model}/scheduler", self.remove_scheduler,
+                  "admin_remove_scheduler", "model", ["DELETE"])]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
                      methods: Sequence[str] = ("GET",)) -> Route:
@@ -702,6 +704,11 @@ class _Frontend:
         model = request.path_params["model"]
         await self.system.set_scheduler(model, body)
         return _json({"model": model, "scheduler": body.model_dump(mode="json")}), "ok"
+
+    async def remove_scheduler(self, request: Request) -> tuple[Response, Outcome]:
+        model = request.path_params["model"]
+        stopped = await self.system.remove_scheduler(model)
+        return _json({"model": model, "stopped": stopped}), "ok"
 
     async def set_redundancy(self, request: Request) -> tuple[Response, Outcome]:
         body = _validate(_RedundancyBody, await self._body(request), "redundancy request")

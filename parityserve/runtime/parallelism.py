@@ -29,10 +29,12 @@ from parityserve.core.parallelism_control import (
     Policy,
     QueueLengthPolicy,
     SerfPolicy,
+    SerfProfile,
     read_profile,
 )
 from parityserve.core.queueing import Config
 from parityserve.core.scheduling.settings import OVERSUBSCRIBE_FACTOR, check_cores
+from parityserve.core.tail_policy import TailAwarePolicy, TailTable, read_tail_table
 from parityserve.errors import ConfigError, ParityServeError
 from parityserve.runtime.dispatch import ModelPath
 from parityserve.runtime.metrics import Metrics
@@ -90,7 +92,9 @@ def current_config(deployment: Deployment) -> Config:
     return Config(c, deployment.threads_per_replica)
 
 
-def _load_profile(cfg: SchedulerConfig, model: str, base_dir: Path | None) -> Any:
+def _load_profile(cfg: SchedulerConfig, model: str, base_dir: Path | None
+                  ) -> tuple[SerfProfile, TailTable | None]:
+    """The profile, and its tail-aware table when the policy has a p99 SLO."""
     assert cfg.profile is not None
     path = Path(cfg.profile).expanduser()
     path = path if path.is_absolute() or base_dir is None else base_dir / path
@@ -100,7 +104,10 @@ def _load_profile(cfg: SchedulerConfig, model: str, base_dir: Path | None) -> An
         raise ConfigError(f"model {model!r}: scheduler.profile {cfg.profile!r} cannot be "
                           f"read: {exc}") from None
     try:
-        return read_profile(doc, model=model)
+        profile = read_profile(doc, model=model)
+        if cfg.slo_p99_ms is None:
+            return profile, None
+        return profile, read_tail_table(doc, slo_p99_ms=cfg.slo_p99_ms)
     except ValueError as exc:
         raise ConfigError(f"model {model!r}: scheduler.profile {cfg.profile!r}: {exc}") from None
 
@@ -123,8 +130,10 @@ def _build(cfg: SchedulerConfig, deployment: Deployment, base_dir: Path | None,
     intra = cfg.intra or deployment.threads_per_replica
     over = deployment.oversubscribe
     if cfg.policy == "serf":
-        return SerfPolicy(_load_profile(cfg, deployment.name, base_dir), max_c=replicas,
+        profile, table = _load_profile(cfg, deployment.name, base_dir)
+        serf = SerfPolicy(profile, max_c=replicas,
                           max_threads=cores * (OVERSUBSCRIBE_FACTOR if over else 1))
+        return serf if table is None else TailAwarePolicy(serf, table)
     if cfg.policy == "fixed":
         assert cfg.c is not None
         check_cores(cfg.c, intra, cores, oversubscribe=over)
@@ -203,6 +212,9 @@ class Controllers:
         control.core.set_policy(policy, cfg.gain_threshold, window_s=cfg.window_s,
                                 now=self.clock())
         control.cfg = cfg
+
+    def running(self, name: str) -> bool:
+        return name in self._controls
 
     async def stop(self, name: str) -> None:
         """Stop a model's controller (a version deployed without a ``scheduler``); the

@@ -288,6 +288,16 @@ class ServingSystem:
         self.controllers.set_policy(model, scheduler)
         path.deployment = deployment  # kept with the model: a later change is checked against it
 
+    async def remove_scheduler(self, model: str) -> bool:
+        """Stop a model's parallelism controller (True if one ran); the configuration it set
+        stays, and the model's deployment no longer names a scheduler, so a later change of c
+        or threads by hand is not undone."""
+        path = find_model(self.models, model)
+        stopped = self.controllers.running(model)
+        await self.controllers.stop(model)
+        path.deployment = revalidated(path.deployment, scheduler=None)
+        return stopped
+
     def _checked_policy(self, deployment: Deployment, scheduler: SchedulerConfig) -> Deployment:
         changed = revalidated(deployment, scheduler=scheduler.model_dump())
         try:

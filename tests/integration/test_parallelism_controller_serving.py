@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import model_state, start_server, wait_until
-from test_parallelism_serving import VECTOR, _ask_all, _check
+from conftest import model_state, predict_all, start_server, wait_until
+from test_parallelism_serving import VECTOR, _check
 
 from parityserve.client import Client
 from parityserve.config import parse_config
@@ -37,6 +37,15 @@ def profile(model: str) -> dict:
             "profiles": {"1": [50.0, 45.0], "2": [80.0]}}
 
 
+# The tail-aware table (`parityserve profile --slo-p99-ms 100` writes one): at up to 25/s
+# every configuration's simulated p99 meets 100 ms, so the fewest cores, c=1, intra=1, is
+# the choice, where SERF alone would pick c=1, intra=2 (the lowest mean).
+TAIL_TABLE = {"slo_p99_ms": 100.0, "queries": 5000, "levels": [
+    {"rate": 25.0, "candidates": [{"c": 1, "intra": 1, "p99_s": 0.06},
+                                  {"c": 2, "intra": 1, "p99_s": 0.05},
+                                  {"c": 1, "intra": 2, "p99_s": 0.03}]}]}
+
+
 def model(folder: Path) -> dict:
     return {"name": "echo", "source": "zoo:echo", "replicas": 2, "input": VECTOR,
             "batching": {"max_batch_size": 1}, "faults": {"all": {"delay_ms": 10}},
@@ -50,6 +59,8 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("profiles")
     (folder / "echo.json").write_text(json.dumps(profile("echo")))
     (folder / "other.json").write_text(json.dumps(profile("other")))
+    (folder / "echo-tail.json").write_text(json.dumps({**profile("echo"),
+                                                       "tail_aware": TAIL_TABLE}))
     return folder
 
 
@@ -131,7 +142,7 @@ def test_no_query_is_lost_or_answered_twice_across_many_switches(
     toggler = threading.Thread(target=toggle)
     toggler.start()
     try:
-        answers = _ask_all(served.url, xs, workers=12)
+        answers = predict_all(served.url, "echo", xs, workers=12)
     finally:
         done.set()
         toggler.join()
@@ -172,7 +183,7 @@ def test_the_queue_length_policy_scales_c_with_the_load(served: RunningServer,
     watcher.start()
     xs = np.random.default_rng(4).uniform(-1, 1, size=(200, 4)).astype(np.float32)
     try:
-        answers = _ask_all(served.url, xs, workers=12)
+        answers = predict_all(served.url, "echo", xs, workers=12)
     finally:
         done.set()
         watcher.join()
@@ -211,10 +222,51 @@ def test_a_bad_scheduler_request_is_refused_and_changes_nothing(
     assert scheduler(client)["settings"] == before
 
 
+def test_a_p99_slo_makes_serf_run_the_fewest_cores_that_meet_it(client: Client,
+                                                                profiles: Path) -> None:
+    client.set_scheduler("echo", "fixed", c=1, intra=2, period_s=0.05)
+    wait_until(lambda: knobs(client) == (1, 2), timeout_s=5)
+    with pytest.raises(InvalidInput, match="the profile has no tail-aware table"):
+        client.set_scheduler("echo", "serf", profile=str(profiles / "echo.json"),
+                             slo_p99_ms=100)
+    with pytest.raises(InvalidInput, match="table is for p99 <= 100 ms, not 50 ms"):
+        client.set_scheduler("echo", "serf", profile=str(profiles / "echo-tail.json"),
+                             slo_p99_ms=50)
+    client.set_scheduler("echo", "serf", profile=str(profiles / "echo-tail.json"),
+                         slo_p99_ms=100, period_s=0.1, window_s=2.0)
+    for _ in range(10):  # a trickle, well under the table's 25/s
+        client.predict("echo", [1.0, 2.0, 3.0, 4.0])
+    wait_until(lambda: knobs(client) == (1, 1), timeout_s=20)
+    decision = scheduler(client)["last_decision"]
+    assert decision["policy"] == "serf-tail" and decision["chosen"] == {"c": 1, "intra": 1}
+    assert "fewest cores meeting p99 <= 100 ms" in decision["reason"]
+
+
 def test_the_admin_call_is_documented_behind_the_token(client: Client) -> None:
     spec = client._send("GET", "/openapi.json").json()
-    operation = spec["paths"]["/admin/models/{model}/scheduler"]["post"]
-    assert operation["security"]
+    for method in ("post", "delete"):
+        assert spec["paths"]["/admin/models/{model}/scheduler"][method]["security"]
+
+
+def test_removing_the_scheduler_stops_it_and_keeps_what_it_set(served: RunningServer,
+                                                               client: Client) -> None:
+    client.set_scheduler("echo", "fixed", c=2, intra=1, period_s=0.05)
+    wait_until(lambda: knobs(client) == (2, 1), timeout_s=5)
+    pids = sorted(r["pid"] for r in model_state(client, "echo")["replicas"])
+    assert client.remove_scheduler("echo") == {"model": "echo", "stopped": True}
+    assert scheduler(client) is None
+    time.sleep(0.2)  # four periods: a controller still running would have ticked
+    assert knobs(client) == (2, 1)  # the configuration it set stays
+    assert client.remove_scheduler("echo") == {"model": "echo", "stopped": False}  # idempotent
+    client.set_parallelism("echo", 1)  # by hand now, and nothing sets it back
+    time.sleep(0.2)
+    assert knobs(client)[0] == 1
+    assert client.predict("echo", [1.0, 2.0, 3.0, 4.0])["default"] is False
+    assert sorted(r["pid"] for r in model_state(client, "echo")["replicas"]) == pids
+    with pytest.raises(UnknownModel):
+        client.remove_scheduler("nope")
+    with pytest.raises(Unauthorized), Client(served.url, token="wrong") as stranger:
+        stranger.remove_scheduler("echo")
 
 
 def test_a_version_deployed_with_or_without_a_scheduler_starts_or_stops_it(

@@ -114,6 +114,24 @@ def test_a_bad_profile_is_refused_naming_the_problem(changes: dict[str, Any],
         read_profile(doc(**changes), model="resnet20")
 
 
+def test_each_configurations_overhead_is_read_from_its_measurement() -> None:
+    measured = [{"c": 1, "intra": 1, "mu": 10.0, "overhead_s": 0.001},
+                {"c": 2, "intra": 1, "mu": 9.0, "overhead_s": 0.004},
+                {"c": 1, "intra": 2, "mu": 16.0}]  # an older document: no overhead, 0
+    profile = read_profile(doc(measurements=measured), model="resnet20")
+    assert profile.overheads == {ONE_NARROW: 0.001, TWO_NARROW: 0.004, ONE_WIDE: 0.0}
+
+
+@pytest.mark.parametrize(("measurement", "message"), [
+    ({"c": 1, "intra": 1, "mu": 10.0, "overhead_s": -0.1}, "overhead_s must be a finite"),
+    ({"c": 1, "intra": 1, "mu": 10.0, "overhead_s": "slow"}, "malformed profile measurement"),
+    ({"intra": 1, "mu": 10.0}, "malformed profile measurement"),
+])
+def test_a_bad_overhead_is_refused(measurement: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_profile(doc(measurements=[measurement]), model="resnet20")
+
+
 def test_not_a_mapping_is_refused() -> None:
     with pytest.raises(ValueError, match="not a parityserve.profile/1 document"):
         read_profile([1, 2], model="resnet20")
@@ -160,6 +178,25 @@ def test_serf_gain_when_a_latency_is_infinite_or_unknown(rate: float, current: C
                                                          gain: float) -> None:
     proposal = SerfPolicy(PROFILE, max_c=2).propose(seen(rate, current))
     assert proposal.gain == pytest.approx(gain)
+
+
+def test_serf_ranks_by_the_queue_wait_plus_each_configurations_overhead() -> None:
+    """At 13/s two narrow requests side by side win on the queue alone (170 ms against
+    198 ms); when running two at once costs 40 ms more outside the queue (a crowded
+    frontend core), one wide request is the better choice, and the predicted latencies
+    include that time."""
+    assert SerfPolicy(PROFILE, max_c=2).propose(seen(13.0, TWO_NARROW)).target == TWO_NARROW
+    crowded = SerfProfile("resnet20", 2, False, PROFILES, {TWO_NARROW: 0.040})
+    proposal = SerfPolicy(crowded, max_c=2).propose(seen(13.0, TWO_NARROW))
+    assert proposal.target == ONE_WIDE
+    queue_only = predict_latency(13.0, [10.0, 9.0]).latency
+    assert proposal.predicted_current_s == pytest.approx(queue_only + 0.040)
+    assert proposal.predicted_target_s == pytest.approx(predict_latency(13.0, [16.0]).latency)
+
+
+def test_an_unstable_configuration_stays_infinite_whatever_its_overhead() -> None:
+    crowded = SerfProfile("resnet20", 2, False, PROFILES, {ONE_WIDE: 0.010})
+    assert math.isinf(SerfPolicy(crowded, max_c=2).predict(17.0, ONE_WIDE).latency)
 
 
 def test_serf_never_proposes_more_at_once_than_there_are_replicas() -> None:

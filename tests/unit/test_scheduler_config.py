@@ -18,6 +18,7 @@ from parityserve.core.parallelism_control import (
     Snapshot,
 )
 from parityserve.core.queueing import Config
+from parityserve.core.tail_policy import TailAwarePolicy
 from parityserve.errors import ConfigError, InvalidInput
 from parityserve.runtime.parallelism import SystemApplier, build_policy, current_config
 
@@ -40,6 +41,10 @@ def deployment(scheduler: Any, **model: Any) -> Deployment:
     ({"policy": "fixed"}, "scheduler.c: policy fixed needs c"),
     ({"policy": "fixed", "c": 1, "profile": "p.json"},
      "scheduler.profile is only used by policy serf, not fixed"),
+    ({"policy": "fixed", "c": 1, "slo_p99_ms": 50},
+     "scheduler.slo_p99_ms is only used by policy serf, not fixed"),
+    ({"policy": "serf", "profile": "p.json", "slo_p99_ms": 0},
+     "slo_p99_ms: Input should be greater than 0"),
     ({"policy": "serf", "profile": "p.json", "c": 2},
      "scheduler.c is only used by policy fixed, not serf"),
     ({"policy": "queue-length", "min_c": 3, "max_c": 2}, r"scheduler.max_c \(2\) is below"),
@@ -99,6 +104,21 @@ def test_a_profile_that_does_not_fit_the_model_is_a_config_error(
     cfg = deployment({"policy": "serf", "profile": "p.json"}).scheduler
     with pytest.raises(ConfigError, match=message):
         build_policy(cfg, deployment(None), tmp_path, 2)
+
+
+def test_serf_with_a_p99_slo_is_tail_aware_and_needs_the_profiles_table(
+        tmp_path: Path) -> None:
+    cfg = deployment({"policy": "serf", "profile": "p.json", "slo_p99_ms": 300}).scheduler
+    (tmp_path / "p.json").write_text(json.dumps(PROFILE))
+    with pytest.raises(ConfigError, match="scheduler.profile 'p.json': the profile has no "
+                       "tail-aware table"):
+        build_policy(cfg, deployment(None), tmp_path, 2)
+    level = {"rate": 5.0, "candidates": [{"c": 1, "intra": 1, "p99_s": 0.2}]}
+    (tmp_path / "p.json").write_text(json.dumps(
+        {**PROFILE, "tail_aware": {"slo_p99_ms": 300.0, "levels": [level]}}))
+    built = build_policy(cfg, deployment(None), tmp_path, 2)
+    assert isinstance(built, TailAwarePolicy) and built.name == "serf-tail"
+    assert built.propose(Snapshot(0.0, 1.0, 0, Config(2, 1))).target == Config(1, 1)
 
 
 def test_a_bad_queue_length_setting_is_a_config_error() -> None:
