@@ -10,9 +10,11 @@ policy reads the table, rounding the estimated load *up* to the next level (the
 conservative side: a configuration that meets the SLO at a higher load meets it at a lower
 one), and takes the fewest cores busy (c·intra) among the allowed configurations that meet
 the SLO there. Above the table's last level, or where none meets the SLO, it falls back to
-SERF's lowest mean latency, the best a missed SLO can get. Switches pass the same hysteresis
-as SERF's (the same target two periods in a row), so a load near a level's edge does not
-flap.
+SERF's lowest mean latency, the best a missed SLO can get. A switch to more cores is made at
+once: the SLO is being missed, and a queue built while waiting drains slowly (measured:
+ResNet-20 going from 15% to 60% of λ_max reached a 2.5 s median when the scale-up waited).
+A switch to fewer cores passes the same hysteresis as SERF's (the same target two periods
+in a row), so a load near a level's edge does not flap.
 
 Pure: the table is data, every time is an argument.
 """
@@ -109,6 +111,9 @@ class TailAwarePolicy:
         then = self.serf.predict(seen.arrival_rate, target)
         why = (f"fewest cores meeting p99 <= {slo_ms:g} ms at up to {row.rate:.3g}/s: "
                f"c={target.c}, intra={target.intra} (simulated p99 {p99 * 1000:.3g} ms)")
+        # Fast up, slow down: more cores go in at once (the SLO is being missed now, and a
+        # queue built while waiting drains only slowly); fewer wait out the hysteresis.
         return Proposal(target, why, None if now is None else now.latency,
                         None if then is None else then.latency,
-                        gain=0.0 if target == seen.current else 1.0, gated=True)
+                        gain=0.0 if target == seen.current else 1.0,
+                        gated=target.cores <= seen.current.cores)

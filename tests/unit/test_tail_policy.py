@@ -73,11 +73,14 @@ def test_only_the_configurations_the_server_allows_are_chosen() -> None:
         ONE_WIDE)
 
 
-def test_a_switch_passes_the_hysteresis_two_periods_in_a_row() -> None:
+def test_fewer_cores_wait_out_the_hysteresis_more_cores_go_in_at_once() -> None:
     control = Controller(policy(), window_s=1.0, gain_threshold=0.1, start_s=0.0)
     first = control.tick(1.0, ONE_WIDE, 0, arrivals=[0.5])  # about 1/s: one narrow
     assert not first.switched and "period 1 of 2" in first.reason
     assert control.tick(1.5, ONE_WIDE, 0, arrivals=[1.2]).chosen == ONE_NARROW
+    busy = [2.0 + i / 10 for i in range(10)]  # 10/s: one core no longer meets the SLO
+    up = control.tick(3.0, ONE_NARROW, 0, arrivals=busy)
+    assert up.switched and up.chosen == TWO_NARROW  # in the first period
 
 
 @pytest.mark.parametrize(("doc", "message"), [
