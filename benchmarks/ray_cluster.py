@@ -118,19 +118,16 @@ def cost(before: dict[int, tuple[str, float, float]], after: dict[int, tuple[str
 # ---- the cluster and the server ----------------------------------------------------------
 @contextmanager
 def _cluster() -> Iterator[tuple[Any, list[Any], float]]:
-    import ray
-    from ray.cluster_utils import Cluster
+    """The 3-node cluster, started as the integration test starts it (benchmarks/_ray_local)."""
+    from benchmarks._ray_local import ClusterUnavailable, local_cluster
 
-    started = time.monotonic()
-    c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False})  # Ray's default health checks
-    nodes = [c.add_node(num_cpus=3) for _ in range(3)]
-    c.wait_for_nodes()
     try:
-        yield c, nodes, time.monotonic() - started
-    finally:
-        ray.shutdown()
-        c.shutdown()
+        stack = contextlib.ExitStack()
+        local = stack.enter_context(local_cluster(nodes=3, cpus=3))
+    except ClusterUnavailable as exc:
+        raise ConfigError(f"Ray could not start a 3-node cluster here: {exc}") from exc
+    with stack:
+        yield local.cluster, local.nodes, local.startup_s
 
 
 def _crash(c: Any, node: Any) -> None:

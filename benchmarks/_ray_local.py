@@ -1,0 +1,144 @@
+"""A multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``) that comes up on a
+busy 2-core box, or says plainly why it could not.
+
+The integration test (tests/integration/test_ray_cluster.py) and ``benchmarks.ray_cluster``
+both start one. Ray waits a fixed 30 s for a new raylet to register with the GCS (node.py;
+no setting raises it in Ray 2.60), and a raylet waits a fixed 15 s for its dashboard and
+runtime-env agents to write their port files. On a loaded machine those Python agents can
+miss that window, and the node then "timed out during startup ... GCS overloaded". The levers
+left are less work at startup and a second attempt:
+
+- fewer processes: dashboard off, no autoscaler monitor, no log monitor (nothing reads the
+  workers' stdout through the driver here), the smallest object store Ray accepts;
+- no idle workers started ahead of demand (``prestart_worker_first_driver``,
+  ``enable_worker_prestart``: each is a Python process importing Ray), and a longer wait for
+  a worker to register (``worker_register_timeout_seconds``) while the box is busy;
+- a private temp dir per attempt, so that a failed attempt's processes are found (by the dir
+  on their command line) and killed, and its raylet's own error is quoted in the reason.
+
+``local_cluster`` raises ``ClusterUnavailable`` only after every attempt failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SYSTEM_CONFIG", "ClusterUnavailable", "LocalCluster", "local_cluster"]
+
+OBJECT_STORE_BYTES = 80 * 2**20  # Ray refuses less than 75 MiB
+SYSTEM_CONFIG: dict[str, Any] = {
+    "prestart_worker_first_driver": False,
+    "enable_worker_prestart": False,
+    "worker_register_timeout_seconds": 120,
+}
+_NODE_ARGS: dict[str, Any] = {"include_log_monitor": False,
+                              "object_store_memory": OBJECT_STORE_BYTES}
+_HEAD_ARGS: dict[str, Any] = {"num_cpus": 0, "include_dashboard": False, "no_monitor": True,
+                              "_system_config": SYSTEM_CONFIG, **_NODE_ARGS}
+
+
+class ClusterUnavailable(RuntimeError):
+    """Ray could not start the cluster on this machine; the message says what each attempt
+    died of."""
+
+
+@dataclass
+class LocalCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    nodes: list[Any]  # its worker nodes (ray._private.node.Node), the head excluded
+    startup_s: float
+    attempts: int
+
+
+@contextmanager
+def local_cluster(nodes: int = 3, cpus: float = 3, attempts: int = 2,
+                  say: Callable[[str], None] = print) -> Iterator[LocalCluster]:
+    """A head with no CPUs (the driver's node) and ``nodes`` nodes of ``cpus`` CPUs each,
+    the driver connected to it; everything stopped on exit."""
+    failures: list[str] = []
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        temp_dir = tempfile.mkdtemp(prefix="psray-")
+        try:
+            cluster, workers = _start(nodes, cpus, temp_dir)
+        except Exception as exc:  # Ray raises plain Exception for a node's startup timeout
+            failures.append(f"attempt {attempt}: {_one_line(exc)}{_raylet_errors(temp_dir)}")
+            say(f"ray cluster: {failures[-1]}")
+            _kill_leftovers(temp_dir)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            continue
+        say(f"ray cluster up in {time.monotonic() - started:.1f}s (attempt {attempt})")
+        try:
+            yield LocalCluster(cluster, workers, time.monotonic() - started, attempt)
+        finally:
+            _stop(cluster, temp_dir)
+        return
+    raise ClusterUnavailable("; ".join(failures))
+
+
+def _start(nodes: int, cpus: float, temp_dir: str) -> tuple[Any, list[Any]]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=False)
+    try:
+        cluster.add_node(temp_dir=temp_dir, **_HEAD_ARGS)
+        workers = [cluster.add_node(num_cpus=cpus, temp_dir=temp_dir, **_NODE_ARGS)
+                   for _ in range(nodes)]
+        cluster.wait_for_nodes(timeout=60)
+        cluster.connect()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+            cluster.shutdown()
+        raise
+    return cluster, workers
+
+
+def _stop(cluster: Any, temp_dir: str) -> None:
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
+    _kill_leftovers(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _raylet_errors(temp_dir: str, lines: int = 3) -> str:
+    """The last lines of every raylet's and the GCS's stderr: the cause Ray's own exception
+    leaves out (an agent's port file that never came, a port already taken)."""
+    out = []
+    for path in sorted(Path(temp_dir).glob("session_*/logs/*.err")):
+        if path.name.startswith(("raylet", "gcs_server")):
+            tail = [line.strip() for line in path.read_text(errors="replace").splitlines()
+                    if line.strip()][-lines:]
+            if tail:
+                out.append(f"{path.name}: {' | '.join(tail)}")
+    return f" [{'; '.join(out)}]" if out else ""
+
+
+def _kill_leftovers(temp_dir: str) -> None:
+    """SIGKILL every process whose command line names this attempt's private temp dir (the
+    GCS, raylets and agents of a node that failed half-way, which Ray does not stop)."""
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if temp_dir.encode() in cmd and pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
