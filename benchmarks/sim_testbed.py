@@ -249,7 +249,8 @@ def projection_limit(frontend_util: float, measured_util_max: float,
         reasons.append(f"frontend {frontend_util:.0%} busy, measured up to "
                        f"{measured_util_max:.0%}")
     if shard_replicas > 4 * measured_replicas:
-        reasons.append(f"{shard_replicas} replicas per frontend, measured {measured_replicas}")
+        reasons.append(f"{shard_replicas} data replicas per frontend, measured "
+                       f"{measured_replicas}")
     return "; ".join(reasons) or None
 
 
@@ -415,7 +416,7 @@ def _calibrate_idle(testbed: Mapping[str, Any], idle: Mapping[str, Any],
     latency = max(0.0, float(idle["p50_ms"]) - float(sim["p50_ms"]))
     print(f"calibration on the idle point ({rate:g} q/s, {n} queries): measured p50 "
           f"{float(idle['p50_ms']):.2f} ms, simulated {sim['p50_ms']:.2f} ms with {cpu:.3f} ms "
-          f"frontend CPU and {rpc:.3f} ms transport per task: {latency:.3f} ms outside any "
+          f"frontend CPU and {rpc:.3f} ms holding a replica per task: {latency:.3f} ms outside any "
           "queue", flush=True)
     return Overheads(cpu, latency, rpc)
 
@@ -697,9 +698,9 @@ background-shuffle windows (drawn from the run's own seed by `parm_testbed`'s he
 testbed reports them.{quick}
 
 Overheads the profile does not see: frontend CPU per query {cpu} (a FIFO server ahead of the
-queue); latency outside any queue {o['latency_ms']:.3f} ms per query (calibrated: `none`'s
-measured p50 at the lowest rate over the simulator's); transport holding a replica
-{o['rpc_ms']:.3f} ms per task.
+queue); latency outside any queue {o['latency_ms']:.3f} ms per query; what holds a replica
+per task beyond its drawn service time {o['rpc_ms']:.3f} ms. Calibrated on
+{_calibration_text(r)}
 
 ## Validation
 
@@ -737,6 +738,25 @@ testbed's constant); a mode past its knee on the testbed is past it here too.
 
 Plot: `{r['plots'][1]}`."""
     return text
+
+
+def _calibration_text(r: Mapping[str, Any]) -> str:
+    idle = r.get("idle")
+    if not idle:
+        return ("`none`'s measured p50 at the lowest rate (its p50 is the fit, so that point "
+                "counts by its p99 only); no idle point, so nothing holds a replica beyond "
+                "its draw.")
+    return (f"the testbed's **idle point** (`{IDLE}`: `none` on the same 12 emulated "
+            f"instances, {idle['rate']:g} q/s, {idle['n']} queries, no shuffles), which no "
+            f"validation point is: p50 {idle['p50_ms']:.2f} ms; per task, transport "
+            f"{float(idle['transport_ms_per_task'] or 0):.3f} ms (the frontend's round trip "
+            f"beyond the worker's hold) and the worker's hold "
+            f"{float(idle['worker_hold_ms'] or 0):.3f} ms against the profile's mean "
+            f"{idle['profile_mean_ms']:.2f} ms (the sleeping worker's timer); the latency "
+            "outside any queue is what remains of its p50 over the simulator's. The frontend "
+            "CPU per query is the loaded points' own: at the idle rate the workers' "
+            "heartbeats, shared by few queries, inflate it "
+            f"({idle['frontend_cpu_us']:.0f} us there).")
 
 
 def _plot_validation(rows: Sequence[Mapping[str, Any]], path: Path, testbed: str) -> Path:

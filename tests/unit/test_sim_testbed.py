@@ -138,7 +138,7 @@ def test_projection_limits_name_what_was_not_measured() -> None:
     assert projection_limit(0.2, 0.15, 20, 12) is None
     assert "saturated" in str(projection_limit(8.3, 0.15, 20, 12))
     assert "measured up to 15%" in str(projection_limit(0.8, 0.15, 20, 12))
-    assert "replicas per frontend" in str(projection_limit(0.2, 0.15, 667, 12))
+    assert "data replicas per frontend" in str(projection_limit(0.2, 0.15, 667, 12))
 
 
 def test_replica_overhead_is_transport_plus_the_holds_overshoot() -> None:
