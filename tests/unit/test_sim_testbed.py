@@ -148,3 +148,10 @@ def test_replica_overhead_is_transport_plus_the_holds_overshoot() -> None:
     assert replica_overhead_ms(idle) == pytest.approx(0.7)
     assert replica_overhead_ms({**idle, "worker_hold_ms": 29.0}) == pytest.approx(0.4)
     assert replica_overhead_ms({"transport_ms_per_task": None, "worker_hold_ms": None}) == 0.0
+
+
+def test_a_missing_testbed_file_is_a_clear_error(tmp_path) -> None:
+    from benchmarks.sim_testbed import main
+
+    with pytest.raises(SystemExit, match="no testbed results at .*nope.json"):
+        main(["--testbed", str(tmp_path / "nope.json"), "--results-dir", str(tmp_path)])
