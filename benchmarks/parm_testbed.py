@@ -108,7 +108,9 @@ __all__ = [
     "main",
     "plan_s",
     "run",
+    "run_seed",
     "shuffle_events",
+    "shuffle_horizon_s",
     "shuffle_transitions",
     "testbed_cases",
     "testbed_config",
@@ -220,6 +222,17 @@ def shuffle_events(slots: int, concurrent: int, horizon_s: float, gbps: float,
             events.append((t, duration, (a, b)))
             t += duration
     return sorted(events)
+
+
+def run_seed(seed: int, rep: int, rate: float) -> list[int]:
+    """The seed of one run's Poisson schedule and shuffle timeline (each draws from a fresh
+    generator on it), so that ``benchmarks.sim_testbed`` replays the very same run."""
+    return [seed, rep, int(rate * 1000)]
+
+
+def shuffle_horizon_s(queries: int, rate: float) -> float:
+    """How far ahead a run's shuffle timeline is drawn: past its last arrival."""
+    return queries / rate * 1.5 + 5.0
 
 
 def shuffle_transitions(events: Sequence[tuple[float, float, tuple[int, int]]],
@@ -351,8 +364,8 @@ def _measure(cases: Sequence[Case], rates: Sequence[float], saved: Checkpoint,
 def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, rep: int,
            args: argparse.Namespace, shuffle: dict[str, Any]
            ) -> tuple[dict[str, Any], np.ndarray]:
-    seed = [args.seed, rep, int(rate * 1000)]
-    horizon = args.queries / rate * 1.5 + 5.0
+    seed = run_seed(args.seed, rep, rate)
+    horizon = shuffle_horizon_s(args.queries, rate)
     events = shuffle_events(shuffle["cluster_slots"], shuffle["concurrent"], horizon,
                             shuffle["gbps"], np.random.default_rng(seed))
     transitions = shuffle_transitions(events, case.instances)

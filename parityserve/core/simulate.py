@@ -34,6 +34,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ import numpy.typing as npt
 from parityserve.core.batching import AIMDController
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.deadline_queue import Entry
+from parityserve.core.emulation import ServiceProfile as EmulatedProfile
 from parityserve.core.faults import FaultPlan, FaultSpec
 from parityserve.core.scheduling import (
     DATA_POOL,
@@ -115,6 +117,25 @@ class ServiceProfile:
         """A deterministic profile: ``ms + per_row_ms * (rows - 1)``."""
         sizes = sorted({1, max(1, max_batch)})
         return cls("constant", {b: (ms + per_row_ms * (b - 1),) for b in sizes})
+
+    @classmethod
+    def from_emulation(cls, emulated: EmulatedProfile, max_batch: int = 1,
+                       points: int = 2000) -> ServiceProfile:
+        """The service times an emulated-accelerator worker draws (``core.emulation``), as
+        ``points`` equally likely quantiles per batch size 1..``max_batch``: the simulator
+        then draws from the same distribution as the testbed's workers, without a sample's
+        noise (the quantiles sit at the middle of ``points`` equal slices)."""
+        if points < 1 or max_batch < 1:
+            raise ConfigError("from_emulation needs points >= 1 and max_batch >= 1")
+        mids = [(i + 0.5) / points for i in range(points)]
+        spread = 0.0 if emulated.distribution == "constant" else emulated.cv
+        sigma = math.sqrt(math.log1p(spread ** 2))
+        # The lognormal of core.emulation.draw_service_s: mean preserved, so mu = -sigma^2/2.
+        z = [NormalDist().inv_cdf(u) for u in mids]
+        factors = [math.exp(-sigma * sigma / 2 + sigma * v) for v in z]
+        samples = {b: tuple(emulated.mean_ms(b) * f for f in factors)
+                   for b in range(1, max_batch + 1)}
+        return cls(emulated.name, samples, {"emulation": emulated.label})
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], key: str = "samples_ms") -> ServiceProfile:

@@ -204,3 +204,20 @@ def test_berrut_group_wait_fills_groups_under_light_load(mode: str) -> None:
 def test_berrut_group_wait_must_not_be_negative() -> None:
     with pytest.raises(ConfigError, match="berrut_group_wait_s"):
         SimConfig(mode="berrut", replicas=3, berrut_group_wait_s=-0.001)
+
+
+def test_profile_from_an_emulated_accelerator_keeps_its_mean_and_spread() -> None:
+    from parityserve.core.emulation import ServiceProfile as Emulated
+
+    emulated = Emulated("gpu", base_ms=19.5, per_query_ms=10.5, cv=0.05, source="test")
+    profile = ServiceProfile.from_emulation(emulated, max_batch=2, points=4000)
+    for rows in (1, 2):
+        samples = np.asarray(profile.samples_ms[rows])
+        assert samples.mean() == pytest.approx(emulated.mean_ms(rows), rel=1e-3)
+        assert samples.std() / samples.mean() == pytest.approx(0.05, rel=0.02)
+    assert profile.median_ms(1) < 30.0  # a lognormal's median sits under its mean
+    flat = ServiceProfile.from_emulation(
+        Emulated("c", base_ms=5.0, per_query_ms=0.0, distribution="constant", source="t"))
+    assert set(flat.samples_ms[1]) == {5.0} and flat.sizes == [1]
+    with pytest.raises(ConfigError):
+        ServiceProfile.from_emulation(emulated, points=0)

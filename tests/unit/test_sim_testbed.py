@@ -1,0 +1,157 @@
+"""benchmarks.sim_testbed's pure rules: replaying a testbed run, the knee, the comparison and
+the projection's shard plan and limits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import parm_testbed as tb
+from benchmarks.parm_testbed import run_seed, shuffle_events, shuffle_horizon_s, shuffle_transitions
+from benchmarks.sim_testbed import (
+    FULL,
+    QUICK,
+    Overheads,
+    compare_point,
+    default_testbed,
+    frontends_needed,
+    knee_reason,
+    projection_limit,
+    shard_plan,
+    sim_config,
+    verdict,
+    windows_from_transitions,
+)
+from benchmarks.sim_testbed import testbed_inputs as replay_inputs  # not a test: renamed
+from parityserve.bench.loadgen import poisson_schedule
+
+TESTBED = {"seed": 0, "queries_per_point": 500, "reactive_ms": 60.0,
+           "shuffle": {"concurrent": 4, "size_mb": [128, 256], "gbps": 1.5, "delay_ms": 50.0,
+                       "cluster_slots": 18}}
+
+
+def _point(**kw: object) -> dict:
+    base = {"case": "none", "mode": "none", "instances": 12, "rate": 100.0, "n": 6000,
+            "offered_qps": 100.0, "throughput_qps": 99.0, "p50_ms": 32.0, "p99_ms": 80.0,
+            "p999_ms": 95.0}
+    return {**base, **kw}
+
+
+def _sim(p50: float, p99: float, n: int = 2000) -> dict:
+    return {"n": n, "p50_ms": p50, "p99_ms": p99, "p999_ms": p99 * 1.2}
+
+
+def test_default_testbed_prefers_the_full_run(tmp_path) -> None:
+    assert default_testbed(tmp_path) == tmp_path / QUICK
+    (tmp_path / FULL).write_text("{}")
+    assert default_testbed(tmp_path) == tmp_path / FULL
+
+
+def test_windows_follow_the_switches_and_an_open_one_lasts_to_the_end() -> None:
+    transitions = [(0.5, 3, True), (1.5, 3, False), (1.0, 7, True), (2.0, 3, True)]
+    windows = windows_from_transitions(transitions, 0.05)
+    assert windows[7] == [(1.0, math.inf, 0.05)]
+    assert windows[3] == [(0.5, 1.5, 0.05), (2.0, math.inf, 0.05)]
+
+
+def test_a_replayed_run_has_the_testbeds_own_arrivals_and_shuffles() -> None:
+    # parm_testbed._point draws both from fresh generators on run_seed(seed, rep, rate).
+    arrivals, windows = replay_inputs(TESTBED, 12, 250.0, 1)
+    seed = run_seed(0, 1, 250.0)
+    np.testing.assert_array_equal(arrivals, poisson_schedule(250.0, 500,
+                                                             np.random.default_rng(seed)))
+    events = shuffle_events(18, 4, shuffle_horizon_s(500, 250.0), 1.5,
+                            np.random.default_rng(seed))
+    expected = windows_from_transitions(shuffle_transitions(events, 12), 0.05)
+    assert windows == expected
+    assert windows and max(windows) < 12  # slots the 12-instance deployment lacks: not hit
+    other, _ = replay_inputs(TESTBED, 12, 250.0, 2)
+    assert not np.array_equal(arrivals, other)  # each repetition its own schedule
+
+
+@pytest.mark.parametrize("name", ["none", "equal-resources-18", "replication-2", "reactive",
+                                  "parm-k2", "parm-k4", "berrut", "systematic-berrut"])
+def test_each_testbed_case_simulates_with_its_instance_count(name: str) -> None:
+    case = next(c for c in tb.testbed_cases(
+        ["none", "equal-resources", "replication", "reactive", "parm", "berrut",
+         "systematic-berrut"], [2, 4], 12, 60.0) if c.name == name)
+    config = sim_config(case.__dict__, 60.0, Overheads(0.6, 2.0, 0.1), {0: [(0.0, 1.0, 0.05)]})
+    assert config.instances() == case.instances
+    assert config.max_batch_size == 1 and config.slo_s == 60.0
+    assert config.frontend_query_cpu_s == pytest.approx(0.0006)
+    assert config.frontend_overhead_s == pytest.approx(0.002)
+    if name == "reactive":
+        assert config.reactive_timeout_s == pytest.approx(0.060)
+
+
+def test_a_shard_scales_every_instance_kind() -> None:
+    case = next(c for c in tb.testbed_cases(["parm"], [2], 12, 60.0))
+    config = sim_config(case.__dict__, 60.0, Overheads(), {}, replicas=120)
+    assert (config.replicas, config.parity_replicas(), config.instances()) == (120, 60, 180)
+
+
+def test_knee_by_throughput_or_a_queued_median() -> None:
+    assert knee_reason(_point(), idle_p50_ms=32.0) is None
+    assert "served 90 of 100" in str(knee_reason(_point(throughput_qps=90.0), 32.0))
+    assert "p50" in str(knee_reason(_point(p50_ms=70.0), 32.0))
+    assert knee_reason(_point(p50_ms=63.0), 32.0) is None  # under 2x idle
+
+
+def test_comparison_errors_medians_and_sample_counts() -> None:
+    row = compare_point(_point(), [_sim(33.0, 88.0), _sim(35.0, 70.0), _sim(30.0, 84.0)], None)
+    assert row["sim_p50_ms"] == 33.0 and row["sim_p99_ms"] == 84.0  # medians
+    assert row["p50_error"] == pytest.approx(33 / 32 - 1)
+    assert row["p99_error"] == pytest.approx(84 / 80 - 1)
+    assert row["within"] and row["counted"]
+    assert (row["measured_n"], row["sim_n"], row["repeats"]) == (6000, 6000, 3)
+    assert not compare_point(_point(), [_sim(32.0, 89.0)], None)["within"]  # p99 +11%
+
+
+def test_verdict_counts_points_below_the_knee_and_not_the_fitted_p50() -> None:
+    good = compare_point(_point(), [_sim(32.5, 82.0)], None)
+    fit = compare_point(_point(case="none"), [_sim(20.0, 81.0)], None, calibration=True)
+    past = compare_point(_point(case="berrut"), [_sim(300.0, 900.0)], "served 90 of 100")
+    assert "**met**: 2 of 2" in verdict([good, fit, past])
+    bad = compare_point(_point(case="parm-k2"), [_sim(32.0, 60.0)], None)
+    text = verdict([good, bad])
+    assert "**missed**: 1 of 2" in text and "parm-k2" in text
+    assert "nothing to validate" in verdict([past])
+
+
+def test_frontends_needed_keeps_each_shard_under_the_cap() -> None:
+    assert frontends_needed(1000.0, 0.6) == 1  # 0.6 cores
+    assert frontends_needed(10_000.0, 0.6) == 9  # 6 cores / 0.7
+    assert frontends_needed(0.0, 0.6) == 1
+    assert frontends_needed(10_000.0, 0.6, max_util=1.0) == 6
+
+
+def test_shard_plan_splits_replicas_and_load() -> None:
+    assert shard_plan(1000, 12, 18, 1) == (667, 1.0)
+    assert shard_plan(1000, 12, 18, 10) == (67, 0.1)
+    with pytest.raises(ValueError):
+        shard_plan(1000, 12, 18, 0)
+
+
+def test_projection_limits_name_what_was_not_measured() -> None:
+    assert projection_limit(0.2, 0.15, 20, 12) is None
+    assert "saturated" in str(projection_limit(8.3, 0.15, 20, 12))
+    assert "measured up to 15%" in str(projection_limit(0.8, 0.15, 20, 12))
+    assert "data replicas per frontend" in str(projection_limit(0.2, 0.15, 667, 12))
+
+
+def test_replica_overhead_is_transport_plus_the_holds_overshoot() -> None:
+    from benchmarks.sim_testbed import replica_overhead_ms
+
+    idle = {"transport_ms_per_task": 0.4, "worker_hold_ms": 30.3, "profile_mean_ms": 30.0}
+    assert replica_overhead_ms(idle) == pytest.approx(0.7)
+    assert replica_overhead_ms({**idle, "worker_hold_ms": 29.0}) == pytest.approx(0.4)
+    assert replica_overhead_ms({"transport_ms_per_task": None, "worker_hold_ms": None}) == 0.0
+
+
+def test_a_missing_testbed_file_is_a_clear_error(tmp_path) -> None:
+    from benchmarks.sim_testbed import main
+
+    with pytest.raises(SystemExit, match="no testbed results at .*nope.json"):
+        main(["--testbed", str(tmp_path / "nope.json"), "--results-dir", str(tmp_path)])
