@@ -15,6 +15,13 @@ When a group must share a node, the placement says so, and why, in ``notes``.
 
 ``replace_after_failure`` keeps every member on a surviving node where it is and places only
 those of the dead nodes, so a node failure restarts nothing that still runs.
+
+``plan_groups`` says the same for a cluster manager with placement groups (Ray): one group per
+coding group, STRICT_SPREAD (every bundle on its own node) when enough nodes could each hold one
+member, else SPREAD (as spread as the cluster allows) with a note saying so; and one SPREAD
+group per model for its replicas outside any coding group. Member i of a plan is bundle i.
+``holds_strictly`` says whether live nodes can still hold a STRICT_SPREAD group: when one of
+too few nodes dies, Ray cannot reschedule the lost bundle, and a replacement must go elsewhere.
 """
 
 from __future__ import annotations
@@ -26,15 +33,23 @@ from dataclasses import dataclass, field
 from parityserve.core.scheduling.pools import DATA_POOL, parity_pool
 
 __all__ = [
+    "SPREAD",
+    "STRICT_SPREAD",
+    "GroupPlan",
     "Member",
     "Node",
     "Placement",
     "Resources",
     "coding_groups",
     "erasures",
+    "holds_strictly",
     "place",
+    "plan_groups",
     "replace_after_failure",
 ]
+
+STRICT_SPREAD = "STRICT_SPREAD"  # Ray's strategies: each bundle on a distinct node, or fail
+SPREAD = "SPREAD"  # spread as far as the nodes allow
 
 
 @dataclass(frozen=True)
@@ -178,6 +193,65 @@ def coding_groups(data: int, group_size: int, parity_pools: int = 0) -> list[lis
         slots += [(parity_pool(j), g) for j in range(parity_pools)]
         groups.append(slots)
     return groups
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One placement group: member ``members[i]`` runs in bundle i, which reserves
+    ``bundles[i]``. ``note`` says why a coding group is not STRICT_SPREAD."""
+
+    name: str
+    strategy: str
+    members: tuple[str, ...]
+    bundles: tuple[Resources, ...]
+    coding: bool  # a coding group (else a model's replicas outside any)
+    note: str = ""
+    fits: bool = True  # False: the cluster cannot hold every member at once (see plan_groups)
+
+
+def plan_groups(members: Sequence[Member], nodes: Sequence[Node]) -> list[GroupPlan]:
+    """Placement groups for ``members`` on a cluster of ``nodes``, in the members' order: a
+    coding group's plan is named after the group, a model's other replicas after its first
+    key's prefix plus ``/spread``.
+
+    Ray reserves a group whole or not at all, so a plan with a member that ``place`` finds no
+    room for does not ``fit``: created, it would hold back every member, not only that one.
+    """
+    room = place(members, nodes)
+    units: dict[str, list[Member]] = {}
+    for m in members:
+        units.setdefault(m.group or f"{m.key.rsplit('/', 1)[0]}/spread", []).append(m)
+    plans = []
+    for name, unit in units.items():
+        bundles = tuple(m.demand for m in unit)
+        keys = tuple(m.key for m in unit)
+        if any(k in room.unplaced for k in keys):
+            plans.append(GroupPlan(name, SPREAD, keys, bundles, bool(unit[0].group), fits=False,
+                                   note=f"{name}: no room for all {len(unit)} members at once"))
+        elif not unit[0].group:
+            plans.append(GroupPlan(name, SPREAD, keys, bundles, coding=False))
+        elif holds_strictly(bundles, nodes):
+            plans.append(GroupPlan(name, STRICT_SPREAD, keys, bundles, coding=True))
+        else:
+            able = len(_able(bundles, nodes))
+            plans.append(GroupPlan(name, SPREAD, keys, bundles, True, (
+                f"coding group {name}: {len(unit)} members but only {able} of {len(nodes)} "
+                f"nodes can hold one; SPREAD instead of STRICT_SPREAD, so one node's failure "
+                f"may erase more than one of them")))
+    return plans
+
+
+def holds_strictly(bundles: Sequence[Resources], nodes: Sequence[Node]) -> bool:
+    """Whether each bundle can go on its own node: as many nodes as bundles whose capacity
+    holds the largest of them (one deployment's members ask alike)."""
+    return len(_able(bundles, nodes)) >= len(bundles)
+
+
+def _able(bundles: Sequence[Resources], nodes: Sequence[Node]) -> list[Node]:
+    need = Resources(max((b.cpu for b in bundles), default=0.0),
+                     max((b.gpu for b in bundles), default=0.0),
+                     max((b.memory for b in bundles), default=0.0))
+    return [n for n in nodes if need.fits_in(n.capacity)]
 
 
 def _no_room(member: Member, ledger: _Ledger) -> str:

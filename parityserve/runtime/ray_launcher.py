@@ -1,4 +1,4 @@
-"""Starts worker replicas as Ray actors on a cluster, each pinned to the node placement chose.
+"""Starts worker replicas as Ray actors on a cluster, in Ray placement groups.
 
 Ray is the control plane only. Each replica is one actor that reserves the deployment's CPUs,
 GPUs and memory on its node and runs the ordinary worker (``python -m
@@ -6,19 +6,28 @@ parityserve.runtime.worker``) as its child. The worker connects back to the fron
 ZeroMQ data plane with its own CURVE keys, exactly as a local one does: queries and outputs
 never pass through Ray's object store.
 
-- Placement: ``core/placement.py`` puts the members of each coding group on distinct nodes
-  (and spreads a model's replicas) over the nodes Ray reports alive, and the actor is pinned
-  there with a hard NodeAffinity. When no node has room the actor is left to Ray's SPREAD
-  scheduler, which queues it until resources free up, and the reason is logged.
+- Placement: ``core/placement.plan_groups`` gives each coding group (k data + parity
+  replicas, or the Berrut workers) a placement group of its own, STRICT_SPREAD (each member on
+  a distinct node) when enough nodes could hold one member each, else SPREAD with a logged
+  warning; a model's other replicas share one SPREAD group. Member i runs in bundle i
+  (``PlacementGroupSchedulingStrategy``). Ray reserves the bundles, so a group that does not
+  fit waits in Ray's queue (the actors with it) until resources free up.
+- Node failure: Ray reschedules the bundles of a dead node on the survivors, and a replacement
+  goes into its slot's bundle. A STRICT_SPREAD group whose live nodes are now too few cannot be
+  rescheduled (its lost bundle stays pending), so the replacement is pinned with a hard
+  NodeAffinity where ``core/placement.place`` puts it (away from the rest of its group where
+  there is room), and a warning says so; when no node has room it is left to Ray's SPREAD
+  scheduler. The group's survivors keep running in it.
 - Keys: the replica's CURVE secret rides in the actor's constructor arguments (Ray's task
   spec, over Ray's gRPC; turn on Ray's TLS on an untrusted network) and reaches the worker in
   its environment, never its command line. Each key is per replica and revoked when the
   replica goes, so a leaked one admits only that one dead replica.
 - Failure and restart: an actor is created with ``max_restarts=0``. When its worker exits,
   the actor dies, or its node dies, ``exit_code`` says so; the supervisor requeues the
-  replica's batch and asks for a fresh replica, which placement puts on a surviving node. Ray
-  restarting the actor itself would re-place it without knowing its coding group, and without
-  the frontend requeuing what it held.
+  replica's batch and asks for a fresh replica. Ray restarting the actor itself would do so
+  without the frontend requeuing what it held.
+- Groups are removed when the launcher stops, and a group no deployment needs any more once
+  none of its replicas runs (removing a group kills the actors in it).
 
 Only this module imports ray: the local launcher, and a plain install, need none.
 """
@@ -37,15 +46,29 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from parityserve.config import Deployment
-from parityserve.core.placement import Member, Node, Placement, Resources, place
+from parityserve.core.placement import (
+    STRICT_SPREAD,
+    GroupPlan,
+    Member,
+    Node,
+    Placement,
+    Resources,
+    holds_strictly,
+    place,
+    plan_groups,
+)
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.placement_plan import deployment_members, slot_key
 from parityserve.runtime.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "reachable"]
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "ray_bundle", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +85,8 @@ class ReplicaActor:
 
     def __init__(self, connect: str, spec_json: str, env: dict[str, str]) -> None:
         cmd = [sys.executable, "-m", "parityserve.runtime.worker", "--connect", connect,
-               "--spec", spec_json, "--die-with-parent", "--parent-pid", str(os.getpid())]
+               "--spec", spec_json, "--die-with-parent", "--parent-pid", str(os.getpid()),
+               "--no-bye"]
         full_env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         self.popen = subprocess.Popen(cmd, env={**full_env, **env}, stdin=subprocess.DEVNULL)
 
@@ -89,10 +113,14 @@ class RayReplica:
     zero timeout, so the supervisor can ask every tick.
     """
 
-    def __init__(self, spec: WorkerSpec, actor: Any, node_id: str | None) -> None:
+    def __init__(self, spec: WorkerSpec, actor: Any, node_id: str | None,
+                 group: Any = None) -> None:
         self.spec = spec
         self.actor = actor
-        self.node_id = node_id  # where placement pinned it (None: left to Ray)
+        self.pinned = node_id  # where placement pinned it (None: a placement group, or Ray)
+        self.group = group  # the Ray placement group it runs in, if any
+        self._where: Any = None if node_id is not None else actor.node_id.remote()
+        self._node_id = node_id
         self.death: str | None = None
         self._code: int | None = None
         self._poll: Any = None
@@ -101,6 +129,17 @@ class RayReplica:
     @property
     def pid(self) -> int:
         return 0  # on another host; the worker's hello reports its own pid
+
+    @property
+    def node_id(self) -> str | None:
+        """Its node: where it was pinned, or where Ray put it once the actor says (never
+        blocks; None until then)."""
+        if self._node_id is None and self._where is not None and ray.wait(
+                [self._where], timeout=0)[0]:
+            with contextlib.suppress(RayError):
+                self._node_id = ray.get(self._where)
+            self._where = None
+        return self._node_id
 
     def exit_code(self) -> int | None:
         if self._code is not None:
@@ -157,6 +196,13 @@ def alive_nodes() -> list[Node]:
     return nodes
 
 
+def ray_bundle(demand: Resources) -> dict[str, float]:
+    """A bundle of Ray resources. Ray refuses an empty one, so a replica that asks for
+    nothing holds its place with a hundredth of a CPU."""
+    bundle = {"CPU": demand.cpu, "GPU": demand.gpu, "memory": demand.memory}
+    return {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.01}
+
+
 class RayLauncher:
     """Starts replicas as Ray actors placed by ``core/placement.py``.
 
@@ -166,6 +212,9 @@ class RayLauncher:
 
     def __init__(self, connect: str, address: str | None = None) -> None:
         self.started_ray = False
+        self.groups: dict[str, tuple[GroupPlan, Any]] = {}  # plan name -> (plan, Ray's group)
+        self.retired: list[Any] = []  # groups no plan needs, removed once nothing runs in them
+        self._generation = 0
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
                      log_to_driver=True, configure_logging=False)
@@ -187,20 +236,74 @@ class RayLauncher:
         before = self.running.get(key)  # the replica this one replaces, if any
         members = self._members()
         member = next((m for m in members if m.key == key), Member(key, spec.model))
-        node_id = self._place(key, members, before.node_id if before is not None else None)
+        nodes = self._trusted_nodes()
+        group, bundle = self._group_for(key, members, nodes)
+        node_id = None
+        if group is not None:
+            strategy: Any = PlacementGroupSchedulingStrategy(group, bundle)
+        else:
+            node_id = self._place(key, members, nodes,
+                                  before.node_id if before is not None else None)
+            strategy = ("SPREAD" if node_id is None
+                        else NodeAffinitySchedulingStrategy(node_id, soft=False))
         env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
         if keys is not None:
             env[ENV_VAR] = keys.to_env()
-        strategy: Any = ("SPREAD" if node_id is None
-                         else NodeAffinitySchedulingStrategy(node_id, soft=False))
         actor = ReplicaActor.options(  # type: ignore[attr-defined]
             name=spec.replica_id, namespace=NAMESPACE, num_cpus=member.demand.cpu,
             num_gpus=member.demand.gpu, memory=int(member.demand.memory) or None,
             scheduling_strategy=strategy,
         ).remote(self.connect, spec.to_json(), env)
-        replica = RayReplica(spec, actor, node_id)
+        replica = RayReplica(spec, actor, node_id, group)
         self.running[key] = replica
+        self._remove_retired()
         return replica
+
+    # ---- placement groups ------------------------------------------------------------------
+    def _group_for(self, key: str, members: list[Member], nodes: list[Node]
+                   ) -> tuple[Any, int]:
+        """The placement group (and bundle) slot ``key`` runs in, created on first need; None
+        when its STRICT_SPREAD group has lost a node it cannot do without."""
+        plans = plan_groups(members, nodes)
+        self._retire_unneeded({p.name for p in plans})
+        plan = next((p for p in plans if key in p.members), None)
+        if plan is None:
+            return None, 0
+        held = self.groups.get(plan.name)
+        if held is None or (held[0].members, held[0].bundles) != (plan.members, plan.bundles):
+            if held is not None:  # the deployment changed shape: a group for the new shape
+                self.retired.append(self.groups.pop(plan.name)[1])
+            if not plan.fits:
+                log.warning("placement: %s; its members are placed one by one", plan.note)
+                return None, 0
+            held = self.groups[plan.name] = (plan, self._create(plan))
+        elif held[0].strategy == STRICT_SPREAD and not holds_strictly(plan.bundles, nodes):
+            log.warning("placement group %s: its %d members need distinct nodes but too few "
+                        "live nodes can hold one, so Ray cannot bring back its lost bundle; %s "
+                        "is placed outside it", plan.name, len(plan.members), key)
+            return None, 0
+        return held[1], held[0].members.index(key)
+
+    def _create(self, plan: GroupPlan) -> Any:
+        if plan.note:
+            log.warning("placement: %s", plan.note)
+        self._generation += 1
+        return placement_group([ray_bundle(b) for b in plan.bundles], strategy=plan.strategy,
+                               name=f"{plan.name}#{self._generation}")
+
+    def _retire_unneeded(self, needed: set[str]) -> None:
+        for name in [n for n in self.groups if n not in needed]:
+            self.retired.append(self.groups.pop(name)[1])
+
+    def _remove_retired(self) -> None:
+        """Remove retired groups none of our running replicas is in (removing one kills the
+        actors in it)."""
+        in_use = {id(r.group) for r in self.running.values()
+                  if r.group is not None and r.exit_code() is None}
+        for group in [g for g in self.retired if id(g) not in in_use]:
+            self.retired.remove(group)
+            with contextlib.suppress(RayError, ValueError):
+                remove_placement_group(group)
 
     def _members(self) -> list[Member]:
         """Slots of the deployments still running here (and of the one being launched)."""
@@ -210,14 +313,15 @@ class RayLauncher:
                             if k in live or k == self.latest}
         return deployment_members(self.deployments.values())
 
-    def _place(self, key: str, members: list[Member], previous: str | None) -> str | None:
+    def _place(self, key: str, members: list[Member], nodes: list[Node],
+               previous: str | None) -> str | None:
         """The node for slot ``key``: every other running replica keeps its node, and a
         replacement avoids its predecessor's node (Ray may not have noticed yet that it is
         dead: our heartbeats time out sooner than its health checks)."""
         fixed = {k: r.node_id for k, r in self.running.items()
                  if k != key and r.node_id is not None and r.exit_code() is None}
         avoid = {key: previous} if previous is not None else None
-        self.placement = place(members, self._trusted_nodes(), fixed, avoid)
+        self.placement = place(members, nodes, fixed, avoid)
         for note in self.placement.notes:
             log.warning("placement: %s", note)
         if key in self.placement.unplaced:
@@ -242,5 +346,7 @@ class RayLauncher:
             if isinstance(proc, RayReplica):
                 proc.terminate(grace_s)
         self.running.clear()
+        self._retire_unneeded(set())
+        self._remove_retired()
         if self.started_ray:
             ray.shutdown()

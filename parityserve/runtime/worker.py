@@ -266,10 +266,11 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
 
 
 _launcher_pid: int | None = None  # with --die-with-parent: the process that launched us
+_never_bye = False  # --no-bye: every SIGTERM means this replica was lost
 
 
 def _exit_on_signal(_signum: int, _frame: Any) -> None:
-    if _launcher_pid is not None and os.getppid() != _launcher_pid:
+    if _never_bye or _launcher_pid is not None and os.getppid() != _launcher_pid:
         # Our launcher died (the SIGTERM asked for in _die_with_parent): no BYE. A frontend
         # forgets a replica that says BYE, but this one was lost (a Ray actor or its node
         # died), so the frontend must see it fail and start a replacement.
@@ -373,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="WorkerSpec as JSON")
     parser.add_argument("--die-with-parent", action="store_true")
     parser.add_argument("--parent-pid", type=int, help="exit at once if this is not our parent")
+    parser.add_argument("--no-bye", action="store_true",
+                        help="leave without BYE on SIGTERM: a Ray actor's worker, whose frontend "
+                             "drops a replica before stopping it, so that a SIGTERM it did not "
+                             "send (Ray killing the actor's process group) reads as a loss")
     args = parser.parse_args(argv)
+    global _never_bye
+    _never_bye = args.no_bye
     if args.die_with_parent:
         global _launcher_pid
         _launcher_pid = os.getppid()

@@ -10,13 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parityserve.core.placement import (
+    SPREAD,
+    STRICT_SPREAD,
     Member,
     Node,
     Placement,
     Resources,
     coding_groups,
     erasures,
+    holds_strictly,
     place,
+    plan_groups,
     replace_after_failure,
 )
 
@@ -160,6 +164,46 @@ def test_node_failure_moves_only_its_members() -> None:
     assert after.notes and max_per_group(after, members) == 2
 
 
+# ---- placement groups (Ray) -------------------------------------------------------------------
+@pytest.mark.parametrize(("cpus", "members", "expected"), [
+    # (name, strategy, bundles, fits) per plan
+    # a ParM k=2 group on 3 nodes: STRICT_SPREAD; a plain model: one SPREAD group
+    ((3, 3, 3), parm_members("p", 2, 1) + plain_members("q", 2),
+     [("p/g0", STRICT_SPREAD, 3, True), ("q/spread", SPREAD, 2, True)]),
+    # two nodes for a group of three: SPREAD, with a note
+    ((3, 3), parm_members("p", 2, 1), [("p/g0", SPREAD, 3, True)]),
+    # three nodes, one too small for a 2-CPU member: SPREAD, and two nodes of room do not fit it
+    ((2, 2, 1), parm_members("p", 2, 1, Resources(cpu=2)), [("p/g0", SPREAD, 3, False)]),
+    ((4, 2, 1), parm_members("p", 2, 1, Resources(cpu=2)), [("p/g0", SPREAD, 3, True)]),
+    # two groups of one model: a plan each; k=4 groups need 5 nodes
+    ((2,) * 5, parm_members("p", 4, 2),
+     [("p/g0", STRICT_SPREAD, 5, True), ("p/g1", STRICT_SPREAD, 5, True)]),
+    ((8,) * 4, parm_members("p", 4, 1), [("p/g0", SPREAD, 5, True)]),
+    # 7 replicas, room for 6: no group (Ray would hold back all 7), a note says why
+    ((3, 3), plain_members("q", 7), [("q/spread", SPREAD, 7, False)]),
+])
+def test_plan_groups(cpus: tuple[float, ...], members: list[Member],
+                     expected: list[tuple[str, str, int, bool]]) -> None:
+    plans = plan_groups(members, nodes(*cpus))
+    assert [(p.name, p.strategy, len(p.bundles), p.fits) for p in plans] == expected
+    for plan in plans:
+        assert bool(plan.note) == (not plan.fits or plan.coding and plan.strategy == SPREAD)
+
+
+def test_a_spread_coding_group_says_why_and_what_it_risks() -> None:
+    (plan,) = plan_groups(parm_members("p", 2, 1), nodes(3, 3))
+    assert plan.note.startswith("coding group p/g0: 3 members but only 2 of 2 nodes")
+    assert "more than one" in plan.note
+
+
+@pytest.mark.parametrize(("cpus", "bundles", "holds"), [
+    ((1, 1, 1), 3, True), ((1, 1), 3, False), ((1, 1, 0.5), 3, False), ((), 1, False),
+    ((4,), 1, True),
+])
+def test_holds_strictly(cpus: tuple[float, ...], bundles: int, holds: bool) -> None:
+    assert holds_strictly([CPU1] * bundles, nodes(*cpus)) is holds
+
+
 # ---- properties -----------------------------------------------------------------------------
 @st.composite
 def clusters(draw: st.DrawFn) -> tuple[list[Member], list[Node]]:
@@ -218,3 +262,38 @@ def test_one_node_failure_erases_at_most_one_member_per_group(
     if len(alive) >= biggest:
         assert not after.unplaced and max_per_group(after, members) <= 1
     assert all(after.nodes[k] == n for k, n in placement.nodes.items() if n != dead)
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters())
+def test_placement_groups_cover_every_member_once_with_its_demand(
+        case: tuple[list[Member], list[Node]]) -> None:
+    members, cluster = case
+    plans = plan_groups(members, cluster)
+    by_key = {m.key: m for m in members}
+    keys = [k for p in plans for k in p.members]
+    assert sorted(keys) == sorted(by_key)  # every member in exactly one plan
+    for plan in plans:
+        assert [by_key[k].demand for k in plan.members] == list(plan.bundles)  # bundle i: member i
+        assert len({by_key[k].group_key if plan.coding else by_key[k].model
+                    for k in plan.members}) == 1  # one coding group, or one model's others
+        # STRICT_SPREAD exactly when enough nodes could each hold a member, so that Ray can
+        # always put the group's bundles on distinct nodes of an empty cluster
+        strict = plan.fits and plan.coding and holds_strictly(plan.bundles, cluster)
+        assert (plan.strategy == STRICT_SPREAD) is strict
+        # a plan fits exactly when place() finds room for each of its members
+        room = place(members, cluster)
+        assert plan.fits == all(k in room.nodes for k in plan.members)
+        if strict:
+            assert len(members_on_distinct_nodes(plan, cluster)) == len(plan.members)
+
+
+def members_on_distinct_nodes(plan, cluster: list[Node]) -> dict[str, str]:
+    """A witness: bundle i on its own node, each within capacity."""
+    free = list(cluster)
+    out = {}
+    for key, bundle in zip(plan.members, plan.bundles, strict=True):
+        node = next(n for n in free if bundle.fits_in(n.capacity))
+        free.remove(node)
+        out[key] = node.node_id
+    return out

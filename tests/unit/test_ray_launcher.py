@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install 'parityserve[ray]'")
 
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
 from parityserve.config import parse_config  # noqa: E402
 from parityserve.core.placement import Node, Resources  # noqa: E402
 from parityserve.runtime import ray_launcher  # noqa: E402
@@ -20,6 +22,33 @@ from parityserve.runtime.worker import WorkerSpec  # noqa: E402
 
 NODE_IDS = [f"{i + 1:02x}" * 28 for i in range(3)]  # Ray's node ids: 28 bytes of hex
 ECHO = {"source": "zoo:echo", "input": {"name": "input", "datatype": "FP32", "shape": [4]}}
+
+
+class FakeRef:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class FakeGroup:
+    """A placement group as Ray would lay it out on ``nodes``: STRICT_SPREAD on distinct nodes
+    (it must have enough), SPREAD round robin."""
+
+    def __init__(self, bundles: list[dict[str, float]], strategy: str, name: str,
+                 nodes: list[Node]) -> None:
+        self.bundles, self.strategy, self.name = bundles, strategy, name
+        ids = [n.node_id for n in nodes if n.capacity.cpu > 0]
+        assert strategy != "STRICT_SPREAD" or len(ids) >= len(bundles)
+        self.bundle_nodes = [ids[i % len(ids)] for i in range(len(bundles))]
+        self.removed = False
+
+
+class FakeActor:
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id = self  # actor.node_id.remote(): where Ray put it
+        self._node = node_id
+
+    def remote(self) -> FakeRef:
+        return FakeRef(self._node)
 
 
 class FakeActorClass:
@@ -32,21 +61,37 @@ class FakeActorClass:
         self._options = options
         return self
 
-    def remote(self, *args: Any) -> object:
+    def remote(self, *args: Any) -> FakeActor:
         self.created.append((self._options, args))
-        return object()
+        return FakeActor(_strategy_node(self._options))
+
+
+class FakeRay:
+    def __init__(self, nodes: list[Node]) -> None:
+        self.actors, self.nodes, self.groups = FakeActorClass(), nodes, []
+
+    def placement_group(self, bundles: list[dict[str, float]], strategy: str,
+                        name: str) -> FakeGroup:
+        self.groups.append(FakeGroup(bundles, strategy, name, self.nodes))
+        return self.groups[-1]
 
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeActorClass, list[Node]]:
-    actors, nodes = FakeActorClass(), [
-        Node(node_id, Resources(cpu=2, memory=2**32)) for node_id in NODE_IDS]
+    nodes = [Node(node_id, Resources(cpu=2, memory=2**32)) for node_id in NODE_IDS]
+    fake = FakeRay(nodes)
     monkeypatch.setattr(ray_launcher.ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray_launcher.ray.util, "get_node_ip_address", lambda: "10.0.0.1")
-    monkeypatch.setattr(ray_launcher, "ReplicaActor", actors)
+    monkeypatch.setattr(ray_launcher.ray, "wait", lambda refs, timeout: (refs, []))
+    monkeypatch.setattr(ray_launcher.ray, "get", lambda ref: ref.value)
+    monkeypatch.setattr(ray_launcher, "ReplicaActor", fake.actors)
     monkeypatch.setattr(ray_launcher, "alive_nodes", lambda: list(nodes))
+    monkeypatch.setattr(ray_launcher, "placement_group", fake.placement_group)
+    monkeypatch.setattr(ray_launcher, "remove_placement_group",
+                        lambda g: setattr(g, "removed", True))
     monkeypatch.setattr(ray_launcher.RayReplica, "exit_code", lambda self: self._code)
-    return actors, nodes
+    fake.actors.ray = fake  # the tests reach the groups through the actor class
+    return fake.actors, nodes
 
 
 def _launch(launcher: ray_launcher.RayLauncher, model: dict[str, Any],
@@ -60,22 +105,64 @@ def _launch(launcher: ray_launcher.RayLauncher, model: dict[str, Any],
 
 
 def _strategy_node(options: dict[str, Any]) -> str | None:
+    """The node an actor lands on: its pin, its bundle's node, or None (left to Ray)."""
     strategy = options["scheduling_strategy"]
-    return None if strategy == "SPREAD" else strategy.node_id
+    if strategy == "SPREAD":
+        return None
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        group = strategy.placement_group
+        return group.bundle_nodes[strategy.placement_group_bundle_index]
+    return strategy.node_id
 
 
-def test_a_parm_group_is_pinned_to_three_nodes_with_its_resources(fake_ray) -> None:
+def test_a_parm_group_gets_a_strict_spread_group_with_its_resources(fake_ray) -> None:
     actors, _ = fake_ray
     launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555", "auto")
     replicas = _launch(launcher, {"replicas": 2, "parity": {"k": 2},
                                   "resources": {"cpu": 1, "memory_mb": 256}})
-    pinned = [_strategy_node(options) for options, _ in actors.created]
-    assert sorted(pinned) == NODE_IDS
-    assert [r.node_id for r in replicas] == pinned
+    (group,) = actors.ray.groups
+    assert (group.strategy, group.name) == ("STRICT_SPREAD", "m/v1/group0#1")
+    assert group.bundles == [{"CPU": 1, "memory": 2**28}] * 3
+    strategies = [options["scheduling_strategy"] for options, _ in actors.created]
+    assert [(s.placement_group, s.placement_group_bundle_index) for s in strategies] == [
+        (group, 0), (group, 1), (group, 2)]  # member i in bundle i
+    assert sorted(r.node_id for r in replicas) == NODE_IDS  # where Ray put them: distinct
     for options, _ in actors.created:
-        assert options["scheduling_strategy"].soft is False  # a hard pin: no silent drift
         assert (options["num_cpus"], options["num_gpus"], options["memory"]) == (1, 0, 2**28)
         assert options["name"].startswith("m/v1/")
+
+
+def test_a_models_replicas_share_one_spread_group_removed_at_stop(fake_ray) -> None:
+    actors, _ = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 3})
+    (group,) = actors.ray.groups
+    assert (group.strategy, len(group.bundles)) == ("SPREAD", 3)
+    assert [r.group for r in replicas] == [group] * 3
+    launcher.stop_all([])
+    assert group.removed and not launcher.groups
+
+
+def test_a_coding_group_on_too_few_nodes_is_spread_with_a_warning(fake_ray, caplog) -> None:
+    actors, nodes = fake_ray
+    del nodes[2]
+    with caplog.at_level(logging.WARNING, logger=ray_launcher.__name__):
+        _launch(ray_launcher.RayLauncher("tcp://10.0.0.1:5555"),
+                {"replicas": 2, "parity": {"k": 2}})
+    (group,) = actors.ray.groups
+    assert group.strategy == "SPREAD"
+    assert "coding group m/v1/group0: 3 members but only 2 of 2 nodes" in caplog.text
+
+
+def test_a_group_no_deployment_needs_is_removed_once_its_replicas_are_gone(fake_ray) -> None:
+    actors, _ = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    old = _launch(launcher, {"replicas": 2})
+    (first,) = actors.ray.groups
+    for r in old:
+        r._code = 0  # stopped
+    _launch(launcher, {"replicas": 3})  # a new shape: a new group; the old one goes
+    assert first.removed and len(actors.ray.groups) == 2 and not actors.ray.groups[1].removed
 
 
 def test_keys_travel_in_the_workers_environment_not_its_command(fake_ray) -> None:
@@ -109,6 +196,25 @@ def test_a_dead_nodes_replica_is_placed_on_a_survivor_and_others_stay(fake_ray) 
     assert [r.node_id for r in replicas[1:]] == [
         _strategy_node(o) for o, _ in actors.created[1:3]]  # nothing else moved
     assert any("coding group m/v1/group0" in note for note in launcher.placement.notes)
+    # two nodes cannot hold the STRICT_SPREAD group again: the replacement is pinned outside
+    # it, and the group stays for the two members still running in it
+    (group,) = actors.ray.groups
+    assert fresh.group is None and fresh.pinned == fresh.node_id and not group.removed
+
+
+def test_a_replacement_goes_back_into_its_bundle_while_the_group_still_fits(fake_ray) -> None:
+    """Four nodes for a group of three: Ray reschedules the dead node's bundle on a survivor,
+    so the replacement asks for the same bundle."""
+    actors, nodes = fake_ray
+    nodes.append(Node("04" * 28, Resources(cpu=2, memory=2**32)))
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 2, "parity": {"k": 2}})
+    nodes.remove(next(n for n in nodes if n.node_id == replicas[0].node_id))
+    replicas[0]._code = ray_launcher.ACTOR_DIED
+    launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    (group,) = actors.ray.groups
+    strategy = actors.created[-1][0]["scheduling_strategy"]
+    assert (strategy.placement_group, strategy.placement_group_bundle_index) == (group, 0)
 
 
 @pytest.mark.parametrize(("bound", "dialled"), [

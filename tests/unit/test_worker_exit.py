@@ -33,3 +33,15 @@ def test_sigterm_says_bye_only_while_the_launcher_lives(
     else:  # SystemExit unwinds through run_worker's finally, which sends BYE
         with pytest.raises(SystemExit):
             worker._exit_on_signal(15, None)
+
+
+def test_a_ray_workers_sigterm_never_says_bye(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-bye: the launcher is alive (Ray signalled the actor's process group, not the
+    frontend, which drops a replica before it stops it), yet the exit is silent."""
+    monkeypatch.setattr(worker, "_launcher_pid", 100)
+    monkeypatch.setattr(worker, "_never_bye", True)
+    monkeypatch.setattr(worker.os, "getppid", lambda: 100)
+    monkeypatch.setattr(worker.os, "_exit", _fake_exit)
+    with pytest.raises(Exited) as info:
+        worker._exit_on_signal(15, None)
+    assert info.value.args == (worker.EXIT_LAUNCHER_DIED,)
