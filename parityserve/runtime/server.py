@@ -259,9 +259,9 @@ def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path
     """
     token = token or resolve_admin_token(config, base_dir)
     if config.server.frontends > 1 and shard is None:
-        from parityserve.runtime.shards import serve_sharded
+        from parityserve.runtime.shards import serve_sharded  # only when sharded
 
-        return serve_sharded(config, base_dir=base_dir, data_dir=data_dir, on_ready=on_ready,
+        return serve_sharded(serve, config, base_dir=base_dir, data_dir=data_dir, on_ready=on_ready,
                              log_dir=log_dir, token=token)
     system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:

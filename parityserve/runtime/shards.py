@@ -84,11 +84,10 @@ def _shard_config(config: ServingConfig, stack: contextlib.ExitStack, tmp: Path
     return config.model_copy(update={"server": server}), control
 
 
-def _shard_main(config: ServingConfig, mesh: ShardMesh, paths: dict[str, Path | None],
-                token: ResolvedToken | None, ready: Any) -> None:
-    """A shard's process: a whole frontend that tells the parent when it serves."""
-    from parityserve.runtime.server import serve
-
+def _shard_main(serve: Callable[..., None], config: ServingConfig, mesh: ShardMesh,
+                paths: dict[str, Path | None], token: ResolvedToken | None, ready: Any) -> None:
+    """A shard's process: a whole frontend (``serve``, server.py's) that tells the parent
+    when it serves. ``serve`` comes in as an argument so that this module need not import it."""
     def on_ready(urls: Any) -> None:
         ready.put((mesh.index, os.getpid(), urls, None))
     try:
@@ -102,9 +101,9 @@ def _shard_main(config: ServingConfig, mesh: ShardMesh, paths: dict[str, Path | 
 class _Shards:
     """The parent's bookkeeping: start, watch, restart and stop the shard processes."""
 
-    def __init__(self, config: ServingConfig, mesh: ShardMesh, paths: dict[str, Path | None],
-                 token: ResolvedToken | None) -> None:
-        self.ctx = mp.get_context("spawn")
+    def __init__(self, serve: Callable[..., None], config: ServingConfig, mesh: ShardMesh,
+                 paths: dict[str, Path | None], token: ResolvedToken | None) -> None:
+        self.ctx, self.serve = mp.get_context("spawn"), serve
         self.config, self.mesh, self.paths, self.token = config, mesh, paths, token
         self.restarts: Any = self.ctx.Array("i", len(mesh.control_ports))
         mesh.restarts = self.restarts
@@ -119,7 +118,7 @@ class _Shards:
         log_dir = self.paths["log"]
         paths = {**self.paths, "log": None if log_dir is None else log_dir / f"shard-{index}"}
         proc = self.ctx.Process(target=_shard_main, name=f"parityserve-frontend-{index}",
-                                args=(self.config, mesh, paths, self.token, self.ready))
+                                args=(self.serve, self.config, mesh, paths, self.token, self.ready))
         proc.start()
         return proc
 
@@ -187,8 +186,8 @@ def _exit_text(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def serve_sharded(config: ServingConfig, *, base_dir: Path | None, data_dir: Path | None,
-                  on_ready: Callable[[Any], None], log_dir: Path | None,
+def serve_sharded(serve: Callable[..., None], config: ServingConfig, *, base_dir: Path | None,
+                  data_dir: Path | None, on_ready: Callable[[Any], None], log_dir: Path | None,
                   token: ResolvedToken | None) -> None:
     """Serve with ``server.frontends`` shards until SIGINT/SIGTERM (``serve()`` calls this)."""
     warning = cores_warning(config.server.frontends, os.cpu_count())
@@ -199,7 +198,7 @@ def serve_sharded(config: ServingConfig, *, base_dir: Path | None, data_dir: Pat
         shard_config, control = _shard_config(config, stack, Path(tmp))
         mesh = ShardMesh(0, control, token.token if token else None, Path(tmp) / "admin.jsonl",
                          (), "https" if config.server.tls else "http")
-        shards = _Shards(shard_config, mesh, {"base": base_dir, "data": data_dir,
+        shards = _Shards(serve, shard_config, mesh, {"base": base_dir, "data": data_dir,
                                               "log": log_dir}, token)
         previous = {sig: signal.signal(sig, lambda *_: setattr(shards, "stopping", True))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
