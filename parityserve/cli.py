@@ -54,6 +54,10 @@ def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--grpc-port", type=int, metavar="PORT",
                    help="override server.grpc_port (KServe V2 gRPC; default: beside the HTTP "
                         "port, 8001 with 8000; 0 turns gRPC off)")
+    p.add_argument("--frontends", type=int, metavar="N",
+                   help="override server.frontends: N frontend processes share the HTTP and "
+                        "gRPC ports (SO_REUSEPORT), each with its own workers; one that dies "
+                        "is restarted (default 1)")
     p.add_argument("--data-dir", type=Path, help="datasets/weights folder ($PARITYSERVE_DATA)")
     p.add_argument("--log-dir", type=Path, help="write each worker's stderr to a file here")
     p.add_argument("--ray-address", metavar="ADDRESS",
@@ -291,8 +295,8 @@ def _cmd_start(args: argparse.Namespace) -> int:
     from parityserve.runtime.server import resolve_admin_token, serve
 
     config = load_config(args.config)
-    ports = {k: v for k, v in (("http_port", args.port), ("grpc_port", args.grpc_port))
-             if v is not None}
+    ports = {k: v for k, v in (("http_port", args.port), ("grpc_port", args.grpc_port),
+                               ("frontends", args.frontends)) if v is not None}
     if ports:  # validated, so a bad port gets the same clear error as in YAML
         config = config.model_copy(update={"server": _server_with(config.server, ports)})
     if args.ray_address:

@@ -591,6 +591,9 @@ class Server(_Frozen):
         None, description="the frontend's keypair and the allowed worker public keys "
         "(see `parityserve keys`); default: keys made in memory for local workers only")
     limits: Limits = Limits()
+    frontends: int = Field(1, ge=1, le=256, description="frontend processes sharing the HTTP "
+                           "and gRPC ports (SO_REUSEPORT); each owns its workers (README: "
+                           "Sharded frontends)")
 
     def grpc_listen_port(self) -> int | None:
         """The port to bind gRPC on (0: a free one), or None when gRPC is off."""
@@ -614,6 +617,9 @@ class Server(_Frozen):
                 "that reaches the worker port could read queries and forge answers")
         if (self.admin_port is not None) != (self.admin_host is not None):
             raise ValueError("admin_host and admin_port go together")
+        if self.frontends > 1 and self.rpc_port != 0:
+            raise ValueError(f"frontends: {self.frontends} needs rpc_port: 0: each frontend "
+                             "shard owns its workers on a port of its own")
         return self
 
 

@@ -176,7 +176,8 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 
 def bind_grpc(system: ServingSystem, *, host: str, port: int, auth: AuthPolicy,
               limits: Limits, max_message_bytes: int, version: str,
-              tls: tuple[bytes, bytes] | None = None) -> tuple[Any, int]:
+              tls: tuple[bytes, bytes] | None = None, reuse_port: bool = False
+              ) -> tuple[Any, int]:
     """The service bound to ``host:port`` (0 picks a free port), not yet started: (server,
     port). Call on the event loop that will run it; ``await server.start()`` to serve.
 
@@ -186,7 +187,8 @@ def bind_grpc(system: ServingSystem, *, host: str, port: int, auth: AuthPolicy,
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),  # a taken port must fail loudly, not be shared
+        # a taken port must fail loudly, not be shared, unless frontend shards share it
+        ("grpc.so_reuseport", int(reuse_port)),
     ])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
         GrpcFrontend(system, auth=auth, limits=limits, version=version), server)

@@ -24,6 +24,7 @@ from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
 from parityserve.runtime.connection import uvicorn_settings
 from parityserve.runtime.http import create_admin_app, create_app
+from parityserve.runtime.shard_mesh import ShardMesh
 from parityserve.runtime.system import ServingSystem
 
 __all__ = ["RunningServer", "ServerUrls", "auth_policy", "resolve_admin_token", "serve",
@@ -58,11 +59,13 @@ class ServerUrls:
         return "\n".join(lines)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on sockets that say they are
     # TCP, and without it Nagle plus delayed ACKs add ~40 ms to every response.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # a frontend shard: the kernel spreads connections over the shards
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
@@ -98,7 +101,7 @@ def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
 
 
 def _bind_grpc(config: ServingConfig, system: ServingSystem, policy: AuthPolicy,
-               base_dir: Path | None) -> tuple[Any, str | None]:
+               base_dir: Path | None, reuse_port: bool = False) -> tuple[Any, str | None]:
     """The V2 gRPC service bound beside HTTP (same host, TLS and limits), or (None, None)."""
     s = config.server
     port = s.grpc_listen_port()
@@ -111,7 +114,7 @@ def _bind_grpc(config: ServingConfig, system: ServingSystem, policy: AuthPolicy,
                                       (base / s.tls.cert).read_bytes())
     server, bound = bind_grpc(system, host=s.host, port=port, auth=policy, limits=s.limits,
                               max_message_bytes=s.max_body_bytes, version=_package_version(),
-                              tls=tls)
+                              tls=tls, reuse_port=reuse_port)
     return server, f"{s.host}:{bound}"
 
 
@@ -132,18 +135,21 @@ def _url(config: ServingConfig, sock: socket.socket) -> str:
 async def _run(config: ServingConfig, system: ServingSystem,
                on_ready: Callable[[ServerUrls], None], install_signals: bool,
                stop: asyncio.Event | None = None, tune_gc: bool = False,
-               token: ResolvedToken | None = None, base_dir: Path | None = None) -> None:
+               token: ResolvedToken | None = None, base_dir: Path | None = None,
+               shard: ShardMesh | None = None) -> None:
     stop = asyncio.Event() if stop is None else stop
     if install_signals:
         _stop_on_signals(stop)
     s = config.server
-    socks = [_bind(s.host, s.http_port)]
+    reuse = shard is not None
+    socks = [_bind(s.host, s.http_port, reuse)]
     if s.admin_host is not None and s.admin_port is not None:
-        socks.append(_bind(s.admin_host, s.admin_port))
+        socks.append(_bind(s.admin_host, s.admin_port, reuse))
+    admin_sock = socks[1] if len(socks) > 1 else None
     policy = auth_policy(config, token)
     grpc_server: Any = None
     try:
-        grpc_server, grpc_url = _bind_grpc(config, system, policy, base_dir)
+        grpc_server, grpc_url = _bind_grpc(config, system, policy, base_dir, reuse)
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         sources = SourcePolicy.for_server(s, system.base_dir)
@@ -153,6 +159,9 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources))
+        if shard is not None:  # every listener fans admin out; a private one for the peers
+            apps = [shard.wrap(app) for app in apps] + [shard.wrap(apps[0])]
+            socks.append(_bind("127.0.0.1", shard.control_port, reuse_port=True))
         servers = [_uvicorn(app, config, base_dir, system.metrics.connection_refused)
                    for app in apps]
         tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
@@ -163,7 +172,9 @@ async def _run(config: ServingConfig, system: ServingSystem,
             _tune_gc_for_serving()
         if grpc_server is not None:
             await grpc_server.start()
-        admin = _url(config, socks[1]) if len(socks) > 1 else None
+        if shard is not None:
+            await shard.started()  # a restarted shard replays the admin changes it missed
+        admin = _url(config, admin_sock) if admin_sock is not None else None
         on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin, grpc_url))
         await _wait_stop(tasks, servers, stop)
     finally:
@@ -238,17 +249,24 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path | None = None,
           on_ready: Callable[[ServerUrls], None] = lambda urls: None,
-          log_dir: Path | None = None, token: ResolvedToken | None = None) -> None:
+          log_dir: Path | None = None, token: ResolvedToken | None = None,
+          shard: ShardMesh | None = None) -> None:
     """Serve until SIGINT/SIGTERM; workers are stopped before this returns.
 
     ``token``: the admin token already resolved (``parityserve start`` does so to say where
-    it is); when None and the config requires one, it is resolved here.
+    it is); when None and the config requires one, it is resolved here. With
+    ``server.frontends`` > 1 this process supervises that many shards (runtime/shards.py).
     """
     token = token or resolve_admin_token(config, base_dir)
+    if config.server.frontends > 1 and shard is None:
+        from parityserve.runtime.shards import serve_sharded  # only when sharded
+
+        return serve_sharded(serve, config, base_dir=base_dir, data_dir=data_dir, on_ready=on_ready,
+                             log_dir=log_dir, token=token)
     system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_run(config, system, on_ready, install_signals=True, tune_gc=True,
-                        token=token, base_dir=base_dir))
+                        token=token, base_dir=base_dir, shard=shard))
 
 
 class RunningServer:

@@ -1,0 +1,266 @@
+"""What makes N frontend shards (``server.frontends``) behave as one server.
+
+Each shard is a whole frontend process with its own workers, on the shared public port
+(SO_REUSEPORT) and on a private loopback *control port* of its own. ``ShardMesh`` wraps every
+listener's ASGI app and, for a request that did not come from a peer (no ``x-parityserve-local``
+header):
+
+- **admin changes fan out.** A successful POST/PUT/PATCH/DELETE under ``/admin/`` is replayed,
+  before its answer leaves, to every peer's control port with the admin token, so that when the
+  caller gets its 2xx every shard has made the change (``x-parityserve-fanout`` says which peers
+  failed). It is appended to a journal that a restarted shard replays before it reports ready.
+  Why this channel and not the state store's pub/sub: it works with every store (memory and
+  SQLite have no pub/sub), it reuses the admin routes' own validation and auth unchanged, and
+  the caller learns synchronously whether the peers applied the change.
+- **``/metrics`` aggregates** with a per-shard label: each shard's exposition is fetched over
+  the control ports and every sample gets ``shard="i"``. Why not prometheus-client's
+  multiprocess mode: it needs its directory set before the first import, gauges need a per-metric
+  aggregation mode, and a killed shard's files would have to be cleaned; a label keeps every
+  metric exact, and ``sum without (shard)`` gives the total.
+- **readiness** is ready only when every shard is (a restarting shard makes it 503).
+
+Every response carries ``x-parityserve-shard: INDEX:PID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["LOCAL_HEADER", "SHARD_HEADER", "ShardMesh", "merge_metrics"]
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOCAL_HEADER = "x-parityserve-local"  # a peer's call: answer for this shard alone
+SHARD_HEADER = "x-parityserve-shard"
+_CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
+_FANOUT_TIMEOUT_S = 600.0  # a deploy waits for the peer's workers to load
+_PEEK_TIMEOUT_S = 5.0
+
+
+@dataclass
+class ShardMesh:
+    """One shard's view of the others; built by the parent (runtime/shards.py), pickled over."""
+
+    index: int
+    control_ports: tuple[int, ...]
+    token: str | None
+    journal: Path
+    restarts: Any  # Sequence[int]: the parent's shared counters (a multiprocessing Array)
+    scheme: str = "http"
+    replay: bool = False  # a restarted shard: replay the journal before reporting ready
+    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}
+
+    @property
+    def control_port(self) -> int:
+        return self.control_ports[self.index]
+
+    def wrap(self, app: Any) -> Any:  # an ASGI app in, the same app sharded out
+        async def sharded(scope: Scope, receive: Receive, send: Send) -> None:
+            await self._handle(app, scope, receive, _tagged(send, self.index))
+        return sharded
+
+    async def started(self) -> None:
+        """A restarted shard applies, in order, the admin changes the others made."""
+        if not (self.replay and self.journal.exists()):
+            return
+        for line in self.journal.read_bytes().splitlines():
+            entry = orjson.loads(line)
+            status = await self._call(self.index, entry["method"], entry["path"],
+                                      base64.b64decode(entry["body"]), _FANOUT_TIMEOUT_S)
+            if not 200 <= status < 300:
+                log.warning("shard %d: replaying %s %s got %s", self.index, entry["method"],
+                            entry["path"], status)
+
+    async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers", ()))
+        if scope["type"] != "http" or LOCAL_HEADER.encode() in headers:
+            return await app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        if method == "GET" and path == "/metrics":
+            return await self._metrics(app, scope, receive, send)
+        if method == "GET" and path == "/v2/health/ready":
+            return await self._ready(app, scope, receive, send)
+        if method in _CHANGES and path.startswith("/admin/"):
+            return await self._fan_out(app, scope, receive, send)
+        return await app(scope, receive, send)
+
+    async def _fan_out(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_all(receive)
+        messages = await _capture(app, scope, body)
+        status = messages[0]["status"]
+        if 200 <= status < 300:
+            target = scope["path"] + (f"?{scope['query_string'].decode()}"
+                                      if scope.get("query_string") else "")
+            failed = await self._broadcast(scope["method"], target, body)
+            self._record(scope["method"], target, body)
+            messages[0]["headers"] = [*messages[0].get("headers", ()),
+                                      (b"x-parityserve-fanout", _fanout_note(failed).encode())]
+        for message in messages:
+            await send(message)
+
+    async def _broadcast(self, method: str, target: str, body: bytes) -> list[int]:
+        peers = [i for i in range(len(self.control_ports)) if i != self.index]
+        statuses = await asyncio.gather(*(self._call(i, method, target, body, _FANOUT_TIMEOUT_S)
+                                          for i in peers))
+        failed = [i for i, st in zip(peers, statuses, strict=True) if not 200 <= st < 300]
+        if failed:
+            log.warning("shard %d: %s %s not applied on shards %s", self.index, method, target,
+                        failed)
+        return failed
+
+    def _record(self, method: str, target: str, body: bytes) -> None:
+        line = orjson.dumps({"method": method, "path": target,
+                             "body": base64.b64encode(body).decode()}) + b"\n"
+        with self.journal.open("ab") as out:  # O_APPEND: one line per write, shards interleave
+            out.write(line)
+
+    async def _call(self, peer: int, method: str, target: str, body: bytes,
+                    timeout_s: float) -> int:
+        """Status of ``method target`` on shard ``peer`` alone; 0 when it does not answer."""
+        return (await self._request(peer, method, target, body, timeout_s))[0]
+
+    async def _request(self, peer: int, method: str, target: str, body: bytes,
+                       timeout_s: float) -> tuple[int, str]:
+        if self._client is None:
+            self._client = httpx.AsyncClient(verify=False)  # loopback, same cert as the port
+        headers = {LOCAL_HEADER: "1", "content-type": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        url = f"{self.scheme}://127.0.0.1:{self.control_ports[peer]}{target}"
+        try:
+            resp = await self._client.request(method, url, content=body, headers=headers,
+                                              timeout=timeout_s)
+        except httpx.HTTPError:
+            return 0, ""
+        return resp.status_code, resp.text
+
+    async def _metrics(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        messages = await _capture(app, scope, b"")
+        if messages[0]["status"] != 200:  # e.g. 401 under protect_metrics
+            for message in messages:
+                await send(message)
+            return
+        own = b"".join(m.get("body", b"") for m in messages[1:]).decode()
+        peers = [i for i in range(len(self.control_ports)) if i != self.index]
+        answers = await asyncio.gather(*(self._request(i, "GET", "/metrics", b"",
+                                                       _PEEK_TIMEOUT_S) for i in peers))
+        texts = {self.index: own, **{i: text for i, (st, text) in zip(peers, answers, strict=True)
+                                     if st == 200}}
+        body = merge_metrics(texts, list(self.restarts))
+        await _send_plain(send, 200, body, messages[0].get("headers", ()))
+
+    async def _ready(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        messages = await _capture(app, scope, b"")
+        peers = [i for i in range(len(self.control_ports)) if i != self.index]
+        statuses = await asyncio.gather(*(self._call(i, "GET", "/v2/health/ready", b"",
+                                                     _PEEK_TIMEOUT_S) for i in peers))
+        down = [i for i, st in zip(peers, statuses, strict=True) if st != 200]
+        if messages[0]["status"] != 200 or not down:
+            for message in messages:
+                await send(message)
+            return
+        body = orjson.dumps({"ready": False, "error": f"frontend shards {down} are not ready "
+                             "(restarting or loading)", "code": "shards_not_ready"})
+        await _send_plain(send, 503, body, [(b"content-type", b"application/json")])
+
+
+def merge_metrics(texts: dict[int, str], restarts: Sequence[int]) -> bytes:
+    """One exposition from each shard's: every sample labelled ``shard``, plus the parent's
+    restart counts and which shards answered."""
+    families: dict[str, Metric] = {}
+    for shard, text in sorted(texts.items()):
+        for fam in text_string_to_metric_families(text):
+            into = families.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type,
+                                                        fam.unit))
+            into.samples += [s._replace(labels={**s.labels, "shard": str(shard)})
+                             for s in fam.samples]
+    restarted = CounterMetricFamily("parityserve_frontend_restarts", "Times the parent "
+                                    "restarted a frontend shard that died", labels=["shard"])
+    up = GaugeMetricFamily("parityserve_frontend_shard_up", "1 if the shard answered this "
+                           "scrape", labels=["shard"])
+    for shard, count in enumerate(restarts):
+        restarted.add_metric([str(shard)], count)
+        up.add_metric([str(shard)], 1 if shard in texts else 0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed([*families.values(), restarted, up]))
+    return generate_latest(registry)
+
+
+class _Fixed:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def _fanout_note(failed: list[int]) -> str:
+    return "all" if not failed else "failed:" + ",".join(map(str, failed))
+
+
+def _tagged(send: Send, index: int) -> Send:
+    tag = (SHARD_HEADER.encode(), f"{index}:{os.getpid()}".encode())
+
+    async def tagging(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), tag]
+        await send(message)
+    return tagging
+
+
+async def _read_all(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _capture(app: ASGIApp, scope: Scope, body: bytes) -> list[Message]:
+    """Run ``app`` on a buffered body; its response messages, the start message first."""
+    messages: list[Message] = []
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # a disconnect never comes: the body is complete
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def keep(message: Message) -> None:
+        messages.append(message)
+
+    await app(scope, receive, keep)
+    return messages
+
+
+async def _send_plain(send: Send, status: int, body: bytes,
+                      headers: Sequence[tuple[bytes, bytes]]) -> None:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*kept, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

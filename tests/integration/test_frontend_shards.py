@@ -1,0 +1,185 @@
+"""server.frontends: 2 through `parityserve start`: two real shard processes on one port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from parityserve.config import Server
+from parityserve.runtime.shards import cores_warning
+
+INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    folder = tmp_path_factory.mktemp("shards")
+    config = {"server": {"http_port": 0, "require_admin_token": False, "frontends": 2},
+              "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
+    (folder / "s.yaml").write_text(yaml.safe_dump(config))
+    err = folder / "stderr.txt"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from parityserve.cli import main; "
+             "sys.exit(main())", "start", "-c", str(folder / "s.yaml")],
+            stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            yield _serving_url(proc), err
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+def _serving_url(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if match := re.search(r"serving on (http://\S+)", line):
+            return match.group(1)
+    raise AssertionError(f"server exited ({proc.wait()}) without serving")
+
+
+def _shard(url: str, path: str = "/admin/state") -> tuple[str, str, httpx.Response]:
+    resp = httpx.get(url + path, timeout=10)  # a new connection each time: any shard may take it
+    index, pid = resp.headers["x-parityserve-shard"].split(":")
+    return index, pid, resp
+
+
+def _each_shard(url: str, path: str = "/admin/state") -> dict[str, httpx.Response]:
+    seen: dict[str, httpx.Response] = {}
+    for _ in range(200):
+        index, _pid, resp = _shard(url, path)
+        seen[index] = resp
+        if len(seen) == 2:
+            return seen
+    raise AssertionError(f"only shards {sorted(seen)} answered")
+
+
+def test_both_shards_answer_inference_on_one_port(sharded: tuple[str, Path]) -> None:
+    url, _ = sharded
+    pids = set()
+    for _ in range(200):
+        resp = httpx.post(url + "/v2/models/noop/infer", json=INFER, timeout=10)
+        assert resp.status_code == 200
+        pids.add(resp.headers["x-parityserve-shard"])
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2
+
+
+def test_admin_change_on_one_shard_is_seen_by_the_other(sharded: tuple[str, Path]) -> None:
+    url, _ = sharded
+    resp = httpx.post(url + "/admin/models/noop/parallelism", json={"parallelism": 1}, timeout=60)
+    assert resp.status_code == 200 and resp.headers["x-parityserve-fanout"] == "all"
+    for index, state in _each_shard(url).items():
+        assert state.json()["models"][0]["parallelism"] == 1, f"shard {index}"
+
+
+def test_bad_admin_change_is_not_fanned_out(sharded: tuple[str, Path]) -> None:
+    url, _ = sharded
+    resp = httpx.post(url + "/admin/models/noop/parallelism", json={"parallelism": 0})
+    assert resp.status_code == 400 and "x-parityserve-fanout" not in resp.headers
+
+
+def test_metrics_aggregate_every_shard_with_a_label(sharded: tuple[str, Path]) -> None:
+    url, _ = sharded
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for shard in ("0", "1"):
+        assert re.search(rf'parityserve_requests_total{{[^}}]*shard="{shard}"', text)
+        assert f'parityserve_frontend_shard_up{{shard="{shard}"}} 1.0' in text
+
+
+def test_killed_shard_is_restarted_and_nothing_is_answered_twice(
+        sharded: tuple[str, Path]) -> None:
+    url, err = sharded
+    index, pid, _ = _shard(url)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                try:
+                    resp = client.post(url + "/v2/models/noop/infer", json=INFER)
+                    outcomes.append(str(resp.status_code))
+                except httpx.TransportError:
+                    outcomes.append("connection error")
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    time.sleep(0.5)
+    os.kill(int(pid), signal.SIGKILL)
+    try:
+        ready = _survivor_ready(url)
+        assert ready.status_code == 503 and ready.json()["code"] == "shards_not_ready"
+        _wait_for_new_pid(url, index, pid)
+    finally:
+        stop.set()
+        loader.join(30)
+    # one outcome per request sent: an answer (200) or a connection error, nothing else
+    assert set(outcomes) <= {"200", "connection error"}, set(outcomes)
+    assert outcomes[-1] == "200" and outcomes.count("200") > 10
+    assert re.search(rf'parityserve_frontend_restarts_total{{shard="{index}"}} 1.0',
+                     httpx.get(url + "/metrics", timeout=10).text)
+    _until_ready(url)
+    assert f"frontend shard {index} (pid {pid}) died (signal SIGKILL)" in err.read_text()
+
+
+def _survivor_ready(url: str) -> httpx.Response:
+    """Readiness as the survivor says it: connections still queued on the killed shard's
+    socket are reset by the kernel, so those tries are made again."""
+    for _ in range(50):
+        try:
+            return httpx.get(url + "/v2/health/ready", timeout=10)
+        except httpx.TransportError:
+            continue
+    raise AssertionError("no shard answered /v2/health/ready after the kill")
+
+
+def _wait_for_new_pid(url: str, index: str, old_pid: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            seen_index, seen_pid, _ = _shard(url)
+        except httpx.TransportError:  # queued on the killed shard's socket: reset
+            continue
+        if seen_index == index and seen_pid != old_pid:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"shard {index} did not come back")
+
+
+def _until_ready(url: str) -> None:
+    deadline = time.monotonic() + 120
+    while httpx.get(url + "/v2/health/ready", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "not ready again after the restart"
+        time.sleep(0.05)
+
+
+def test_zero_frontends_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValidationError, match="frontends"):
+        Server(frontends=0)
+
+
+def test_shards_need_their_own_worker_ports() -> None:
+    with pytest.raises(ValidationError, match="needs rpc_port: 0"):
+        Server(frontends=2, rpc_port=5555)
+
+
+def test_more_frontends_than_cores_warns() -> None:
+    assert cores_warning(4, 2) is not None and "more than this host's 2 cores" in str(
+        cores_warning(4, 2))
+    assert cores_warning(2, 2) is None
