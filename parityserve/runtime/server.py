@@ -159,8 +159,10 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources))
-        if shard is not None:  # every listener fans admin out; a private one for the peers
-            apps = [shard.wrap(app) for app in apps] + [shard.wrap(apps[0])]
+        if shard is not None:  # public listeners act for all shards; the control port, that
+            # the peers call, for this one alone
+            control = shard.local(apps[0], apps[1] if len(apps) > 1 else None)
+            apps = [shard.wrap(app) for app in apps] + [control]
             socks.append(_bind("127.0.0.1", shard.control_port, reuse_port=True))
         servers = [_uvicorn(app, config, base_dir, system.metrics.connection_refused)
                    for app in apps]

@@ -1,9 +1,11 @@
 """What makes N frontend shards (``server.frontends``) behave as one server.
 
 Each shard is a whole frontend process with its own workers, on the shared public port
-(SO_REUSEPORT) and on a private loopback *control port* of its own. ``ShardMesh`` wraps every
-listener's ASGI app and, for a request that did not come from a peer (no ``x-parityserve-local``
-header):
+(SO_REUSEPORT) and on a private loopback *control port* of its own. The control port answers
+for its shard alone (``ShardMesh.local``): the peers call it, and it serves the admin routes
+even when they have a public listener of their own. ``ShardMesh.wrap`` turns every public
+listener's ASGI app into one that acts for all shards (no request header can opt out, so a
+client cannot leave a change on one shard):
 
 - **admin changes fan out.** A successful POST/PUT/PATCH/DELETE under ``/admin/`` is replayed,
   before its answer leaves, to every peer's control port with the admin token, so that when the
@@ -39,7 +41,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["LOCAL_HEADER", "SHARD_HEADER", "ShardMesh", "merge_metrics"]
+__all__ = ["SHARD_HEADER", "ShardMesh", "merge_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-LOCAL_HEADER = "x-parityserve-local"  # a peer's call: answer for this shard alone
 SHARD_HEADER = "x-parityserve-shard"
 _CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
 _FANOUT_TIMEOUT_S = 600.0  # a deploy waits for the peer's workers to load
@@ -81,6 +82,17 @@ class ShardMesh:
             await self._handle(app, scope, receive, _tagged(send, self.index))
         return sharded
 
+    def local(self, public: Any, admin: Any | None) -> Any:
+        """The control port's app: this shard alone (no fan-out, no aggregation), with the
+        admin routes from ``admin`` when they live on a listener of their own, because the
+        peers fan admin changes out to this port. The admin token is checked as anywhere."""
+        async def alone(scope: Scope, receive: Receive, send: Send) -> None:
+            route = public
+            if admin is not None and scope.get("path", "").startswith("/admin/"):
+                route = admin
+            await route(scope, receive, _tagged(send, self.index))
+        return alone
+
     async def started(self) -> None:
         """A restarted shard applies, in order, the admin changes the others made."""
         if not (self.replay and self.journal.exists()):
@@ -94,8 +106,7 @@ class ShardMesh:
                             entry["path"], status)
 
     async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers", ()))
-        if scope["type"] != "http" or LOCAL_HEADER.encode() in headers:
+        if scope["type"] != "http":
             return await app(scope, receive, send)
         method, path = scope["method"], scope["path"]
         if method == "GET" and path == "/metrics":
@@ -145,7 +156,7 @@ class ShardMesh:
                        timeout_s: float) -> tuple[int, str]:
         if self._client is None:
             self._client = httpx.AsyncClient(verify=False)  # loopback, same cert as the port
-        headers = {LOCAL_HEADER: "1", "content-type": "application/json"}
+        headers = {"content-type": "application/json"}
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
         url = f"{self.scheme}://127.0.0.1:{self.control_ports[peer]}{target}"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,16 +27,40 @@ INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    folder = tmp_path_factory.mktemp("shards")
     config = {"server": {"http_port": 0, "require_admin_token": False, "frontends": 2},
               "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
+    with _started(tmp_path_factory.mktemp("shards"), config) as (url, err):
+        yield url, err
+
+
+@pytest.fixture(scope="module")
+def sharded_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Two shards with the admin API on a listener of its own, behind a token."""
+    with socket.socket() as probe:  # a free port for the admin listener
+        probe.bind(("127.0.0.1", 0))
+        admin_port = probe.getsockname()[1]
+    config = {"server": {"http_port": 0, "frontends": 2, "admin_host": "127.0.0.1",
+                         "admin_port": admin_port},
+              "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
+    env = {**os.environ, "PARITYSERVE_ADMIN_TOKEN": TOKEN}
+    with _started(tmp_path_factory.mktemp("shards-admin"), config, env):
+        yield f"http://127.0.0.1:{admin_port}"
+
+
+TOKEN = "shards-test-token-0123456789abcdef"
+
+
+@contextlib.contextmanager
+def _started(folder: Path, config: dict, env: dict[str, str] | None = None
+             ) -> Iterator[tuple[str, Path]]:
+    """``parityserve start`` on ``config``: (its URL, its stderr file)."""
     (folder / "s.yaml").write_text(yaml.safe_dump(config))
     err = folder / "stderr.txt"
     with err.open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from parityserve.cli import main; "
              "sys.exit(main())", "start", "-c", str(folder / "s.yaml")],
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         try:
             yield _serving_url(proc), err
         finally:
@@ -86,6 +112,35 @@ def test_admin_change_on_one_shard_is_seen_by_the_other(sharded: tuple[str, Path
     assert resp.status_code == 200 and resp.headers["x-parityserve-fanout"] == "all"
     for index, state in _each_shard(url).items():
         assert state.json()["models"][0]["parallelism"] == 1, f"shard {index}"
+
+
+def test_a_client_header_cannot_keep_an_admin_change_on_one_shard(
+        sharded: tuple[str, Path]) -> None:
+    """Only the loopback control port answers for one shard alone; on the public port a
+    request that claims to come from a peer is fanned out like any other."""
+    url, _ = sharded
+    resp = httpx.post(url + "/admin/models/noop/parallelism", json={"parallelism": 1},
+                      headers={"x-parityserve-local": "1"}, timeout=60)
+    assert resp.status_code == 200 and resp.headers["x-parityserve-fanout"] == "all"
+
+
+def test_admin_on_its_own_listener_fans_out_behind_the_token(sharded_admin: str) -> None:
+    url = sharded_admin
+    change = {"parallelism": 1}
+    stranger = httpx.post(url + "/admin/models/noop/parallelism", json=change, timeout=60)
+    assert stranger.status_code == 401 and "x-parityserve-fanout" not in stranger.headers
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    resp = httpx.post(url + "/admin/models/noop/parallelism", json=change, headers=auth,
+                      timeout=60)
+    assert resp.status_code == 200 and resp.headers["x-parityserve-fanout"] == "all"
+    seen: dict[str, int] = {}
+    for _ in range(200):  # a new connection each time: either shard may take it
+        state = httpx.get(url + "/admin/state", headers=auth, timeout=10)
+        seen[state.headers["x-parityserve-shard"].split(":")[0]] = (
+            state.json()["models"][0]["parallelism"])
+        if len(seen) == 2:
+            break
+    assert seen == {"0": 1, "1": 1}
 
 
 def test_bad_admin_change_is_not_fanned_out(sharded: tuple[str, Path]) -> None:
