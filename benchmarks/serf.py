@@ -417,9 +417,11 @@ def _profile_file(name: str, args: argparse.Namespace) -> Path:
     return args.results_dir / f"serf-profile-{name}.json"
 
 
-def _apply_policy(url: str, policy: Any, profile_file: Path) -> int:
+def _apply_policy(url: str, policy: Any, profile_file: Path,
+                  slo_p99_ms: float | None = None) -> int:
     """Hand the model to ``policy`` (a fixed Config, "serf" or "queue-length") through the
-    admin API; returns the controller's switch count so far. Each run starts from the same
+    admin API, SERF tail-aware when ``slo_p99_ms`` is given (the profile then holds its
+    table); returns the controller's switch count so far. Each run starts from the same
     configuration (c = 1, one thread) so no policy inherits another's choice."""
     from parityserve.bench.profiler import apply_configuration
     from parityserve.client import Client
@@ -435,7 +437,8 @@ def _apply_policy(url: str, policy: Any, profile_file: Path) -> int:
             # serving file's folder, .work/), so the profile goes there.
             served = profile_file.parent / ".work" / profile_file.name
             shutil.copyfile(profile_file, served)
-            client.set_scheduler(MODEL_NAME, "serf", profile=served.name, **CONTROL)
+            tail = {} if slo_p99_ms is None else {"slo_p99_ms": slo_p99_ms}
+            client.set_scheduler(MODEL_NAME, "serf", profile=served.name, **CONTROL, **tail)
         else:
             client.set_scheduler(MODEL_NAME, "queue-length", **CONTROL, **QUEUE_LENGTH)
     return _switches(url)

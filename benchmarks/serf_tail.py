@@ -6,7 +6,8 @@ The tail-aware policy (``core/tail_policy``) reads a table of simulated p99s per
 and configuration. The benchmark builds that table from the model's committed profile
 (``parityserve profile``'s samples, ``core/tail_choice.tail_table``: what
 ``parityserve profile --slo-p99-ms`` writes), on a grid of 20 load levels so the policy's
-rounding up of the load costs little. While each run goes, ``/admin/state`` is polled every
+rounding up of the load costs little, and keeps the profile with that table beside the
+profile (``serf-profile-MODEL-tail.json``). While each run goes, ``/admin/state`` is polled every
 0.2 s for c·intra, so cores are time-weighted per phase. Policies are interleaved within
 each repetition; each run starts at c = 1, one thread.
 
@@ -25,15 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.serf import (
-    CONTROL,
-    MODEL_NAME,
-    QUEUE_LENGTH,
-    WARMUP,
-    _configure,
-    _Runs,
-    _switches,
-)
+from benchmarks.serf import MODEL_NAME, WARMUP, _apply_policy, _Runs, _switches
 from benchmarks.serf_analysis import phased_schedule
 from benchmarks.serf_tail_analysis import (
     auto_slo_ms,
@@ -44,7 +37,6 @@ from benchmarks.serf_tail_analysis import (
 from parityserve.bench.loadgen import HttpSender, json_sender, run_event_loop, run_open_loop
 from parityserve.bench.report import markdown_table
 from parityserve.core.profiling import ProfileDocument, load_levels
-from parityserve.core.queueing import Config
 from parityserve.core.tail_choice import tail_table
 
 __all__ = ["TABLE_LEVELS", "tail_markdown", "tail_part"]
@@ -58,15 +50,15 @@ def tail_part(url: str, model: str, profile_file: Path, rates: list[float],
               bodies: list[bytes], args: argparse.Namespace, saved: _Runs) -> dict[str, Any]:
     doc = json.loads(profile_file.read_text())
     slo_ms, table = _table(doc, rates[0], args, saved)
-    served = profile_file.parent / ".work" / f"{profile_file.stem}-tail.json"
-    served.parent.mkdir(parents=True, exist_ok=True)
-    served.write_text(json.dumps({**doc, "tail_aware": table}))
+    # The profile with the table the controller reads, kept beside the profile as a result.
+    tail_file = profile_file.with_name(f"{profile_file.stem}-tail.json")
+    tail_file.write_text(json.dumps({**doc, "tail_aware": table}, indent=1))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in POLICIES}
     for rep in range(args.dynamic_repeats):
         for name in POLICIES:
             key = f"tail-{name}-{rep}-slo{slo_ms:.6g}-lead{args.lead_in_seconds:g}"
             if saved.get(key) is None:
-                saved.put(key, _run(url, name, served, slo_ms, rates, bodies, args, rep))
+                saved.put(key, _run(url, name, tail_file, slo_ms, rates, bodies, args, rep))
             runs[name].append(saved.rows[key])
     return {"slo_ms": slo_ms, "slo_rule": "given" if args.tail_slo_ms else "auto",
             "rates": rates, "phase_seconds": args.phase_seconds,
@@ -100,26 +92,10 @@ def _table(doc: dict[str, Any], moderate: float, args: argparse.Namespace, saved
     return float(slo_ms), found
 
 
-def _apply(url: str, name: str, served: Path, slo_ms: float) -> int:
-    from parityserve.client import Client
-
-    with Client(url, timeout=30.0) as client:  # from c = 1, one thread, nothing steering
-        client.set_scheduler(MODEL_NAME, "fixed", c=1, intra=1, **CONTROL)
-    _configure(url, Config(1, 1))
-    with Client(url, timeout=30.0) as client:
-        if name == "serf-tail":
-            # The admin API loads files only from the server's model roots (the serving
-            # file's folder, .work/), so the profile is there.
-            client.set_scheduler(MODEL_NAME, "serf", profile=served.name, slo_p99_ms=slo_ms,
-                                 **CONTROL)
-        else:
-            client.set_scheduler(MODEL_NAME, "queue-length", **CONTROL, **QUEUE_LENGTH)
-    return _switches(url)
-
-
-def _run(url: str, name: str, served: Path, slo_ms: float, rates: list[float],
+def _run(url: str, name: str, tail_file: Path, slo_ms: float, rates: list[float],
          bodies: list[bytes], args: argparse.Namespace, rep: int) -> dict[str, Any]:
-    before = _apply(url, name, served, slo_ms)
+    policy, slo = ("serf", slo_ms) if name == "serf-tail" else ("queue-length", None)
+    before = _apply_policy(url, policy, tail_file, slo)
     schedule, phase_of = phased_schedule(rates, args.phase_seconds,
                                          np.random.default_rng([args.seed, 11, rep]),
                                          lead_in_s=args.lead_in_seconds)
