@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from benchmarks.frontend_wrk import (  # noqa: E402
     _stop,
     _wait_listening,
     _write_bodies,
+    run_wrk,
 )
 
 __all__ = ["build_parser", "main", "run", "summarise"]
@@ -117,34 +117,16 @@ def _point(case: Case, frontends: int, spec: dict[str, Any], work: Path,
     try:
         _wait_listening(port, f"http://127.0.0.1:{port}/v2/health/ready", proc)
         url = f"http://127.0.0.1:{port}/v2/models/{case.v2_model}/infer"
-        _wrk(url, spec, work, 8, min(2.0, args.duration))  # warm-up
+        lua = work / "bodies.lua"
+        run_wrk(url, spec, lua, 8, min(2.0, args.duration))  # warm-up
         before = _cpu_ticks(proc.pid)
-        loaded, wrk_cpu_s = _wrk(url, spec, work, args.connections, args.duration)
+        loaded, wrk_cpu_s = run_wrk(url, spec, lua, args.connections, args.duration)
         after = _cpu_ticks(proc.pid)
     finally:
         _stop(proc)
     seconds = loaded["duration_us"] / 1e6
     return {**_rates(loaded), **_cpu_split(before, after, loaded["requests"]),
             "wrk_cpu_share_of_host": wrk_cpu_s / seconds / (os.cpu_count() or 1)}
-
-
-def _wrk(url: str, spec: dict[str, Any], work: Path, connections: int,
-         duration: float) -> tuple[dict[str, Any], float]:
-    """wrk's JSON summary and the CPU seconds wrk itself used."""
-    import re
-
-    env = {**os.environ, "WRK_BODIES": spec["file"], "WRK_PATH": "/" + url.split("/", 3)[3],
-           "WRK_CTYPE": spec["ctype"], "WRK_HLEN": spec["hlen"]}
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "-s",
-           str(work / "bodies.lua"), url]
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration + 60)
-    now = resource.getrusage(resource.RUSAGE_CHILDREN)
-    match = re.search(r"WRKJSON (\{.*\})", done.stdout)
-    if done.returncode != 0 or match is None:
-        raise SystemExit(f"wrk failed: {done.stdout}\n{done.stderr}")
-    cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
-    return dict(json.loads(match.group(1))), cpu
 
 
 def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:

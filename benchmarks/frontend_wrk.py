@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import socket
@@ -58,7 +59,7 @@ from benchmarks.frontend_cases import (  # noqa: E402
 )
 from benchmarks.frontend_wrk_report import summarise  # noqa: E402
 
-__all__ = ["build_parser", "main", "run", "summarise"]
+__all__ = ["build_parser", "main", "run", "run_wrk", "summarise"]
 
 SERVER_CORE, CLIENT_CORE = "1", "0"
 DEFAULT_SYSTEMS = "bare,floor,litserve,parityserve"
@@ -419,15 +420,26 @@ def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,
          duration: float) -> dict[str, Any]:
+    """wrk's JSON summary, wrk pinned to the client core."""
+    return run_wrk(url, spec, lua, connections, duration, ["taskset", "-c", CLIENT_CORE])[0]
+
+
+def run_wrk(url: str, spec: dict[str, Any], lua: Path, connections: int, duration: float,
+            prefix: Sequence[str] = ()) -> tuple[dict[str, Any], float]:
+    """wrk's JSON summary and the CPU seconds wrk itself used; ``prefix`` goes before the
+    command (``taskset -c CORE`` to pin it)."""
     env = {**os.environ, "WRK_BODIES": spec["file"], "WRK_PATH": "/" + url.split("/", 3)[3],
            "WRK_CTYPE": spec["ctype"], "WRK_HLEN": spec["hlen"]}
-    cmd = ["taskset", "-c", CLIENT_CORE, "wrk", "-t1", f"-c{connections}",
-           f"-d{max(1, round(duration))}s", "-s", str(lua), url]
+    cmd = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "-s",
+           str(lua), url]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration + 60)
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
     match = re.search(r"WRKJSON (\{.*\})", done.stdout)
     if done.returncode != 0 or match is None:
         raise SystemExit(f"wrk failed: {done.stdout}\n{done.stderr}")
-    return dict(json.loads(match.group(1)))
+    cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
+    return dict(json.loads(match.group(1))), cpu
 
 
 def _rates(run: dict[str, Any]) -> dict[str, Any]:
