@@ -57,6 +57,14 @@ class ServiceProfile:
         return self.base_ms + self.per_query_ms * max(1, batch_size)
 
     @property
+    def sigma(self) -> float:
+        """The spread of the lognormal factor around the mean (0: constant). The factor is
+        exp(N(-sigma^2/2, sigma^2)), whose mean is 1, so ``mean_ms`` is kept."""
+        if self.distribution == "constant":
+            return 0.0
+        return math.sqrt(math.log1p(self.cv ** 2))
+
+    @property
     def label(self) -> str:
         """What every result measured on this profile must carry in its title."""
         spread = "constant" if self.distribution == "constant" or self.cv == 0 else \
@@ -68,10 +76,9 @@ class ServiceProfile:
 def draw_service_s(profile: ServiceProfile, batch_size: int, rng: np.random.Generator) -> float:
     """One batch's service time in seconds: the profile's mean for ``batch_size`` queries,
     spread by its distribution (the lognormal keeps the mean)."""
-    mean = profile.mean_ms(batch_size)
-    if profile.distribution == "constant" or profile.cv == 0:
+    mean, sigma = profile.mean_ms(batch_size), profile.sigma
+    if sigma == 0:
         return mean / 1000
-    sigma = math.sqrt(math.log1p(profile.cv ** 2))
     return float(mean * rng.lognormal(-sigma * sigma / 2, sigma)) / 1000
 
 

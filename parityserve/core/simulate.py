@@ -128,9 +128,7 @@ class ServiceProfile:
         if points < 1 or max_batch < 1:
             raise ConfigError("from_emulation needs points >= 1 and max_batch >= 1")
         mids = [(i + 0.5) / points for i in range(points)]
-        spread = 0.0 if emulated.distribution == "constant" else emulated.cv
-        sigma = math.sqrt(math.log1p(spread ** 2))
-        # The lognormal of core.emulation.draw_service_s: mean preserved, so mu = -sigma^2/2.
+        sigma = emulated.sigma  # core.emulation.draw_service_s's lognormal, mean kept
         z = [NormalDist().inv_cdf(u) for u in mids]
         factors = [math.exp(-sigma * sigma / 2 + sigma * v) for v in z]
         samples = {b: tuple(emulated.mean_ms(b) * f for f in factors)
