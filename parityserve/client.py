@@ -185,6 +185,24 @@ class Client:
         body = _with_uid({"input_batch": list(xs)}, uid)
         return self._call("POST", f"/{_q(app)}/predict", body)
 
+    def predict_graph(self, graph: str, x: Any, *, stream: str = "", label: int = -1,
+                      stream_key: str = "stream") -> dict[str, Any]:
+        """One request through a stateful service graph. ``stream`` names the per-stream
+        state it reads and extends (an LSTM's session); ``label`` is feedback for an online
+        learner (-1: none). The reply arrives once every state it depends on is durable."""
+        body = {"input": x, stream_key: stream, "label": label}
+        return self._call("POST", f"/{_q(graph)}/predict", body)
+
+    def predict_graph_batch(self, graph: str, xs: Sequence[Any], *,
+                            streams: Sequence[str] | None = None,
+                            labels: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"input_batch": list(xs)}
+        if streams is not None:
+            body["streams"] = list(streams)
+        if labels is not None:
+            body["labels"] = list(labels)
+        return self._call("POST", f"/{_q(graph)}/predict", body)
+
     def update(self, app: str, uid: str, x: Any, label: Any, *,
                query_id: str | None = None) -> dict[str, Any]:
         """Feedback: the true ``label`` for input ``x``, optionally naming the query answered."""

@@ -486,7 +486,16 @@ class Graph(_Frozen):
     operators: tuple[GraphOperator, ...] = Field(min_length=1)
     output: str
     stream_key: str = Field("stream", description="request field naming per-stream state")
-    fault_tolerance: Literal["hams", "remus", "checkpoint-replay", "bare"] = "hams"
+    fault_tolerance: Literal["hams", "remus", "bare"] = Field(
+        "hams", description="hams: non-stop primary-backup; remus: stop, copy, hold outputs "
+        "until the backup has the state; bare: no backup (a lost primary loses its state)")
+    max_batch: int = Field(64, ge=1, le=4096, description="requests per operator batch")
+    timeout_ms: float = Field(30_000, gt=0, description="how long a client waits for a reply")
+    detection: Literal["exit", "timeout"] = Field(
+        "exit", description="how a lost operator process is noticed: its exit (the kernel "
+        "tells the frontend at once), or missed heartbeats alone")
+    heartbeat_timeout_ms: float = Field(
+        200, gt=0, description="an operator silent this long is lost; heartbeats every 50 ms")
 
     def topology(self) -> Topology:
         edges = [(i, op.name) for op in self.operators for i in op.inputs]

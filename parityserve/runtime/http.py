@@ -635,6 +635,8 @@ class _Frontend:
 
     async def predict(self, request: Request) -> tuple[Response, Outcome]:
         body = _object(await _read_body(request, self.limit), self.limits)
+        if self.system.has_graph(request.path_params["app"]):
+            return await self._predict_graph(request.path_params["app"], body)
         items, batched = _predict_items(body, self.limits)
         predictions = await self.system.predict(request.path_params["app"], items,
                                                 _optional_str(body, "uid"))
@@ -642,6 +644,14 @@ class _Frontend:
         if batched:
             return _json([p.to_json() for p in predictions]), outcome
         return _json(predictions[0].to_json()), outcome
+
+    async def _predict_graph(self, name: str, body: dict[str, Any]
+                             ) -> tuple[Response, Outcome]:
+        """A stateful service graph: the reply leaves once every state it depends on is
+        durable (HAMS output commit); ``seqs`` says where it passed."""
+        _check_body(body, self.limits)
+        answers = await self.system.predict_graph(name, body)
+        return _json(answers if "input_batch" in body else answers[0]), "ok"
 
     async def update(self, request: Request) -> tuple[Response, Outcome]:
         body = _object(await _read_body(request, self.limit), self.limits)

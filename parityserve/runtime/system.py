@@ -42,6 +42,7 @@ from parityserve.runtime.commands import Command
 from parityserve.runtime.credentials import ReplicaCredentials, server_keys
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.expected import expected_accuracy
+from parityserve.runtime.graphs import Graphs, stateful_models
 from parityserve.runtime.health import STARTUP_TIMEOUT_S, live_replicas
 from parityserve.runtime.inbox import Inbox
 from parityserve.runtime.keys import ServerKeys
@@ -75,7 +76,7 @@ class ServingSystem:
         clock: Callable[[], float] = time.monotonic,
         log_dir: Path | None = None,
     ) -> None:
-        _refuse_unserved_graphs(config)
+        self._graph_models = stateful_models(config)  # a clash is refused before anything starts
         self.config = config
         self.base_dir = base_dir
         self.data_dir = data_dir
@@ -100,6 +101,7 @@ class ServingSystem:
             self.set_parallelism, self.set_threads), self.metrics, clock, base_dir,
             cores=os.cpu_count() or 1)
         self._ray: Any = None  # the RayLauncher, when the config asks for Ray
+        self.graphs: Graphs | None = None  # stateful service graphs (HAMS), built at start
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -142,11 +144,19 @@ class ServingSystem:
         self._model_admin = ModelAdmin(self._supervisor, self.clock)
         self._link.start(Inbox(self._supervisor, self._reject))
         for deployment in self.config.models:
-            self.models[deployment.name] = self._supervisor.launch_path(deployment)
+            if deployment.name not in self._graph_models:  # a graph runs those itself
+                self.models[deployment.name] = self._supervisor.launch_path(deployment)
         self._loop_task = asyncio.get_running_loop().create_task(self._supervise())
         self.controllers.start()
         if wait_ready:
             await self.wait_ready(timeout_s)
+        self.graphs = Graphs(self.config, self._infer_outputs, keys=keys, clock=self.clock,
+                             log_dir=self.log_dir)
+        await self.graphs.start()
+
+    async def _infer_outputs(self, model: str, rows: np.ndarray) -> np.ndarray:
+        outputs, _ = await self.infer_detailed(model, None, rows)
+        return outputs
 
     def _make_launcher(self, address: str) -> Launcher:
         """Local subprocesses, or Ray actors (``launcher: {kind: ray}``; ray loads only then)."""
@@ -210,6 +220,8 @@ class ServingSystem:
     async def close(self) -> None:
         """Stop workers in order and answer everything still waiting."""
         await self.controllers.close()
+        if self.graphs is not None:
+            await self.graphs.close()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -227,6 +239,14 @@ class ServingSystem:
     async def predict(self, app: str, items: Sequence[Any],
                       uid: str | None = None) -> list[Prediction]:
         return await self.router.predict(app, items, uid)
+
+    def has_graph(self, name: str) -> bool:
+        return self.graphs is not None and name in self.graphs
+
+    async def predict_graph(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.graphs is None:
+            raise Unavailable("the server is starting")
+        return await self.graphs.predict(name, body)
 
     async def update(self, app: str, uid: str, item: Any, label: Any,
                      query_id: str | None = None) -> dict[str, Any]:
@@ -248,7 +268,9 @@ class ServingSystem:
         return ModelMetadata(path.name, (str(path.version),), path.platform, inputs, outputs)
 
     def is_ready(self) -> bool:
-        return all(self._live(p) for p in self.models.values() if p.deployment.replicas)
+        graphs_ready = self.graphs is not None and self.graphs.ready()
+        return graphs_ready and all(
+            self._live(p) for p in self.models.values() if p.deployment.replicas)
 
     def model_ready(self, model: str, version: int | None) -> bool:
         return bool(self._live(find_model(self.models, model, version)))
@@ -331,6 +353,7 @@ class ServingSystem:
             "models": [self._model_state(p) for p in self.models.values()],
             "cache": _record(self.cache.statistics()),
             "rpc_address": self._link.address if self._link else None,
+            "graphs": self.graphs.state() if self.graphs is not None else {},
         }
 
     def _model_state(self, path: ModelPath) -> dict[str, Any]:
@@ -385,13 +408,3 @@ async def keep_ticking(tick: Callable[[], None], every_s: float) -> None:
             if failures == 1 or failures % 100 == 0:
                 log.exception("supervisor round failed (%d so far); the next one runs anyway",
                               failures)
-
-
-def _refuse_unserved_graphs(config: ServingConfig) -> None:
-    """A ``graphs:`` section is validated (``parityserve validate``) but not served yet: its
-    route and the primary-backup runtime are still to come (issue 19). Starting would
-    silently leave the graph without a route, so the start says so instead."""
-    if config.graphs:
-        names = ", ".join(g.name for g in config.graphs)
-        raise ConfigError(f"graphs ({names}): stateful service graphs are validated but not "
-                          "served yet; remove the graphs: section to start this server")

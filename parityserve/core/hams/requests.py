@@ -95,6 +95,11 @@ class RequestManager(Generic[P]):
         entry.output, entry.done = output, True
         return entry
 
+    def current(self, seq: int) -> Executed[P] | None:
+        """The request now numbered ``seq``: a driver checks that an answer it got is for the
+        entry it dispatched, since a failover may have renumbered or discarded it."""
+        return self._log.get(seq)
+
     def dispatched(self) -> list[Executed[P]]:
         return [e for _, e in sorted(self._log.items())]
 

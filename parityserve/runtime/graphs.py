@@ -1,0 +1,121 @@
+"""The server's stateful service graphs: one ``GraphRuntime`` each, behind one small face.
+
+A model that a graph runs as a *stateful* operator is not deployed as ordinary replicas:
+its processes (primary, backup, spare) belong to the graph. Stateless operators use the
+ordinary deployed model, with its replicas, batching and restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parityserve.config import ServingConfig
+from parityserve.errors import ConfigError, InvalidInput, MalformedRequest, UnknownApplication
+from parityserve.runtime.hams_graph import GraphAnswer, GraphRuntime, Infer
+from parityserve.runtime.keys import ServerKeys
+
+__all__ = ["Graphs", "stateful_models"]
+
+
+def stateful_models(config: ServingConfig) -> set[str]:
+    """Models run as stateful graph operators; each must serve nothing else."""
+    stateful = {op.model for g in config.graphs for op in g.operators if op.stateful}
+    stateless = {op.model for g in config.graphs for op in g.operators if not op.stateful}
+    apps = {m for a in config.applications for m in a.models}
+    if clash := sorted(stateful & (stateless | apps)):
+        raise ConfigError(f"models {clash} are stateful graph operators and also serve "
+                          "statelessly; deploy a second model entry for the stateless use")
+    users = [op.model for g in config.graphs for op in g.operators if op.stateful]
+    if twice := sorted({m for m in users if users.count(m) > 1}):
+        raise ConfigError(f"models {twice} back more than one stateful operator; each "
+                          "stateful operator needs a model entry of its own")
+    return stateful
+
+
+class Graphs:
+    def __init__(self, config: ServingConfig, infer: Infer, *, keys: ServerKeys | None,
+                 clock: Callable[[], float], log_dir: Path | None) -> None:
+        deployments = {m.name: m for m in config.models}
+        self.runtimes = {g.name: GraphRuntime(g, deployments, infer, keys=keys, clock=clock,
+                                              log_dir=log_dir, host=config.server.host)
+                         for g in config.graphs}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.runtimes
+
+    async def start(self) -> None:
+        await asyncio.gather(*(g.start() for g in self.runtimes.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(g.close() for g in self.runtimes.values()))
+
+    def ready(self) -> bool:
+        return all(g.ready() for g in self.runtimes.values())
+
+    def state(self) -> dict[str, Any]:
+        return {name: g.statistics() for name, g in self.runtimes.items()}
+
+    def get(self, name: str) -> GraphRuntime:
+        runtime = self.runtimes.get(name)
+        if runtime is None:
+            raise UnknownApplication(f"unknown graph {name!r}; serving: {sorted(self.runtimes)}")
+        return runtime
+
+    async def predict(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``{"input": x, STREAM_KEY: "s", "label": 3}`` or ``{"input_batch": [...],
+        "streams": [...], "labels": [...]}``; one answer per input, in order."""
+        runtime = self.get(name)
+        rows, streams, labels = graph_items(body, runtime.graph.stream_key)
+        answers = await runtime.predict(rows, streams, labels, runtime.graph.timeout_ms / 1000)
+        durable = runtime.mode != "bare"
+        return [_answer_json(name, a, durable) for a in answers]
+
+
+def graph_items(body: dict[str, Any], stream_key: str
+                ) -> tuple[list[np.ndarray], list[str], list[int]]:
+    if ("input" in body) == ("input_batch" in body):
+        raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
+    if "input" in body:
+        inputs = [body["input"]]
+        streams = [body.get(stream_key, "")]
+        labels = [body.get("label", -1)]
+    else:
+        inputs = body["input_batch"]
+        if not isinstance(inputs, list) or not inputs:
+            raise MalformedRequest("'input_batch' must be a non-empty list")
+        streams = body.get("streams", [""] * len(inputs))
+        labels = body.get("labels", [-1] * len(inputs))
+    return _rows(inputs), _checked(streams, str, "stream", len(inputs)), \
+        _checked(labels, int, "label", len(inputs))
+
+
+def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
+    try:
+        rows = [np.asarray(x, dtype=np.float32) for x in inputs]
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"graph inputs must be numbers or nested lists of numbers: {exc}"
+                           ) from exc
+    shapes = {r.shape for r in rows}
+    if len(shapes) != 1 or not rows[0].size:
+        raise InvalidInput(f"graph inputs must be non-empty and share one shape, got {shapes}")
+    return rows
+
+
+def _checked(values: Any, kind: type, what: str, count: int) -> list[Any]:
+    if not isinstance(values, list) or len(values) != count:
+        raise MalformedRequest(f"one {what} per input is needed ({count})")
+    if any(type(v) is not kind for v in values):
+        raise MalformedRequest(f"every {what} must be a {kind.__name__}")
+    return values
+
+
+def _answer_json(name: str, answer: GraphAnswer, durable: bool) -> dict[str, Any]:
+    output = answer.output
+    return {"query_id": str(answer.client), "graph": name,
+            "output": output.tolist() if isinstance(output, np.ndarray) else output,
+            "seqs": answer.seqs, "durable": durable}

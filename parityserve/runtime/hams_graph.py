@@ -1,0 +1,525 @@
+"""Serving one stateful service graph (HAMS): the asyncio driver around ``core.hams``.
+
+The frontend's graph router is every operator's request manager (decision H10, see
+``core/hams/requests.py``): each client request enters the router, which numbers it at
+every operator in execution order, carries its lineage, joins fan-ins and holds the reply
+until every state in its lineage is durable. This module only moves data:
+
+* a **stateless** operator's batch goes to its deployed model through the ordinary model
+  path (replicas, restarts and re-queueing of a crashed replica's batch included);
+* a **stateful** operator has a primary, a hot backup and a warm spare process
+  (``hams_worker``). The primary answers batches; its backup tells us what is durable;
+  we forward that to the next stateful operators' backups and release replies;
+* a lost primary is replaced by its backup (``plan_failover`` says which other operators
+  must roll back with it), the spare becomes the new backup, and a new spare is started.
+
+Everything that decides is in ``core/hams``; what is here is sockets, processes and timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parityserve.config import Deployment, Graph
+from parityserve.core.hams import FRONTEND, Executed, Failover, GraphRouter, Held, \
+    OutputCommit, plan_failover, seq_at
+from parityserve.errors import DeadlineExceeded, ModelLoadError, Unavailable
+from parityserve.runtime import hams_worker as hw
+from parityserve.runtime import wire
+from parityserve.runtime.hams_members import Member, MemberLauncher
+from parityserve.runtime.keys import ServerKeys
+from parityserve.runtime.rpc import RejectLog, WorkerLink
+
+__all__ = ["FailoverRecord", "GraphAnswer", "GraphRuntime"]
+
+log = logging.getLogger(__name__)
+
+Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
+_IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
+_RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
+_CHECK_EVERY_S = 0.005
+
+
+@dataclass(frozen=True)
+class GraphAnswer:
+    client: int
+    output: np.ndarray
+    seqs: dict[str, int]  # the request's sequence number at every operator it passed
+
+
+@dataclass
+class FailoverRecord:
+    """One recovery, with its phases on the frontend's clock (H13's breakdown)."""
+
+    op: str
+    detection: str  # "exit" or "timeout"
+    detected_at: float
+    lost_pid: int
+    protocol_done_at: float = 0.0
+    first_reply_at: float | None = None
+    bounds: dict[str, int] = field(default_factory=dict)
+    rolled_back_in_place: list[str] = field(default_factory=list)
+    discarded_replies: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "detection": self.detection, "lost_pid": self.lost_pid,
+                "detected_at": self.detected_at, "protocol_done_at": self.protocol_done_at,
+                "first_reply_at": self.first_reply_at, "bounds": self.bounds,
+                "rolled_back_in_place": self.rolled_back_in_place,
+                "discarded_replies": self.discarded_replies,
+                "protocol_ms": round((self.protocol_done_at - self.detected_at) * 1e3, 3)}
+
+
+@dataclass
+class _Pair:
+    op: str
+    primary: Member | None = None
+    backup: Member | None = None
+    spare: Member | None = None
+    inflight: dict[int, list[Executed[np.ndarray]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Waiting:
+    stream: str
+    label: int
+    future: asyncio.Future[GraphAnswer]
+
+
+class GraphRuntime:
+    def __init__(self, graph: Graph, deployments: dict[str, Deployment], infer: Infer, *,
+                 keys: ServerKeys | None, clock: Callable[[], float],
+                 log_dir: Path | None = None, host: str = "127.0.0.1") -> None:
+        self.graph, self.clock, self._infer = graph, clock, infer
+        self.topology = graph.topology()
+        self.mode = graph.fault_tolerance
+        self._ops = {op.name: op for op in graph.operators}
+        self._deployments = deployments
+        self.router: GraphRouter[np.ndarray] = GraphRouter(self.topology, _combine)
+        if self.mode == "bare":  # nothing is ever durable, so nothing is held
+            self.router.commit = OutputCommit(())
+        self.link = WorkerLink(host, 0, keys=keys, on_reject=RejectLog())
+        self.launcher = MemberLauncher(self.link, keys, log_dir)
+        self.pairs = {op: _Pair(op) for op in self.topology.stateful}
+        self._members: dict[str, tuple[str, Member]] = {}
+        self._waiting: dict[int, _Waiting] = {}
+        self._released: deque[int] = deque()
+        self._clients = itertools.count(1)
+        self._bids = itertools.count(1)
+        self._stateless_busy = dict.fromkeys(self.topology.operators, 0)
+        self._recovery = asyncio.Lock()
+        self._paused = False
+        self.broken: str | None = None
+        self.failovers: list[FailoverRecord] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._monitor: asyncio.Task[None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 120.0) -> None:
+        self.link.start(self._on_message)
+        for pair in self.pairs.values():
+            pair.primary = self._launch(pair.op, "primary")
+            if self.mode != "bare":
+                pair.backup = self._launch(pair.op, "backup")
+                pair.spare = self._launch(pair.op, "backup")
+        await asyncio.wait_for(self._all_hellos(), timeout_s)
+        for pair in self.pairs.values():
+            if pair.backup is not None:
+                await self._attach(pair)
+        self._monitor = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _all_hellos(self) -> None:
+        for pair in self.pairs.values():
+            for member in (pair.primary, pair.backup, pair.spare):
+                if member is not None:
+                    await self._hello(member)
+
+    async def _hello(self, member: Member) -> dict[str, Any]:
+        while not member.hello.done():
+            if member.exited():
+                raise ModelLoadError(f"operator process {member.worker_id} exited with "
+                                     f"{member.popen.returncode} before it said hello")
+            await asyncio.sleep(0.02)
+        return member.hello.result()
+
+    def _launch(self, op: str, role: str) -> Member:
+        model = self._deployments[self._ops[op].model]
+        spec = hw.OperatorSpec(
+            worker_id=self.launcher.next_id(self.graph.name, op, role), op=op,
+            source=model.source, role=role, mode=self.mode, options=dict(model.options),
+            pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND))
+        member = self.launcher.start(spec, self.clock())
+        self._members[member.worker_id] = (op, member)
+        return member
+
+    async def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for _, member in list(self._members.values()):
+            self.launcher.forget(member)
+        for waiting in self._waiting.values():
+            if not waiting.future.done():
+                waiting.future.set_exception(Unavailable("the graph is shutting down"))
+        await self.link.close()
+
+    def ready(self) -> bool:
+        return self.broken is None and all(
+            p.primary is not None and p.primary.hello.done() for p in self.pairs.values())
+
+    # ---- queries ---------------------------------------------------------------------------
+    async def predict(self, rows: Sequence[np.ndarray], streams: Sequence[str],
+                      labels: Sequence[int], timeout_s: float) -> list[GraphAnswer]:
+        if self.broken is not None:
+            raise Unavailable(f"graph {self.graph.name!r} lost state it cannot rebuild: "
+                              f"{self.broken}")
+        loop = asyncio.get_running_loop()
+        futures = []
+        for row, stream, label in zip(rows, streams, labels, strict=True):
+            client = next(self._clients)
+            waiting = _Waiting(stream, label, loop.create_future())
+            self._waiting[client] = waiting
+            futures.append(waiting.future)
+            self.router.submit(client, row)
+        self._pump_all()
+        done, pending = await asyncio.wait(futures, timeout=timeout_s)
+        if pending:
+            raise DeadlineExceeded(f"graph {self.graph.name!r} did not answer within "
+                                   f"{timeout_s:g} s ({len(pending)} of {len(futures)} rows)")
+        return [f.result() for f in futures]
+
+    # ---- dispatch --------------------------------------------------------------------------
+    def _pump_all(self) -> None:
+        if self._paused:
+            return
+        for op in self.topology.operators:
+            if op in self.pairs:
+                self._pump_stateful(self.pairs[op])
+            else:
+                self._pump_stateless(op)
+
+    def _pump_stateful(self, pair: _Pair) -> None:
+        primary = pair.primary
+        if primary is None or primary.lost or not primary.hello.done():
+            return
+        manager = self.router.managers[pair.op]
+        while len(pair.inflight) < _IN_FLIGHT and manager.queued():
+            batch = self.router.batch(pair.op, self.graph.max_batch)
+            bid = next(self._bids)
+            pair.inflight[bid] = batch
+            self._send_batch(primary, bid, batch)
+
+    def _send_batch(self, primary: Member, bid: int, batch: list[Executed[np.ndarray]]) -> None:
+        from parityserve.core.hams import client_of
+
+        clients = [client_of(e.lineage) for e in batch]
+        desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
+        header = {"t": hw.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
+                  "streams": [self._waiting[c].stream if c in self._waiting else ""
+                              for c in clients],
+                  "labels": [self._waiting[c].label if c in self._waiting else -1
+                             for c in clients],
+                  "lineages": [hw.lineage_to_wire(e.lineage) for e in batch]}
+        self._send(primary, header, frames)
+
+    def _pump_stateless(self, op: str) -> None:
+        manager = self.router.managers[op]
+        while self._stateless_busy[op] < _IN_FLIGHT and manager.queued():
+            batch = self.router.batch(op, self.graph.max_batch)
+            self._stateless_busy[op] += 1
+            self._spawn(self._run_stateless(op, batch))
+
+    async def _run_stateless(self, op: str, batch: list[Executed[np.ndarray]]) -> None:
+        try:
+            rows = np.stack([e.arrival.payload for e in batch])
+            outputs = await self._infer(self._ops[op].model, rows)
+        except Exception as exc:  # the model path failed these rows for good: say so
+            self._fail_batch(batch, exc)
+        else:
+            for entry, row in zip(batch, outputs, strict=True):
+                self._output(op, entry, np.asarray(row))
+        finally:
+            self._stateless_busy[op] -= 1
+            self._pump_all()
+
+    def _output(self, op: str, entry: Executed[np.ndarray], row: np.ndarray) -> None:
+        """An operator answered ``entry``; ignored when a failover renumbered it since."""
+        if self.router.managers[op].current(entry.seq) is not entry or entry.done:
+            return
+        self._release(self.router.output(op, entry.seq, row))
+
+    def _fail_batch(self, batch: list[Executed[np.ndarray]], exc: Exception) -> None:
+        from parityserve.core.hams import client_of
+
+        for entry in batch:
+            waiting = self._waiting.pop(client_of(entry.lineage), None)
+            if waiting is not None and not waiting.future.done():
+                waiting.future.set_exception(exc)
+
+    def _release(self, held: list[Held[np.ndarray]]) -> None:
+        now = self.clock()
+        for reply in held:
+            self._note_first_reply(reply, now)
+            waiting = self._waiting.pop(reply.client, None)
+            if waiting is not None and not waiting.future.done():
+                seqs = {h.op: h.seq for h in reply.lineage}
+                waiting.future.set_result(GraphAnswer(reply.client, reply.reply, seqs))
+            self.router.collect(reply.client)
+            self._released.append(reply.client)
+            if len(self._released) > _RELEASED_KEPT:
+                self.router.commit.forget(self._released.popleft())
+
+    def _note_first_reply(self, reply: Held[np.ndarray], now: float) -> None:
+        for record in self.failovers:
+            if record.first_reply_at is None:
+                seq = seq_at(reply.lineage, record.op)
+                if seq is not None and seq > record.bounds.get(record.op, 0):
+                    record.first_reply_at = now
+
+    # ---- messages from operator processes --------------------------------------------------
+    def _on_message(self, worker_id: str, header: dict[str, Any], buffers: list[Any]) -> None:
+        found = self._members.get(worker_id)
+        if found is None:
+            return
+        op, member = found
+        kind = header["t"]
+        if kind == hw.BEAT:
+            member.last_beat = self.clock()
+        elif kind == hw.HELLO and not member.hello.done():
+            member.hello.set_result(header)
+        elif kind == hw.OUT:
+            self._on_outputs(self.pairs[op], member, header, buffers)
+        elif kind == hw.DURABLE:
+            self._on_durable(self.pairs[op], member, int(header["seq"]))
+        elif kind in (hw.PROMOTED, hw.ALLOW):
+            future = member.extra.pop(kind, None)
+            if future is not None and not future.done():
+                future.set_result(int(header.get("seq", 0)))
+        elif kind == hw.FAILED and not member.hello.done():
+            member.hello.set_exception(ModelLoadError(f"{op}: {header.get('error')}"))
+
+    def _on_outputs(self, pair: _Pair, member: Member, header: dict[str, Any],
+                    buffers: list[Any]) -> None:
+        batch = pair.inflight.pop(int(header["bid"]), None)
+        if member is not pair.primary or batch is None:
+            return
+        outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
+        for entry, row in zip(batch, outputs, strict=True):
+            self._output(pair.op, entry, row)
+        self._pump_all()
+
+    def _on_durable(self, pair: _Pair, member: Member, seq: int) -> None:
+        if member is not pair.backup:
+            return
+        self._release(self.router.notify(pair.op, seq))
+        for nxt in self.topology.stateful:
+            if pair.op in self.topology.prev_stateful(nxt):
+                backup = self.pairs[nxt].backup
+                if backup is not None:
+                    self._send(backup, {"t": hw.NOTIFY, "op": pair.op, "seq": seq})
+
+    def _send(self, member: Member, header: dict[str, Any], frames: list[Any] | None = None
+              ) -> None:
+        try:
+            self.link.send(member.worker_id, header, frames)
+        except Exception as exc:  # not connected (yet, or any more): the monitor decides
+            log.debug("cannot reach %s: %s", member.worker_id, exc)
+
+    async def _ask(self, member: Member, kind: str, header: dict[str, Any],
+                   timeout_s: float = 5.0) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        member.extra[kind] = future
+        self._send(member, header)
+        return await asyncio.wait_for(future, timeout_s)
+
+    # ---- backups ---------------------------------------------------------------------------
+    async def _attach(self, pair: _Pair) -> None:
+        """Make ``pair.backup`` the primary's backup: it admits only the primary's key and
+        learns how far upstream is durable, then the primary sends it its base state."""
+        assert pair.primary is not None and pair.backup is not None
+        hello = await self._hello(pair.backup)
+        key = pair.primary.keys.public.decode() if pair.primary.keys is not None else ""
+        durable = {m: self.router.commit.durable[m] for m in pair.backup.spec.pfm}
+        await self._ask(pair.backup, hw.ALLOW, {"t": hw.ALLOW, "key": key, "durable": durable})
+        self._send(pair.primary, {"t": hw.ATTACH, "address": hello["address"],
+                                  "key": hello.get("key", "")})
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- failure detection -----------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_CHECK_EVERY_S)
+            now = self.clock()
+            for op, member in list(self._members.values()):
+                how = self._loss(member, now)
+                if how is not None and member.lost is None:
+                    member.lost = how
+                    self._spawn(self._recover(op, member, how, now))
+
+    def _loss(self, member: Member, now: float) -> str | None:
+        if not member.hello.done():
+            return "exit" if member.exited() else None
+        if self.graph.detection == "exit" and member.exited():
+            return "exit"
+        if now - member.last_beat > self.graph.heartbeat_timeout_ms / 1000:
+            return "timeout"
+        return None
+
+    async def _recover(self, op: str, member: Member, how: str, detected_at: float) -> None:
+        async with self._recovery:
+            pair = self.pairs[op]
+            try:
+                if member is pair.primary:
+                    await self._primary_lost(pair, member, how, detected_at)
+                elif member is pair.backup:
+                    await self._backup_lost(pair, member)
+                elif member is pair.spare:
+                    self.launcher.forget(member)
+                    pair.spare = self._launch(op, "backup")
+            except Exception as exc:  # beyond the failure model: say so, stop accepting
+                log.exception("graph %s: recovery of %s failed", self.graph.name, op)
+                self._break(f"recovery of {op} failed: {exc}")
+            finally:
+                self._paused = False
+                self._pump_all()
+
+    async def _backup_lost(self, pair: _Pair, member: Member) -> None:
+        """H6: the primary goes on; the spare becomes the backup and gets the full state."""
+        self.launcher.forget(member)
+        pair.backup = None
+        await self._adopt_spare(pair)
+
+    async def _adopt_spare(self, pair: _Pair) -> None:
+        spare = pair.spare
+        if spare is None or spare.lost:
+            spare = self._launch(pair.op, "backup")
+        pair.backup, pair.spare = spare, self._launch(pair.op, "backup")
+        await self._attach(pair)
+
+    async def _primary_lost(self, pair: _Pair, member: Member, how: str,
+                            detected_at: float) -> None:
+        self._paused = True
+        self.launcher.forget(member)
+        record = FailoverRecord(pair.op, how, detected_at, member.pid)
+        if self.mode == "bare":
+            await self._restart_bare(pair, record)
+            return
+        resumed = {pair.op: await self._promote(pair)}
+        plan = await self._close_plan(resumed, record)
+        record.discarded_replies = len(self.router.apply(plan))
+        for op, seq in plan.bounds.items():
+            self.router.commit.durable.reset(op, seq)
+        record.bounds = dict(plan.bounds)
+        record.protocol_done_at = self.clock()
+        self.failovers.append(record)
+        self._paused = False
+        self._pump_all()
+        for op in plan.bounds:
+            if self.pairs[op].backup is None:
+                await self._adopt_spare(self.pairs[op])
+        log.warning("graph %s: %s primary lost (%s), backup promoted at %s; protocol %.1f ms",
+                    self.graph.name, pair.op, how, plan.bounds,
+                    (record.protocol_done_at - detected_at) * 1e3)
+
+    async def _close_plan(self, resumed: dict[str, int], record: FailoverRecord) -> Failover:
+        """Plan, roll back every operator the plan lists (promote its backup, or roll its
+        primary back in place when the backup is dead too), plan again with the points they
+        really resumed at, until the plan lists nothing new."""
+        while True:
+            applied = {op: self.router.commit.durable[op] for op in self.topology.stateful}
+            applied.update(resumed)
+            executed = {op: self.router.executed(op) for op in self.topology.operators}
+            executed[FRONTEND] = self.router.held()
+            plan = plan_failover(self.topology, resumed, applied, executed,
+                                 self.router.epoch + 1)
+            extra = [op for op in plan.bounds if op not in resumed]
+            if not extra:
+                return plan
+            for op in extra:
+                resumed[op] = await self._demote(self.pairs[op], record)
+
+    async def _promote(self, pair: _Pair) -> int:
+        backup = pair.backup
+        if backup is None or backup.lost or backup.exited():
+            raise Unavailable(f"{pair.op}: primary and backup both lost")
+        seq = await self._ask(backup, hw.PROMOTED, {"t": hw.PROMOTE})
+        pair.primary, pair.backup = backup, None
+        pair.inflight.clear()
+        return seq
+
+    async def _demote(self, pair: _Pair, record: FailoverRecord) -> int:
+        """A downstream operator built on discarded speculation rolls back too."""
+        backup, primary = pair.backup, pair.primary
+        if backup is not None and not backup.lost and not backup.exited():
+            if primary is not None:
+                self.launcher.forget(primary)
+            return await self._promote(pair)
+        assert primary is not None
+        record.rolled_back_in_place.append(pair.op)
+        pair.inflight.clear()
+        return await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK})
+
+    async def _restart_bare(self, pair: _Pair, record: FailoverRecord) -> None:
+        """No fault tolerance: a fresh primary with a fresh state; the requests the lost one
+        never answered run again on it (the state they had built is gone)."""
+        manager = self.router.managers[pair.op]
+        done = 0
+        for entry in manager.dispatched():
+            if not entry.done:
+                break
+            done = entry.seq
+        pair.inflight.clear()
+        pair.primary = self._launch(pair.op, "primary")
+        await self._hello(pair.primary)
+        self.router.apply(Failover(self.router.epoch + 1, (pair.op,), {pair.op: done},
+                                   (), (), False))
+        record.bounds = {pair.op: done}
+        record.protocol_done_at = self.clock()
+        self.failovers.append(record)
+
+    def _break(self, reason: str) -> None:
+        self.broken = reason
+        for client, waiting in list(self._waiting.items()):
+            if not waiting.future.done():
+                waiting.future.set_exception(Unavailable(reason))
+            del self._waiting[client]
+
+    # ---- inspection ------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        ops = {}
+        for op in self.topology.operators:
+            manager = self.router.managers[op]
+            entry: dict[str, Any] = {"last_seq": manager.last_seq, "queued": manager.queued(),
+                                     "stateful": op in self.pairs}
+            if op in self.pairs:
+                pair = self.pairs[op]
+                entry.update(durable=self.router.commit.durable[op]
+                             if self.mode != "bare" else None,
+                             inflight=len(pair.inflight),
+                             primary_pid=pair.primary.pid if pair.primary else None,
+                             backup_pid=pair.backup.pid if pair.backup else None,
+                             spare_pid=pair.spare.pid if pair.spare else None)
+            ops[op] = entry
+        return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
+                "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
+                "epoch": self.router.epoch, "operators": ops,
+                "failovers": [r.to_json() for r in self.failovers]}
+
+
+def _combine(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """A join's input: its predecessors' outputs side by side, flattened (H4)."""
+    return np.concatenate([np.ravel(p) for p in parts])

@@ -1,0 +1,98 @@
+"""The processes behind a stateful graph operator: launch, hello, liveness.
+
+A member is one operator process (a primary or a backup). Each gets a fresh CURVE keypair,
+bound to its id on the graph's link, so a process can speak only as itself. Loss is seen
+two ways, reported separately because they differ by an order of magnitude (H7): the
+process exits (``exit``: the frontend is its parent, so the kernel tells at once), or its
+heartbeats stop (``timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parityserve.runtime.hams_worker import OperatorSpec
+from parityserve.runtime.keys import ENV_VAR, ClientKeys, ServerKeys
+from parityserve.runtime.rpc import WorkerLink
+
+__all__ = ["Member", "MemberLauncher"]
+
+
+@dataclass
+class Member:
+    spec: OperatorSpec
+    popen: subprocess.Popen[bytes]
+    keys: ClientKeys | None
+    started_at: float
+    hello: asyncio.Future[dict[str, Any]]
+    last_beat: float = 0.0
+    lost: str | None = None  # how its loss was seen: "exit" or "timeout"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_id(self) -> str:
+        return self.spec.worker_id
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def kill(self) -> None:
+        """SIGKILL: a demoted or lost process gets no chance to send anything more."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+
+
+class MemberLauncher:
+    def __init__(self, link: WorkerLink, keys: ServerKeys | None, log_dir: Path | None) -> None:
+        self.link, self.keys, self.log_dir = link, keys, log_dir
+        self._count = 0
+
+    def start(self, spec: OperatorSpec, now: float) -> Member:
+        keys = self.keys.client() if self.keys is not None else None
+        if keys is not None:
+            self.link.expect(spec.worker_id, keys.public)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        env.pop(ENV_VAR, None)
+        if keys is not None:
+            env[ENV_VAR] = keys.to_env()  # never on the command line, which ps shows
+        cmd = [sys.executable, "-m", "parityserve.runtime.hams_worker",
+               "--connect", self.link.address, "--spec", spec.to_json()]
+        stderr = self._stderr(spec)
+        try:
+            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
+                                     start_new_session=True)
+        finally:
+            if stderr is not None:
+                os.close(stderr)
+        hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        return Member(spec, popen, keys, now, hello, last_beat=now)
+
+    def forget(self, member: Member) -> None:
+        """The member is gone: its id and key stop being accepted."""
+        member.kill()
+        if member.keys is not None and self.keys is not None:
+            self.keys.revoke(member.keys.public)
+        self.link.forget(member.worker_id)
+
+    def next_id(self, graph: str, op: str, role: str) -> str:
+        self._count += 1
+        return f"{graph}/{op}/{role}-{self._count}"
+
+    def _stderr(self, spec: OperatorSpec) -> int | None:
+        if self.log_dir is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{spec.worker_id.replace('/', '_')}.log"
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

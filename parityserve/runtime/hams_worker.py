@@ -1,0 +1,462 @@
+"""A stateful graph operator's process: the primary, or its hot backup (HAMS NSPB, §III-B).
+
+**Primary.** The frontend sends numbered batches. For each: compute (reads the state), send
+the outputs at once (``hams``: they do not depend on the update), wait until the previous
+state's copy is taken (H2), update (writes the state). The state manager thread then copies
+the state into a flat buffer while the next batch computes, and sends it to the backup
+directly, never through the frontend. At most one undelivered state is in flight; batches
+that finish meanwhile are folded into the next copy (``core.hams.PrimaryShipper``).
+
+**Backup.** Buffers the primary's states and applies one only when every upstream state it
+depends on is durable (Alg. 2, ``core.hams.BackupApplier``); then tells the primary
+(``applied``: the primary may free older copies, H5) and the frontend (``durable``: replies
+may leave, and the frontend tells the next stateful operators' backups).
+
+**Modes.** ``remus`` stops instead: copy after the update, send, wait for the backup's
+receipt, and only then release the outputs. ``bare`` keeps no backup at all.
+
+Threads: the main thread owns the frontend socket and the model; the state thread owns the
+socket to the backup. ``_mutex`` makes "update + number the batch" and "copy the state"
+exclusive, so a copy never sees half an update and always matches the sequence number the
+shipper gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from parityserve.core.hams import BackupApplier, CopyOrder, Hop, Lineage, PrimaryShipper, \
+    StateRecord
+from parityserve.errors import ModelLoadError, ProtocolError
+from parityserve.runtime import wire
+from parityserve.runtime.hams_state import FlatState
+from parityserve.runtime.keys import ClientKeys
+from parityserve.runtime.worker import keys_from_env
+
+__all__ = ["OperatorSpec", "lineage_from_wire", "lineage_to_wire", "main"]
+
+# message types on the frontend <-> operator and primary <-> backup links
+HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
+ATTACH, ALLOW, NOTIFY, DURABLE = "h.attach", "h.allow", "h.notify", "h.durable"
+PROMOTE, PROMOTED, ROLLBACK, STOP = "h.promote", "h.promoted", "h.rollback", "h.stop"
+STATE, RECEIVED, APPLIED, SLOW = "h.state", "h.recv", "h.applied", "h.slow"
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """Everything a stateful operator process needs; travels as JSON on the command line."""
+
+    worker_id: str
+    op: str
+    source: str
+    role: str  # "primary" | "backup"
+    mode: str = "hams"  # "hams" | "remus" | "bare"
+    options: dict[str, Any] = field(default_factory=dict)
+    pfm: tuple[str, ...] = ()  # previous stateful operators (whose durability we wait for)
+    heartbeat_s: float = 0.05
+    bind_host: str = "127.0.0.1"  # where a backup listens for its primary
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> OperatorSpec:
+        raw = orjson.loads(text)
+        raw["pfm"] = tuple(raw.get("pfm", ()))
+        return cls(**raw)
+
+
+def lineage_to_wire(lineage: Lineage) -> list[list[Any]]:
+    return [[h.pred, h.pred_seq, h.op, h.seq] for h in lineage]
+
+
+def lineage_from_wire(raw: Any) -> Lineage:
+    try:
+        return tuple(Hop(str(p), int(ps), str(o), int(s)) for p, ps, o, s in raw)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"bad lineage: {exc}") from exc
+
+
+class _Operator:
+    """The model and its live state, shared by both roles."""
+
+    def __init__(self, spec: OperatorSpec) -> None:
+        from parityserve.models.stateful import load_stateful
+
+        self.spec = spec
+        self.model = load_stateful(spec.source, spec.options)
+        self.state = self.model.initialize()
+
+    def compute(self, header: dict[str, Any], buffers: list[Any]) -> tuple[Any, Any]:
+        from parityserve.models.stateful import OperatorBatch
+
+        inputs = wire.unpack_payload(header["inputs"], buffers[:1])
+        batch = OperatorBatch.from_numpy(np.array(inputs), header.get("streams") or
+                                         [""] * len(inputs), header.get("labels"))
+        return self.model.compute(batch, self.state)
+
+
+class _Process:
+    """Sockets and the heartbeat, common to both roles."""
+
+    def __init__(self, spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> None:
+        self.spec, self.keys = spec, keys
+        self.ctx = zmq.Context.instance()
+        self.front = self.ctx.socket(zmq.DEALER)
+        self.front.setsockopt(zmq.IDENTITY, spec.worker_id.encode())
+        self.front.setsockopt(zmq.LINGER, 200)
+        if keys is not None:
+            self.front.curve_serverkey = keys.server_public
+            self.front.curve_publickey, self.front.curve_secretkey = keys.public, keys.secret
+        self.front.connect(connect)
+        self.last_beat = 0.0
+        self.running = True
+
+    def tell(self, header: dict[str, Any], buffers: list[Any] | None = None) -> None:
+        self.front.send_multipart(wire.encode(header, buffers), copy=False)
+
+    def beat_if_due(self) -> None:
+        if time.monotonic() - self.last_beat >= self.spec.heartbeat_s:
+            self.last_beat = time.monotonic()
+            self.tell({"t": BEAT})
+
+
+class Primary:
+    """Runs batches; ships states to the backup through the state thread."""
+
+    def __init__(self, proc: _Process, operator: _Operator, start_seq: int = 0) -> None:
+        self.proc, self.operator = proc, operator
+        self.mode = proc.spec.mode
+        self.mutex = threading.Lock()
+        self.copied = threading.Event()
+        self.copied.set()
+        self.shipper = PrimaryShipper(proc.spec.op, start_seq)
+        self.copies: dict[int, FlatState] = {start_seq: FlatState.capture(
+            start_seq, operator.state)}  # the retained copy (H5) and those in flight
+        self.received_upto = start_seq
+        self.receipt = threading.Condition()
+        self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
+        self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.pipe_out, pipe_in = _pipe(proc.ctx)
+        self.thread = threading.Thread(target=_StateThread(self, pipe_in).run, daemon=True,
+                                       name="state-manager")
+        if self.mode != "bare":
+            self.thread.start()
+
+    def handle(self, header: dict[str, Any], buffers: list[Any]) -> None:
+        kind = header["t"]
+        if kind == BATCH:
+            self.run_batch(header, buffers)
+        elif kind == ATTACH:
+            self._to_state_thread("attach", (header["address"], header["key"].encode()))
+        elif kind == ROLLBACK:
+            self.roll_back()
+        elif kind == SLOW:
+            self.slow_s = float(header.get("s", 0.0))
+
+    def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
+        outputs, pending = self.operator.compute(header, buffers)
+        seqs: list[int] = header["seqs"]
+        if self.mode == "hams":
+            self._send_outputs(header["bid"], outputs)  # early release (NSPB)
+        self.copied.wait()  # H2: the previous state's copy must not see this update
+        with self.mutex:
+            self.operator.model.update(self.operator.state, pending)
+            if self.mode == "bare":
+                order = None
+            else:
+                lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
+                order = self.shipper.batch_finished(lineages, seqs[-1])
+            if order is not None:
+                self.copied.clear()
+        if order is not None:
+            self._to_state_thread("order", order)
+        if self.mode == "remus":
+            self._await_receipt(seqs[-1])
+        if self.mode != "hams":
+            self._send_outputs(header["bid"], outputs)
+
+    def _await_receipt(self, seq: int) -> None:
+        """Remus: hold the outputs until the backup has the state they belong to."""
+        with self.receipt:
+            while self.received_upto < seq and self.proc.running:
+                self.receipt.wait(0.05)
+                self.proc.beat_if_due()
+
+    def _send_outputs(self, bid: int, outputs: Any) -> None:
+        array = outputs.detach().numpy() if hasattr(outputs, "detach") else np.asarray(outputs)
+        desc, frames = wire.pack_payload(np.ascontiguousarray(array))
+        self.proc.tell({"t": OUT, "bid": bid, "outputs": desc}, frames)
+
+    def roll_back(self) -> None:
+        """Fig. 6: this primary's backup died and a failover lists this operator. Roll back to
+        the copy the dead backup last applied (the promoted point, H5)."""
+        with self.mutex:
+            seq = self.shipper.retained_seq
+            self.copies[seq].install(self.operator.state)
+            self.shipper = PrimaryShipper(self.proc.spec.op, seq)
+            self.copies = {seq: self.copies[seq]}
+        self.proc.tell({"t": PROMOTED, "seq": seq})
+
+    def _to_state_thread(self, kind: str, value: Any) -> None:
+        self.orders.put((kind, value))
+        self.pipe_out.send(b"")
+
+
+class _StateThread:
+    """The primary's state manager: takes copies, sends them, hears receipts and applies."""
+
+    def __init__(self, primary: Primary, pipe: zmq.Socket[bytes]) -> None:
+        self.p, self.pipe = primary, pipe
+        self.backup: zmq.Socket[bytes] | None = None
+        self.poller = zmq.Poller()
+        self.poller.register(pipe, zmq.POLLIN)
+
+    def run(self) -> None:
+        while self.p.proc.running:
+            for sock, _ in self.poller.poll(100):
+                if sock is self.pipe:
+                    sock.recv()
+                    self._drain_orders()
+                elif self.backup is not None and sock is self.backup:
+                    self._hear(*wire.decode(sock.recv_multipart(copy=False)))
+
+    def _drain_orders(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                kind, value = self.p.orders.get_nowait()
+                if kind == "order":
+                    self._copy(value)
+                else:
+                    self._attach(*value)
+
+    def _copy(self, order: CopyOrder) -> None:
+        """Copy the state now: it is at rest (the update waits on ``copied``)."""
+        flat = FlatState.capture(order.seq, self.p.operator.state)
+        with self.p.mutex:
+            self.p.copies[order.seq] = flat
+            follow = self.p.shipper.copy_finished(order.seq)
+            self.p.copied.set()
+        self._follow(follow)
+
+    def _follow(self, order: CopyOrder | None) -> None:
+        """Send an existing copy, or take a new one (a receipt freed the slot)."""
+        while order is not None and not order.existing:
+            with self.p.mutex:  # at rest: no update can run while we hold the mutex
+                self.p.copies[order.seq] = FlatState.capture(order.seq, self.p.operator.state)
+                order = self.p.shipper.copy_finished(order.seq)
+        if order is not None:
+            self._send(self.p.copies[order.seq], order.lineages)
+
+    def _send(self, flat: FlatState, lineages: tuple[Lineage, ...], base: bool = False) -> None:
+        if self.backup is None:
+            return  # no backup yet: it is sent again when one attaches (lost_backup)
+        if self.p.slow_s:
+            time.sleep(self.p.slow_s)
+        header = {"t": STATE, "seq": flat.seq, "base": base, "layout": flat.layout,
+                  "lineages": [lineage_to_wire(lin) for lin in lineages]}
+        with contextlib.suppress(zmq.Again):
+            self.backup.send_multipart(wire.encode(header, [flat.frame()]), copy=False,
+                                       flags=zmq.NOBLOCK)
+
+    def _attach(self, address: str, key: bytes) -> None:
+        """A (new) backup: send it the retained copy as its base, then everything after."""
+        if self.backup is not None:
+            self.poller.unregister(self.backup)
+            self.backup.close(linger=0)
+        self.backup = _dealer(self.p.proc, address, key)
+        self.poller.register(self.backup, zmq.POLLIN)
+        with self.p.mutex:
+            base = self.p.copies[self.p.shipper.retained_seq]
+            order = self.p.shipper.lost_backup()
+        self._send(base, (), base=True)
+        self._follow(order)
+
+    def _hear(self, header: dict[str, Any], _buffers: list[Any]) -> None:
+        seq = int(header.get("seq", -1))
+        if header["t"] == RECEIVED:
+            with self.p.mutex:
+                order = self.p.shipper.received(seq)
+            with self.p.receipt:
+                self.p.received_upto = max(self.p.received_upto, seq)
+                self.p.receipt.notify_all()
+            self._follow(order)
+        elif header["t"] == APPLIED:
+            with self.p.mutex:
+                self.p.shipper.applied(seq)
+                keep = self.p.shipper.retained_seq
+                self.p.copies = {s: c for s, c in self.p.copies.items() if s >= keep}
+
+
+class Backup:
+    """Buffers states, applies them by Alg. 2, and reports what is durable."""
+
+    def __init__(self, proc: _Process, operator: _Operator) -> None:
+        self.proc, self.operator = proc, operator
+        self.applier: BackupApplier[FlatState] = BackupApplier(proc.spec.op, proc.spec.pfm)
+        self.seed: dict[str, int] = {}
+        self.public, secret = zmq.curve_keypair()
+        self.allowed: set[bytes] = set()
+        self.link = proc.ctx.socket(zmq.ROUTER)
+        self.link.setsockopt(zmq.LINGER, 0)
+        self.auth: ThreadAuthenticator | None = None
+        if proc.keys is not None:
+            self.auth = ThreadAuthenticator(proc.ctx)
+            self.auth.start()
+            self.auth.configure_curve_callback("*", credentials_provider=self)
+            self.link.curve_secretkey, self.link.curve_publickey = secret, self.public
+            self.link.curve_server = True
+        port = self.link.bind_to_random_port(f"tcp://{proc.spec.bind_host}")
+        self.address = f"tcp://{proc.spec.bind_host}:{port}"
+        self.primary_id: bytes | None = None
+
+    def callback(self, _domain: str, key: bytes) -> bool:  # the ZAP check for the primary
+        return key in self.allowed
+
+    def handle(self, header: dict[str, Any], _buffers: list[Any]) -> None:
+        kind = header["t"]
+        if kind == ALLOW:  # the primary's key, and how far upstream is durable already
+            self.allowed = {header["key"].encode()}
+            self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
+        elif kind == NOTIFY:
+            self._apply(self.applier.notify(header["op"], int(header["seq"])))
+
+    def hear(self, frames: list[Any]) -> None:
+        self.primary_id = frames[0].bytes
+        header, buffers = wire.decode(frames[1:])
+        if header["t"] != STATE or len(buffers) != 1:
+            return
+        seq = int(header["seq"])
+        flat = FlatState.received(seq, header["layout"], buffers[0])
+        self._reply(RECEIVED, seq)
+        if header.get("base"):
+            flat.install(self.operator.state)
+            self.applier = BackupApplier(self.proc.spec.op, self.proc.spec.pfm, seq, self.seed)
+            self._reply(APPLIED, seq)
+            self.proc.tell({"t": DURABLE, "seq": seq})
+            return
+        lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
+        self._apply(self.applier.receive(StateRecord(self.proc.spec.op, seq, lineages, flat)))
+
+    def _apply(self, ready: list[StateRecord[FlatState]]) -> None:
+        for record in ready:
+            record.tensors.install(self.operator.state)
+            self._reply(APPLIED, record.seq)
+            self.proc.tell({"t": DURABLE, "seq": record.seq})
+
+    def _reply(self, kind: str, seq: int) -> None:
+        if self.primary_id is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.link.send_multipart([self.primary_id, *wire.encode({"t": kind, "seq": seq})],
+                                         flags=zmq.NOBLOCK)
+
+    def promote(self) -> Primary:
+        """Become the primary at the state last applied; buffered states die with the old
+        primary (they were never durable)."""
+        seq = self.applier.applied_seq
+        self.link.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.proc.tell({"t": PROMOTED, "seq": seq})
+        return Primary(self.proc, self.operator, start_seq=seq)
+
+
+def _pipe(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A wake-up line from the main thread to the state thread."""
+    name = f"inproc://state-{id(ctx)}-{time.monotonic_ns()}"
+    inside = ctx.socket(zmq.PAIR)
+    inside.bind(name)
+    outside = ctx.socket(zmq.PAIR)
+    outside.connect(name)
+    return outside, inside
+
+
+def _dealer(proc: _Process, address: str, key: bytes) -> zmq.Socket[bytes]:
+    sock = proc.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if proc.keys is not None:
+        sock.curve_serverkey = key
+        sock.curve_publickey, sock.curve_secretkey = proc.keys.public, proc.keys.secret
+    sock.connect(address)
+    return sock
+
+
+def serve(spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> int:
+    """Load, say hello, and serve until told to stop (or killed: the point of HAMS)."""
+    import torch
+
+    torch.set_num_threads(1)
+    operator = _Operator(spec)
+    proc = _Process(spec, connect, keys)
+    role: Primary | Backup = Primary(proc, operator) if spec.role == "primary" else \
+        Backup(proc, operator)
+    hello = {"t": HELLO, "role": spec.role, "pid": os.getpid()}
+    if isinstance(role, Backup):
+        hello.update(address=role.address, key=role.public.decode())
+    proc.tell(hello)
+    try:
+        _loop(proc, role)
+    finally:
+        proc.running = False
+    return 0
+
+
+def _loop(proc: _Process, role: Primary | Backup) -> None:
+    poller = zmq.Poller()
+    poller.register(proc.front, zmq.POLLIN)
+    if isinstance(role, Backup):
+        poller.register(role.link, zmq.POLLIN)
+    while proc.running:
+        for sock, _ in poller.poll(int(proc.spec.heartbeat_s * 1000)):
+            if sock is proc.front:
+                header, buffers = wire.decode(proc.front.recv_multipart(copy=False))
+                if header["t"] == STOP:
+                    return
+                if header["t"] == PROMOTE and isinstance(role, Backup):
+                    poller.unregister(role.link)
+                    role = role.promote()
+                    continue
+                role.handle(header, buffers)
+            elif isinstance(role, Backup):
+                role.hear(sock.recv_multipart(copy=False))
+        proc.beat_if_due()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="parityserve-operator", description=__doc__)
+    parser.add_argument("--connect", required=True, help="frontend address, tcp://HOST:PORT")
+    parser.add_argument("--spec", required=True, help="OperatorSpec as JSON")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if sys.platform.startswith("linux"):  # die with the frontend: no orphaned operators
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    spec = OperatorSpec.from_json(args.spec)
+    keys = keys_from_env()
+    try:
+        return serve(spec, args.connect, keys)
+    except ModelLoadError as exc:
+        print(f"parityserve operator {spec.worker_id}: {exc}", file=sys.stderr, flush=True)
+        sock = _Process(spec, args.connect, keys)
+        sock.tell({"t": FAILED, "error": str(exc)})
+        sock.front.close(linger=2000)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
