@@ -27,14 +27,16 @@ feedback, one optimiser step per batch.
 """
 
 from parityserve.models._stateful_base import (
+    OperatorBatch,
     State,
     StateBuffer,
     StateCopyTimeout,
     StatefulOperator,
     run_batch,
+    state_nbytes,
     writes_during_compute,
 )
 from parityserve.models._stateful_ops import OnlineMLP
 
-__all__ = ["OnlineMLP", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
-           "run_batch", "writes_during_compute"]
+__all__ = ["OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
+           "StatefulOperator", "run_batch", "state_nbytes", "writes_during_compute"]
