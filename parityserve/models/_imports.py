@@ -1,8 +1,11 @@
-"""Resolving ``pkg.mod:Name`` references and file paths named in a model source."""
+"""Resolving ``pkg.mod:Name`` and ``path/file.py:Name`` references and file paths named in a
+model source."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,11 +17,17 @@ __all__ = ["import_object", "instantiate", "resolve_file"]
 
 
 def import_object(ref: str, *, base_dir: Path | None = None) -> Any:
-    """Import ``pkg.mod:Name``. Modules next to the config file (``base_dir``) are importable."""
+    """Import ``pkg.mod:Name`` or ``path/file.py:Name``. Modules next to the config file
+    (``base_dir``) are importable, and a relative file path resolves against it."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
-        raise ModelLoadError(f"expected 'package.module:Name', got {ref!r}")
-    module = _import_module(module_name, base_dir)
+        raise ModelLoadError(
+            f"expected 'package.module:Name' or 'path/file.py:Name', got {ref!r}"
+        )
+    if module_name.endswith(".py"):
+        module = _import_file(resolve_file(module_name, base_dir, what="Python file"))
+    else:
+        module = _import_module(module_name, base_dir)
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -36,6 +45,29 @@ def _import_module(name: str, base_dir: Path | None) -> Any:
             f"cannot import module {name!r}: {type(exc).__name__}: {exc}; is it installed, "
             "on PYTHONPATH, or next to the config file?"
         ) from exc
+
+
+def _import_file(path: Path) -> Any:
+    """Run a ``.py`` file as a module, once per absolute path; its folder becomes importable
+    (appended, as for ``base_dir``), so it can import the modules beside it."""
+    path = path.resolve()
+    digest = hashlib.blake2b(str(path).encode("utf-8", "surrogatepass"), digest_size=6)
+    name = f"parityserve_file_{path.stem}_{digest.hexdigest()}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it, as import does: dataclasses look it up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # running the file runs user code: anything can come out
+        del sys.modules[name]
+        raise ModelLoadError(f"cannot import {path}: {type(exc).__name__}: {exc}") from exc
+    return module
 
 
 def instantiate(factory: Any, options: Mapping[str, Any], *, source: str) -> Any:

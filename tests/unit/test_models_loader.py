@@ -230,6 +230,25 @@ def test_python_module_next_to_the_config(tmp_path: Path) -> None:
     assert model.predict([1, 2]) == [2, 3]
 
 
+def test_python_file_source_relative_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "ps_helper_xyz.py").write_text("STEP = 5\n")
+    (tmp_path / "models" / "plus.py").write_text(
+        "from ps_helper_xyz import STEP\n\n"
+        "class Plus:\n    def predict(self, batch):\n        return [x + STEP for x in batch]\n"
+    )
+    model = load_model("python:models/plus.py:Plus", base_dir=tmp_path)
+    assert model.predict([1, 2]) == [6, 7]  # the file's folder is importable: the helper
+
+
+def test_python_file_that_fails_to_run_or_is_absent(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no GPU here')\n")
+    with pytest.raises(ModelLoadError, match=r"broken.py: RuntimeError: no GPU here"):
+        load_model("python:broken.py:Model", base_dir=tmp_path)
+    with pytest.raises(ModelLoadError, match=r"Python file .*absent.py does not exist"):
+        load_model("python:absent.py:Model", base_dir=tmp_path)
+
+
 def test_python_model_returning_too_few_outputs() -> None:
     model = load_model(f"python:{__name__}:ShortChanged")
     with pytest.raises(PredictError, match="2 outputs for 3 queries"):

@@ -1,11 +1,13 @@
-"""The stateful operator API on a real model: the MNIST MLP learning online."""
+"""The stateful operator API: the batch type, the MNIST MLP learning online (on real data
+where PARITYSERVE_DATA is set), and the per-stream LSTM (tiny sizes, random inputs)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 if TYPE_CHECKING:
@@ -13,12 +15,15 @@ if TYPE_CHECKING:
 
 torch = pytest.importorskip("torch")
 
+from parityserve.models import stateful  # noqa: E402
 from parityserve.models.datasets import load_mnist  # noqa: E402
 from parityserve.models.stateful import (  # noqa: E402
     OnlineMLP,
+    OperatorBatch,
     StateBuffer,
     StateCopyTimeout,
     run_batch,
+    state_nbytes,
     writes_during_compute,
 )
 
@@ -92,3 +97,91 @@ def test_without_noise_the_step_is_deterministic(data_dir: Path) -> None:
     run_batch(a, batch, sa, go())
     run_batch(b, batch, sb, go())
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- OperatorBatch ------------------------------------------------------------------------
+
+
+def test_public_names() -> None:
+    assert sorted(stateful.__all__) == sorted([
+        "OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
+        "StatefulOperator", "run_batch", "state_nbytes", "writes_during_compute"])
+
+
+def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:
+    images = np.arange(2 * 784, dtype=np.uint8).reshape(2, 1, 28, 28)[:, :, ::-1]  # strided
+    batch = OperatorBatch.from_numpy(images, np.array(["a", ""]), None)
+    assert batch.inputs.dtype == torch.float32 and batch.inputs.shape == (2, 1, 28, 28)
+    assert torch.equal(batch.inputs, torch.from_numpy(images.astype(np.float32)))
+    assert batch.streams == ("a", "") and type(batch.streams[0]) is str
+    assert batch.labels.dtype == torch.int64 and batch.labels.tolist() == [-1, -1]
+    read_only = np.zeros((1, 3), np.float32)
+    read_only.flags.writeable = False  # a frame straight off the socket: copied, no warning
+    assert OperatorBatch.from_numpy(read_only, ["s"], [3]).labels.tolist() == [3]
+    assert len(OperatorBatch.from_numpy(np.zeros((0, 3)), [], [])) == 0
+
+
+@pytest.mark.parametrize(("inputs", "streams", "labels", "match"), [
+    (np.zeros((2, 3)), ["a"], None, "one key per row: got 1 for 2 rows"),
+    (np.zeros((2, 3)), "ab", None, "sequence of str, one per row; got str"),
+    (np.zeros((2, 3)), ["a", 7], None, r"streams\[1\] must be a str"),
+    (np.zeros((2, 3)), ["a", "b"], [1], r"labels must have shape \[2\]"),
+    (np.zeros((2, 3)), ["a", "b"], [[1, 2]], r"labels must have shape \[2\]"),
+    (np.zeros((2, 3)), ["a", "b"], [1.0, 2.0], "labels must be integers.*float64"),
+    (np.zeros((2, 3)), ["a", "b"], [True, False], "labels must be integers.*bool"),
+    (np.zeros((2, 3)), ["a", "b"], [0, -2], "-1 for no label; got -2"),
+    (np.array([["x"], ["y"]]), ["a", "b"], None, "real numeric array.*<U1"),
+    (np.zeros((2, 3), np.complex64), ["a", "b"], None, "real numeric array.*complex64"),
+    (np.float32(1.0), [], None, r"shape \[n, ...\]; got dtype float32 with shape \(\)"),
+])
+def test_operator_batch_from_numpy_rejects(inputs: Any, streams: Any, labels: Any,
+                                           match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OperatorBatch.from_numpy(inputs, streams, labels)
+
+
+def test_operator_batch_checks_tensors_given_directly() -> None:
+    labels = torch.tensor([-1, 2])
+    with pytest.raises(ValueError, match="float32 tensor.*torch.float64"):
+        OperatorBatch(torch.zeros(2, 3, dtype=torch.float64), ("a", "b"), labels)
+    with pytest.raises(ValueError, match="int64 tensor; got torch.int32"):
+        OperatorBatch(torch.zeros(2, 3), ("a", "b"), labels.int())
+    with pytest.raises(ValueError, match="got 3 for 2 rows"):
+        OperatorBatch(torch.zeros(2, 3), ("a", "b", "c"), labels)
+    assert OperatorBatch(torch.zeros(2, 3), ["a", "b"], labels).streams == ("a", "b")  # a list
+
+
+def test_state_nbytes_counts_every_tensor() -> None:
+    state = {"w": torch.zeros(3, 4), "keys": torch.zeros(5, dtype=torch.int64)}
+    assert state_nbytes(state) == 3 * 4 * 4 + 5 * 8
+    assert state_nbytes(OnlineMLP().initialize()) == 2 * 4 * (784 * 200 + 200 + 200 * 100 + 100
+                                                               + 100 * 10 + 10)
+
+
+# --- OnlineMLP on OperatorBatch (random images: the API, not the learning) --------------------
+
+
+def test_online_mlp_takes_an_operator_batch_flat_or_as_images() -> None:
+    rng = np.random.default_rng(0)
+    images = rng.random((4, 1, 28, 28), dtype=np.float32)
+    labels = np.array([3, -1, 7, 0])
+    flat = OperatorBatch.from_numpy(images.reshape(4, 784), ["a", "b", "", "a"], labels)
+    square = OperatorBatch.from_numpy(images, ["a", "b", "", "a"], labels)
+    a, b, c = OnlineMLP(seed=7), OnlineMLP(seed=7), OnlineMLP(seed=7)
+    sa, sb, sc = a.initialize(), b.initialize(), c.initialize()
+    assert writes_during_compute(a, square, sa) == []
+    out = run_batch(a, flat, sa, go())
+    assert out.dtype == torch.int64 and out.shape == (4,)
+    assert torch.equal(run_batch(b, square, sb, go()), out)
+    assert torch.equal(run_batch(c, (flat.inputs, flat.labels), sc, go()), out)  # old form
+    assert all(torch.equal(sa[k], sb[k]) and torch.equal(sa[k], sc[k]) for k in sa)
+    assert not torch.equal(sa["0.weight"], OnlineMLP(seed=7).initialize()["0.weight"])
+
+
+def test_online_mlp_rejects_a_wrong_width_or_label_before_touching_state() -> None:
+    op = OnlineMLP(seed=8)
+    state = op.initialize()
+    with pytest.raises(ValueError, match=r"784 features per row .*got shape \[2, 1, 27, 27\]"):
+        op.compute(OperatorBatch.from_numpy(np.zeros((2, 1, 27, 27)), ["", ""], None), state)
+    with pytest.raises(ValueError, match="classes 0-9 .*got 10"):
+        op.compute(OperatorBatch.from_numpy(np.zeros((1, 784)), [""], [10]), state)

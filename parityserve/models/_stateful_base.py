@@ -1,0 +1,152 @@
+"""The stateful operator API's pieces (see ``parityserve.models.stateful``, which re-exports
+them): the operator protocol, the batch it takes, the compute/update gate, the state copy,
+and the write check."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["OperatorBatch", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
+           "run_batch", "state_nbytes", "writes_during_compute"]
+
+State = dict[str, Tensor]
+
+
+class StatefulOperator(Protocol):
+    def initialize(self) -> State: ...
+
+    def compute(self, batch: Any, state: State) -> tuple[Any, Any]: ...
+
+    def update(self, state: State, pending: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class OperatorBatch:
+    """One batch for a stateful operator, one entry per row: ``inputs`` (float32 [n, ...]),
+    ``streams`` (the row's stream or session key, ``""`` when it has none) and ``labels``
+    (int64 [n], -1 meaning no label). Invalid fields raise ``ValueError``."""
+
+    inputs: Tensor
+    streams: tuple[str, ...]
+    labels: Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inputs, Tensor) or self.inputs.dtype != torch.float32 \
+                or self.inputs.dim() < 1:
+            raise ValueError(f"inputs must be a float32 tensor of shape [n, ...]; got "
+                             f"{_describe(self.inputs)}")
+        _check_streams(self.streams, len(self.inputs))
+        object.__setattr__(self, "streams", tuple(str(s) for s in self.streams))
+        if not isinstance(self.labels, Tensor) or self.labels.dtype != torch.int64:
+            raise ValueError(f"labels must be an int64 tensor; got {_describe(self.labels)}")
+        _check_labels(self.labels.shape, len(self.inputs),
+                      int(self.labels.min()) if self.labels.numel() else -1)
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    @classmethod
+    def from_numpy(cls, inputs: np.ndarray, streams: Sequence[str],
+                   labels: Sequence[int] | np.ndarray | None = None) -> OperatorBatch:
+        """The batch from numpy frames: ``inputs`` of any real numeric dtype (cast to float32),
+        one ``str`` per row in ``streams``, and integer ``labels`` (``None``: all -1)."""
+        x = np.asarray(inputs)
+        if x.dtype.kind not in "fiu" or x.ndim < 1:
+            raise ValueError(f"inputs must be a real numeric array of shape [n, ...]; got "
+                             f"dtype {x.dtype} with shape {x.shape}")
+        n = x.shape[0]
+        _check_streams(streams, n)
+        y = np.full(n, -1, np.int64) if labels is None else _labels_array(labels, n)
+        # Writeable, C-ordered float32: torch shares the buffer and never warns about it.
+        x = np.require(x, np.float32, ["C", "W"])
+        return cls(torch.from_numpy(x), tuple(streams), torch.from_numpy(y))
+
+
+def _check_streams(streams: Sequence[str], n: int) -> None:
+    if isinstance(streams, str | bytes) or not isinstance(streams, Sequence | np.ndarray):
+        raise ValueError(f"streams must be a sequence of str, one per row; got "
+                         f"{type(streams).__name__}")
+    if len(streams) != n:
+        raise ValueError(f"streams must hold one key per row: got {len(streams)} for {n} rows")
+    for i, key in enumerate(streams):
+        if not isinstance(key, str):
+            raise ValueError(f"streams[{i}] must be a str (\"\" for no stream); got "
+                             f"{type(key).__name__}")
+
+
+def _labels_array(labels: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.size == 0 and y.ndim == 1:
+        y = y.astype(np.int64)  # [] comes out of asarray as float64
+    if y.dtype.kind not in "iu" or not np.can_cast(y.dtype, np.int64):
+        raise ValueError(f"labels must be integers (class indices, -1 for none); got dtype "
+                         f"{y.dtype}")
+    _check_labels(y.shape, n, int(y.min()) if y.size else -1)
+    return np.require(y, np.int64, ["C", "W"])
+
+
+def _check_labels(shape: Sequence[int], n: int, smallest: int) -> None:
+    if tuple(shape) != (n,):
+        raise ValueError(f"labels must have shape [{n}], one per row; got {list(shape)}")
+    if smallest < -1:
+        raise ValueError(f"labels must be class indices >= 0, or -1 for no label; got "
+                         f"{smallest}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"{value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__
+
+
+def state_nbytes(state: Mapping[str, Tensor]) -> int:
+    """Total bytes of the state tensors: what one state copy moves to the backup."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+class StateCopyTimeout(RuntimeError):
+    """The state manager never said the copy was done: the update must not run."""
+
+
+def run_batch(op: StatefulOperator, batch: Any, state: State, may_update: threading.Event,
+              timeout_s: float | None = None) -> Any:
+    """Compute, wait until the previous state is copied, update; return the outputs (they
+    may leave before the update: they do not depend on it)."""
+    outputs, pending = op.compute(batch, state)
+    if not may_update.wait(timeout_s):
+        raise StateCopyTimeout(f"no copy-done signal within {timeout_s} s; state unchanged")
+    op.update(state, pending)
+    return outputs
+
+
+class StateBuffer:
+    """Pre-allocated CPU copies of a state. ``capture`` uses ``dst.copy_(src)``, which
+    releases the GIL, so a state-manager thread overlaps the next compute (H11)."""
+
+    def __init__(self, state: Mapping[str, Tensor]) -> None:
+        self.tensors = {k: torch.empty_like(v, device="cpu") for k, v in state.items()}
+
+    def capture(self, state: Mapping[str, Tensor]) -> None:
+        for name, tensor in state.items():
+            self.tensors[name].copy_(tensor)
+
+    def install(self, state: Mapping[str, Tensor]) -> None:
+        """The backup's apply: overwrite the live state with these bytes, in place."""
+        with torch.no_grad():
+            for name, tensor in state.items():
+                tensor.copy_(self.tensors[name])
+
+
+def writes_during_compute(op: StatefulOperator, batch: Any, state: State) -> list[str]:
+    """The state tensors ``compute`` changed (it must change none): a BatchNorm left in train
+    mode shows up here."""
+    before = {k: v.detach().clone() for k, v in state.items()}
+    op.compute(batch, state)
+    return sorted(k for k, v in state.items() if not torch.equal(before[k], v))
