@@ -361,14 +361,25 @@ class GraphRuntime:
 
     # ---- failure detection -----------------------------------------------------------------
     async def _watch(self) -> None:
+        last = self.clock()
         while True:
             await asyncio.sleep(_CHECK_EVERY_S)
             now = self.clock()
+            self._forgive_stall(now - last - _CHECK_EVERY_S)
+            last = now
             for op, member in list(self._members.values()):
                 how = self._loss(member, now)
                 if how is not None and member.lost is None:
                     member.lost = how
                     self._spawn(self._recover(op, member, how, now))
+
+    def _forgive_stall(self, stall_s: float) -> None:
+        """The frontend's own loop was held up (a fork, a garbage collection, a busy core):
+        heartbeats that arrived meanwhile are still unread, so that time counts against no
+        operator. Without this a stalled frontend declares healthy primaries dead."""
+        if stall_s > 0.02:
+            for _, member in self._members.values():
+                member.last_beat += stall_s
 
     def _loss(self, member: Member, now: float) -> str | None:
         if not member.hello.done():

@@ -10,6 +10,7 @@ heartbeats stop (``timeout``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,8 @@ class Member:
         """SIGKILL: a demoted or lost process gets no chance to send anything more."""
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=2)  # reaped: no zombie, no warning at exit
 
 
 class MemberLauncher:

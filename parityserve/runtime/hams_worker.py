@@ -332,6 +332,7 @@ class Backup:
         if kind == ALLOW:  # the primary's key, and how far upstream is durable already
             self.allowed = {header["key"].encode()}
             self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
+            self.proc.tell({"t": ALLOW})  # the frontend tells the primary to connect now
         elif kind == NOTIFY:
             self._apply(self.applier.notify(header["op"], int(header["seq"])))
 
