@@ -37,6 +37,8 @@ from parityserve.models._stateful_base import (
     writes_during_compute,
 )
 from parityserve.models._stateful_ops import OnlineMLP
+from parityserve.models._stream_lstm import StreamLSTM, StreamTableFull, stream_key
 
 __all__ = ["OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
-           "StatefulOperator", "run_batch", "state_nbytes", "writes_during_compute"]
+           "StatefulOperator", "StreamLSTM", "StreamTableFull", "run_batch", "state_nbytes",
+           "stream_key", "writes_during_compute"]
