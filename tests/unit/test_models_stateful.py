@@ -15,15 +15,18 @@ if TYPE_CHECKING:
 
 torch = pytest.importorskip("torch")
 
+from parityserve.errors import ModelLoadError  # noqa: E402
 from parityserve.models import stateful  # noqa: E402
 from parityserve.models.datasets import load_mnist  # noqa: E402
 from parityserve.models.stateful import (  # noqa: E402
+    STATEFUL_ZOO,
     OnlineMLP,
     OperatorBatch,
     StateBuffer,
     StateCopyTimeout,
     StreamLSTM,
     StreamTableFull,
+    load_stateful,
     run_batch,
     state_nbytes,
     stream_key,
@@ -107,9 +110,9 @@ def test_without_noise_the_step_is_deterministic(data_dir: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(stateful.__all__) == sorted([
-        "OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
-        "StatefulOperator", "StreamLSTM", "StreamTableFull", "run_batch", "state_nbytes",
-        "stream_key", "writes_during_compute"])
+        "STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
+        "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
+        "load_stateful", "run_batch", "state_nbytes", "stream_key", "writes_during_compute"])
 
 
 def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:
@@ -323,3 +326,86 @@ def test_stream_lstm_rejects_a_wrong_width_or_a_bare_tensor() -> None:
         op.compute(OperatorBatch.from_numpy(np.zeros((1, 4)), ["a"], None), state)
     with pytest.raises(TypeError, match="takes an OperatorBatch, got Tensor"):
         op.compute(ROWS, state)  # type: ignore[arg-type]
+
+
+# --- load_stateful ---------------------------------------------------------------------------
+
+
+class Counter:
+    """A python: source under test: counts the rows it has seen."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def initialize(self) -> dict[str, Tensor]:
+        return {"seen": torch.zeros(1, dtype=torch.int64)}
+
+    def compute(self, batch: OperatorBatch, state: dict[str, Tensor]) -> tuple[Tensor, int]:
+        return state["seen"] + self.step * len(batch), self.step * len(batch)
+
+    def update(self, state: dict[str, Tensor], pending: int) -> None:
+        state["seen"] += pending
+
+
+class NoUpdate:
+    def initialize(self) -> dict[str, Tensor]:
+        return {}
+
+    def compute(self, batch: Any, state: dict[str, Tensor]) -> tuple[Any, Any]:
+        return batch, None
+
+
+def test_stateful_zoo_names() -> None:
+    assert STATEFUL_ZOO == ("online-mlp", "stream-lstm")
+
+
+def test_load_stateful_from_the_zoo_with_options() -> None:
+    op = load_stateful("zoo:stream-lstm", {"input_size": 3, "hidden": 4, "max_streams": 2})
+    assert isinstance(op, StreamLSTM) and op.initialize()["h"].shape == (2, 4)
+    assert isinstance(load_stateful("zoo:online-mlp", {"lr": 0.01}), OnlineMLP)
+    assert isinstance(load_stateful("zoo:stream-lstm"), StreamLSTM)
+
+
+def test_load_stateful_from_a_python_module_and_a_file(tmp_path: Path) -> None:
+    op = load_stateful(f"python:{__name__}:Counter", {"step": 2})
+    state = op.initialize()
+    assert run_batch(op, rows("ab"), state, go()).tolist() == [4]
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "lstm_op.py").write_text(
+        "from parityserve.models.stateful import StreamLSTM\n\n"
+        "class Small(StreamLSTM):\n"
+        "    def __init__(self, **options):\n"
+        "        super().__init__(input_size=3, hidden=2, **options)\n")
+    small = load_stateful("python:ops/lstm_op.py:Small", {"max_streams": 3},
+                          base_dir=tmp_path)
+    assert small.initialize()["h"].shape == (3, 2)
+    absolute = load_stateful(f"python:{tmp_path / 'ops' / 'lstm_op.py'}:Small")
+    assert type(absolute) is type(small)  # one module per file, imported once
+
+
+@pytest.mark.parametrize(("source", "options", "match"), [
+    ("zoo:lstm", None, "unknown stateful operator 'zoo:lstm': the stateful zoo has "
+                       "zoo:online-mlp, zoo:stream-lstm"),
+    ("zoo:resnet20", None, "the stateful zoo has zoo:online-mlp"),
+    ("torch:pkg.mod:Net", None, "expected zoo:NAME with NAME one of online-mlp, stream-lstm, "
+                                "python:package.module:Class or python:path/file.py:Class"),
+    ("stream-lstm", None, "cannot load stateful operator source 'stream-lstm'"),
+    ("python:", None, "cannot load stateful operator source 'python:'"),
+    ("zoo:stream-lstm", {"hiden": 4}, "unknown option.* hiden; it accepts input_size, hidden, "
+                                      "outputs, max_streams, noise, seed"),
+    ("zoo:stream-lstm", {"hidden": -1}, "constructor raised ValueError: hidden must be an int"),
+    ("zoo:online-mlp", {"momentum": 0.9, "steps": 3}, "unknown option.* steps; it accepts lr"),
+    (f"python:{__name__}:Counter", {"step": 1, "x": 2}, "unknown option.* x; it accepts step"),
+    (f"python:{__name__}:NoUpdate", None, r"NoUpdate is not a stateful operator: it lacks "
+                                          r"update\(\); one defines initialize\(\)"),
+    (f"python:{__name__}:NoUpdate", {"bad": 1}, r"NoUpdate is not a stateful operator"),
+    (f"python:{__name__}:go", None, r"Event is not a stateful operator: it lacks "
+                                    r"initialize\(\), compute\(\), update\(\)"),
+    ("python:no_such_module_ps:Op", None, "cannot import module 'no_such_module_ps'"),
+    (f"python:{__name__}:Absent", None, "has no attribute 'Absent'"),
+    ("python:nowhere/op.py:Op", None, r"Python file nowhere/op.py does not exist"),
+])
+def test_load_stateful_errors_say_what_is_wrong(source: str, options: dict[str, Any] | None,
+                                                match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        load_stateful(source, options)
