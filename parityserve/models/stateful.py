@@ -22,8 +22,19 @@ during the forward pass, i.e. in ``compute``. The copy could then catch a half-u
 state. Freeze BN (``eval()``) while fine-tuning online, or compute the new statistics into
 ``pending`` and write them in ``update``. ``writes_during_compute`` finds such writes.
 
-``OnlineMLP`` is the example: an MNIST MLP fine-tuned by SGD with momentum on labelled
-feedback, one optimiser step per batch.
+**The batch.** The runtime hands ``compute`` an ``OperatorBatch``: float32 ``inputs``
+[n, ...], one stream (session) key per row (``""``: none) and int64 ``labels`` (-1: none);
+``OperatorBatch.from_numpy`` builds one from frames and raises ``ValueError`` on bad ones.
+``state_nbytes(state)`` is what each state copy moves.
+
+**The operators.** ``load_stateful(source, options)`` builds one: ``zoo:online-mlp``,
+``zoo:stream-lstm`` (``STATEFUL_ZOO``), ``python:pkg.mod:Class`` or
+``python:path/file.py:Class``.
+
+- ``OnlineMLP``: an MNIST MLP fine-tuned by SGD with momentum on labelled feedback, one
+  optimiser step per batch; it outputs the predicted class.
+- ``StreamLSTM``: an LSTM keeping each stream's (h, c) in a fixed table of ``max_streams``
+  slots; a new stream with the table full raises ``StreamTableFull`` from ``compute``.
 """
 
 from parityserve.models._stateful_base import (
@@ -36,7 +47,10 @@ from parityserve.models._stateful_base import (
     state_nbytes,
     writes_during_compute,
 )
+from parityserve.models._stateful_loader import STATEFUL_ZOO, load_stateful
 from parityserve.models._stateful_ops import OnlineMLP
+from parityserve.models._stream_lstm import StreamLSTM, StreamTableFull, stream_key
 
-__all__ = ["OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
-           "StatefulOperator", "run_batch", "state_nbytes", "writes_during_compute"]
+__all__ = ["STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
+           "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
+           "load_stateful", "run_batch", "state_nbytes", "stream_key", "writes_during_compute"]

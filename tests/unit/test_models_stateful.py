@@ -15,15 +15,21 @@ if TYPE_CHECKING:
 
 torch = pytest.importorskip("torch")
 
+from parityserve.errors import ModelLoadError  # noqa: E402
 from parityserve.models import stateful  # noqa: E402
 from parityserve.models.datasets import load_mnist  # noqa: E402
 from parityserve.models.stateful import (  # noqa: E402
+    STATEFUL_ZOO,
     OnlineMLP,
     OperatorBatch,
     StateBuffer,
     StateCopyTimeout,
+    StreamLSTM,
+    StreamTableFull,
+    load_stateful,
     run_batch,
     state_nbytes,
+    stream_key,
     writes_during_compute,
 )
 
@@ -104,8 +110,9 @@ def test_without_noise_the_step_is_deterministic(data_dir: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(stateful.__all__) == sorted([
-        "OnlineMLP", "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout",
-        "StatefulOperator", "run_batch", "state_nbytes", "writes_during_compute"])
+        "STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
+        "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
+        "load_stateful", "run_batch", "state_nbytes", "stream_key", "writes_during_compute"])
 
 
 def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:
@@ -185,3 +192,220 @@ def test_online_mlp_rejects_a_wrong_width_or_label_before_touching_state() -> No
         op.compute(OperatorBatch.from_numpy(np.zeros((2, 1, 27, 27)), ["", ""], None), state)
     with pytest.raises(ValueError, match="classes 0-9 .*got 10"):
         op.compute(OperatorBatch.from_numpy(np.zeros((1, 784)), [""], [10]), state)
+
+
+# --- StreamLSTM (input 3, hidden 4, outputs 2: tiny) ----------------------------------------
+
+ROWS = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+
+
+def lstm(**options: Any) -> StreamLSTM:
+    return StreamLSTM(**{"input_size": 3, "hidden": 4, "outputs": 2, "max_streams": 4,
+                         **options})
+
+
+def rows(streams: str, at: int = 0) -> OperatorBatch:
+    """A batch with one row per letter of ``streams`` ("." is a row with no stream), inputs
+    from ROWS[at:]."""
+    names = ["" if s == "." else s for s in streams]
+    return OperatorBatch(ROWS[at:at + len(names)].clone(), tuple(names),
+                         torch.full((len(names),), -1))
+
+
+def feed(op: StreamLSTM, state: dict[str, Tensor], *batches: OperatorBatch) -> Tensor:
+    return torch.cat([run_batch(op, batch, state, go()) for batch in batches])
+
+
+def test_stream_lstm_state_is_a_fixed_slot_table() -> None:
+    op = lstm(max_streams=5)
+    state = op.initialize()
+    assert {k: (tuple(v.shape), v.dtype) for k, v in state.items()} == {
+        "h": ((5, 4), torch.float32), "c": ((5, 4), torch.float32),
+        "keys": ((5,), torch.int64)}
+    assert state_nbytes(state) == 2 * 5 * 4 * 4 + 5 * 8
+    out = feed(op, state, rows("ab.a"))
+    assert out.shape == (4, 2) and out.dtype == torch.float32
+    assert state["keys"].tolist() == [stream_key("a"), stream_key("b"), 0, 0, 0]
+
+
+def test_stream_key_is_stable_non_zero_and_63_bit() -> None:
+    assert stream_key("a") == 2340832890917691671  # blake2b: the same in every process
+    keys = [stream_key(f"user-{i}") for i in range(200)] + [stream_key("\ud800")]
+    assert all(0 < k < 2**63 for k in keys) and len(set(keys)) == len(keys)
+
+
+def test_stream_lstm_compute_writes_no_state() -> None:
+    op = lstm()
+    state = op.initialize()
+    feed(op, state, rows("ab"))
+    assert writes_during_compute(op, rows("abc.a", at=1), state) == []
+
+
+def test_two_streams_keep_independent_state() -> None:
+    alone = lstm()
+    a_alone = feed(alone, alone.initialize(), rows("a", 0), rows("a", 2))
+    mixed = lstm()
+    out = feed(mixed, mixed.initialize(), rows("ab", 0), rows("ba", 1))
+    torch.testing.assert_close(out[[0, 3]], a_alone)  # a's rows: 0 and 2 of ROWS
+    assert not torch.equal(out[2], out[1])  # b's second step differs from its first
+
+
+def test_rows_of_one_stream_in_one_batch_chain_in_row_order() -> None:
+    one, two = lstm(), lstm()
+    s1, s2 = one.initialize(), two.initialize()
+    together = feed(one, s1, rows("aa"))
+    apart = feed(two, s2, rows("a", 0), rows("a", 1))
+    torch.testing.assert_close(together, apart)
+    torch.testing.assert_close(s1["h"], s2["h"])
+    torch.testing.assert_close(s1["c"], s2["c"])
+    assert not torch.allclose(together[0], together[1])
+
+
+def test_rows_without_a_stream_start_from_zero_and_are_not_kept() -> None:
+    op = lstm()
+    state = op.initialize()
+    out = feed(op, state, rows("..", 0), rows(".", 0))
+    torch.testing.assert_close(out[2], out[0])  # the same input from zeros, twice
+    assert not bool(state["keys"].any()) and not bool(state["h"].any())
+
+
+def test_state_installed_on_a_backup_with_the_same_seed_reproduces_the_outputs() -> None:
+    primary, backup = lstm(seed=3), lstm(seed=3)
+    p_state, b_state = primary.initialize(), backup.initialize()
+    feed(primary, p_state, rows("ab"), rows("a.c", 2))
+    buffer = StateBuffer(p_state)
+    buffer.capture(p_state)
+    buffer.install(b_state)
+    later = rows("cba", 3)
+    torch.testing.assert_close(feed(backup, b_state, later), feed(primary, p_state, later),
+                               rtol=0, atol=0)
+    assert all(torch.equal(p_state[k], b_state[k]) for k in p_state)
+
+
+def test_noise_makes_a_replay_diverge_and_no_noise_keeps_it_identical() -> None:
+    def replays(noise: float) -> list[Tensor]:
+        ops = [lstm(noise=noise, seed=4), lstm(noise=noise, seed=4)]
+        return [feed(op, op.initialize(), rows("ab"), rows("ba", 2)) for op in ops]
+
+    noisy = replays(1e-3)
+    assert not torch.equal(*noisy)
+    torch.testing.assert_close(*noisy, rtol=0, atol=0.1)  # noise, not another model
+    exact = replays(0.0)
+    assert torch.equal(*exact)
+
+
+def test_a_full_table_raises_and_leaves_the_state_unchanged() -> None:
+    op = lstm(max_streams=2)
+    state = op.initialize()
+    feed(op, state, rows("ab"))
+    before = {k: v.clone() for k, v in state.items()}
+    with pytest.raises(StreamTableFull, match=r"max_streams=2 .*stream 'c' is new"):
+        run_batch(op, rows("bc"), state, go())  # b is held; c finds no slot
+    assert all(torch.equal(before[k], v) for k, v in state.items())
+    assert isinstance(StreamTableFull("x"), RuntimeError)
+    feed(op, state, rows("ba.", 2))  # the held streams and streamless rows still run
+    assert state["keys"].tolist() == [stream_key("a"), stream_key("b")]
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"hidden": 0}, "hidden must be an int >= 1, got 0"),
+    ({"max_streams": 2.5}, "max_streams must be an int >= 1, got 2.5"),
+    ({"input_size": True}, "input_size must be an int >= 1, got True"),
+    ({"noise": -1e-3}, "noise must be a finite number >= 0, got -0.001"),
+    ({"noise": float("nan")}, "noise must be a finite number >= 0, got nan"),
+])
+def test_stream_lstm_rejects_bad_options(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        lstm(**options)
+
+
+def test_stream_lstm_rejects_a_wrong_width_or_a_bare_tensor() -> None:
+    op = lstm()
+    state = op.initialize()
+    with pytest.raises(ValueError, match=r"input_size=3\) takes 3 features .*got shape \[1, 4\]"):
+        op.compute(OperatorBatch.from_numpy(np.zeros((1, 4)), ["a"], None), state)
+    with pytest.raises(TypeError, match="takes an OperatorBatch, got Tensor"):
+        op.compute(ROWS, state)  # type: ignore[arg-type]
+
+
+# --- load_stateful ---------------------------------------------------------------------------
+
+
+class Counter:
+    """A python: source under test: counts the rows it has seen."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def initialize(self) -> dict[str, Tensor]:
+        return {"seen": torch.zeros(1, dtype=torch.int64)}
+
+    def compute(self, batch: OperatorBatch, state: dict[str, Tensor]) -> tuple[Tensor, int]:
+        return state["seen"] + self.step * len(batch), self.step * len(batch)
+
+    def update(self, state: dict[str, Tensor], pending: int) -> None:
+        state["seen"] += pending
+
+
+class NoUpdate:
+    def initialize(self) -> dict[str, Tensor]:
+        return {}
+
+    def compute(self, batch: Any, state: dict[str, Tensor]) -> tuple[Any, Any]:
+        return batch, None
+
+
+def test_stateful_zoo_names() -> None:
+    assert STATEFUL_ZOO == ("online-mlp", "stream-lstm")
+
+
+def test_load_stateful_from_the_zoo_with_options() -> None:
+    op = load_stateful("zoo:stream-lstm", {"input_size": 3, "hidden": 4, "max_streams": 2})
+    assert isinstance(op, StreamLSTM) and op.initialize()["h"].shape == (2, 4)
+    assert isinstance(load_stateful("zoo:online-mlp", {"lr": 0.01}), OnlineMLP)
+    assert isinstance(load_stateful("zoo:stream-lstm"), StreamLSTM)
+
+
+def test_load_stateful_from_a_python_module_and_a_file(tmp_path: Path) -> None:
+    op = load_stateful(f"python:{__name__}:Counter", {"step": 2})
+    state = op.initialize()
+    assert run_batch(op, rows("ab"), state, go()).tolist() == [4]
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "lstm_op.py").write_text(
+        "from parityserve.models.stateful import StreamLSTM\n\n"
+        "class Small(StreamLSTM):\n"
+        "    def __init__(self, **options):\n"
+        "        super().__init__(input_size=3, hidden=2, **options)\n")
+    small = load_stateful("python:ops/lstm_op.py:Small", {"max_streams": 3},
+                          base_dir=tmp_path)
+    assert small.initialize()["h"].shape == (3, 2)
+    absolute = load_stateful(f"python:{tmp_path / 'ops' / 'lstm_op.py'}:Small")
+    assert type(absolute) is type(small)  # one module per file, imported once
+
+
+@pytest.mark.parametrize(("source", "options", "match"), [
+    ("zoo:lstm", None, "unknown stateful operator 'zoo:lstm': the stateful zoo has "
+                       "zoo:online-mlp, zoo:stream-lstm"),
+    ("zoo:resnet20", None, "the stateful zoo has zoo:online-mlp"),
+    ("torch:pkg.mod:Net", None, "expected zoo:NAME with NAME one of online-mlp, stream-lstm, "
+                                "python:package.module:Class or python:path/file.py:Class"),
+    ("stream-lstm", None, "cannot load stateful operator source 'stream-lstm'"),
+    ("python:", None, "cannot load stateful operator source 'python:'"),
+    ("zoo:stream-lstm", {"hiden": 4}, "unknown option.* hiden; it accepts input_size, hidden, "
+                                      "outputs, max_streams, noise, seed"),
+    ("zoo:stream-lstm", {"hidden": -1}, "constructor raised ValueError: hidden must be an int"),
+    ("zoo:online-mlp", {"momentum": 0.9, "steps": 3}, "unknown option.* steps; it accepts lr"),
+    (f"python:{__name__}:Counter", {"step": 1, "x": 2}, "unknown option.* x; it accepts step"),
+    (f"python:{__name__}:NoUpdate", None, r"NoUpdate is not a stateful operator: it lacks "
+                                          r"update\(\); one defines initialize\(\)"),
+    (f"python:{__name__}:NoUpdate", {"bad": 1}, r"NoUpdate is not a stateful operator"),
+    (f"python:{__name__}:go", None, r"Event is not a stateful operator: it lacks "
+                                    r"initialize\(\), compute\(\), update\(\)"),
+    ("python:no_such_module_ps:Op", None, "cannot import module 'no_such_module_ps'"),
+    (f"python:{__name__}:Absent", None, "has no attribute 'Absent'"),
+    ("python:nowhere/op.py:Op", None, r"Python file nowhere/op.py does not exist"),
+])
+def test_load_stateful_errors_say_what_is_wrong(source: str, options: dict[str, Any] | None,
+                                                match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        load_stateful(source, options)
