@@ -9,6 +9,7 @@ and no (operator, sequence number) is ever seen with two different values.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -68,16 +69,22 @@ def ask_many(url: str, count: int, recorder: Recorder, workers: int = 4,
     images = rng.random((count, 784), dtype=np.float32)
 
     local = threading.local()
+    clients: list[Client] = []
 
     def one(i: int) -> dict:
         if not hasattr(local, "client"):
             local.client = Client(url, timeout=60)
+            clients.append(local.client)
         reply = local.client.predict_graph("online", images[i].tolist(), label=int(i % 10))
         recorder.record(reply)
         return reply
 
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(one, range(count)))
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, range(count)))
+    finally:
+        for client in clients:
+            client.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +95,8 @@ def hams_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
 
 
 def graph_state(url: str) -> dict:
-    return Client(url).state()["graphs"]["online"]
+    with Client(url) as client:
+        return client.state()["graphs"]["online"]
 
 
 def test_every_request_gets_one_reply_carrying_its_lineage(hams_server: RunningServer) -> None:
@@ -148,8 +156,11 @@ def test_a_frozen_primary_is_found_by_heartbeat_timeout(tmp_path: Path) -> None:
         assert len(replies) == 30 and not recorder.conflicts
         failover = graph_state(server.url)["failovers"][-1]
         assert failover["detection"] == "timeout"
+        with pytest.raises(ProcessLookupError):  # fenced: a frozen primary never comes back
+            os.kill(before["primary_pid"], signal.SIGCONT)
     finally:
-        os.kill(before["primary_pid"], signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(before["primary_pid"], signal.SIGKILL)
         server.stop()
 
 
@@ -198,7 +209,8 @@ def test_bad_graph_requests_get_clear_errors(hams_server: RunningServer) -> None
         assert response.status_code == status, (body, response.text)
         assert response.json()["error"]
     # the graph still serves after the bad requests
-    assert Client(hams_server.url).predict_graph("online", [0.5] * 784)["durable"]
+    with Client(hams_server.url) as client:
+        assert client.predict_graph("online", [0.5] * 784)["durable"]
 
 
 def test_a_model_that_is_both_stateful_and_stateless_is_refused() -> None:
