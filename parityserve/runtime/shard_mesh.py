@@ -10,7 +10,8 @@ client cannot leave a change on one shard):
 - **admin changes fan out.** A successful POST/PUT/PATCH/DELETE under ``/admin/`` is replayed,
   before its answer leaves, to every peer's control port with the admin token, so that when the
   caller gets its 2xx every shard has made the change (``x-parityserve-fanout`` says which peers
-  failed). It is appended to a journal that a restarted shard replays before it reports ready.
+  failed). It is appended to a journal that a restarted shard replays, through its own
+  control port, before its public listeners open (runtime/server.py).
   Why this channel and not the state store's pub/sub: it works with every store (memory and
   SQLite have no pub/sub), it reuses the admin routes' own validation and auth unchanged, and
   the caller learns synchronously whether the peers applied the change.
@@ -94,7 +95,8 @@ class ShardMesh:
         return alone
 
     async def started(self) -> None:
-        """A restarted shard applies, in order, the admin changes the others made."""
+        """A restarted shard applies, in order, the admin changes the others made. Called
+        once the control port serves and before the public listeners do."""
         if not (self.replay and self.journal.exists()):
             return
         for line in self.journal.read_bytes().splitlines():

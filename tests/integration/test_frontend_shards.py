@@ -33,12 +33,16 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         yield url, err
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def sharded_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Two shards with the admin API on a listener of its own, behind a token."""
-    with socket.socket() as probe:  # a free port for the admin listener
-        probe.bind(("127.0.0.1", 0))
-        admin_port = probe.getsockname()[1]
+    admin_port = _free_port()
     config = {"server": {"http_port": 0, "frontends": 2, "admin_host": "127.0.0.1",
                          "admin_port": admin_port},
               "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
@@ -161,6 +165,7 @@ def test_killed_shard_is_restarted_and_nothing_is_answered_twice(
         sharded: tuple[str, Path]) -> None:
     url, err = sharded
     index, pid, _ = _shard(url)
+    restarts = _restarts(url, index)
     outcomes: list[str] = []
     stop = threading.Event()
 
@@ -187,10 +192,31 @@ def test_killed_shard_is_restarted_and_nothing_is_answered_twice(
     # one outcome per request sent: an answer (200) or a connection error, nothing else
     assert set(outcomes) <= {"200", "connection error"}, set(outcomes)
     assert outcomes[-1] == "200" and outcomes.count("200") > 10
-    assert re.search(rf'parityserve_frontend_restarts_total{{shard="{index}"}} 1.0',
-                     httpx.get(url + "/metrics", timeout=10).text)
+    assert _restarts(url, index) == restarts + 1
     _until_ready(url)
     assert f"frontend shard {index} (pid {pid}) died (signal SIGKILL)" in err.read_text()
+
+
+def _restarts(url: str, index: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    match = re.search(rf'parityserve_frontend_restarts_total{{shard="{index}"}} (\S+)', text)
+    assert match, text
+    return float(match.group(1))
+
+
+def test_a_restarted_shard_replays_admin_changes_before_it_takes_queries(
+        sharded: tuple[str, Path]) -> None:
+    """The first request the restarted shard answers already sees a model deployed before
+    the kill: the journal is replayed before the shard listens on the public port."""
+    url, _ = sharded
+    deployed = httpx.post(url + "/admin/models", timeout=120,
+                          json={"name": "late", "source": "zoo:noop", "replicas": 1})
+    assert deployed.status_code == 201 and deployed.headers["x-parityserve-fanout"] == "all"
+    index, pid, _ = _shard(url)
+    os.kill(int(pid), signal.SIGKILL)
+    first = _first_from_restarted(url, "/v2/models/late/infer", index, pid)
+    assert first.status_code == 200, first.text
+    _until_ready(url)
 
 
 def _survivor_ready(url: str) -> httpx.Response:
@@ -205,14 +231,23 @@ def _survivor_ready(url: str) -> httpx.Response:
 
 
 def _wait_for_new_pid(url: str, index: str, old_pid: str) -> None:
+    _first_from_restarted(url, "/admin/state", index, old_pid)
+
+
+def _first_from_restarted(url: str, path: str, index: str, old_pid: str) -> httpx.Response:
+    """The first answer from shard ``index``'s new process to ``path`` (POST ``INFER`` to an
+    infer route, else GET), over fresh connections; the survivor's answers must be 200."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            seen_index, seen_pid, _ = _shard(url)
+            resp = (httpx.post(url + path, json=INFER, timeout=10) if path.endswith("/infer")
+                    else httpx.get(url + path, timeout=10))
         except httpx.TransportError:  # queued on the killed shard's socket: reset
             continue
+        seen_index, seen_pid = resp.headers["x-parityserve-shard"].split(":")
         if seen_index == index and seen_pid != old_pid:
-            return
+            return resp
+        assert resp.status_code == 200, resp.text
         time.sleep(0.05)
     raise AssertionError(f"shard {index} did not come back")
 
