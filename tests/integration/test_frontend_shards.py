@@ -11,24 +11,44 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as tg
 import yaml
+from conftest import wait_until
 from pydantic import ValidationError
 
 from parityserve.config import Server
 from parityserve.runtime.shards import cores_warning
 
 INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+# Exp3 over two models that disagree on every input: noop answers class 0, echo answers its
+# input, [1, 2], so class 1. With label 0 and feedback that names no query (so no selection
+# to correct for), each feedback is one Hedge step of eta against echo alone.
+BANDIT = {"name": "bandit", "models": ["noop", "echo"], "slo_ms": 3000, "default_output": -1,
+          "policy": "exp3", "policy_options": {"eta": 0.1, "min_weight": 1e-12}}
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    config = {"server": {"http_port": 0, "require_admin_token": False, "frontends": 2},
-              "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
+def grpc_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory, grpc_port: int
+            ) -> Iterator[tuple[str, Path]]:
+    config = {"server": {"http_port": 0, "grpc_port": grpc_port, "require_admin_token": False,
+                         "frontends": 2},
+              "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1},
+                         {"name": "echo", "source": "zoo:echo", "replicas": 1},
+                         # gRPC's alone, so that its batch counts are the gRPC test's
+                         {"name": "grpc-noop", "source": "zoo:noop", "replicas": 1}],
+              "applications": [BANDIT]}
     with _started(tmp_path_factory.mktemp("shards"), config) as (url, err):
         yield url, err
 
@@ -159,6 +179,50 @@ def test_metrics_aggregate_every_shard_with_a_label(sharded: tuple[str, Path]) -
     for shard in ("0", "1"):
         assert re.search(rf'parityserve_requests_total{{[^}}]*shard="{shard}"', text)
         assert f'parityserve_frontend_shard_up{{shard="{shard}"}} 1.0' in text
+
+
+def test_selection_state_is_one_for_all_shards(sharded: tuple[str, Path]) -> None:
+    """Feedback over fresh connections lands on both shards, and every answer's weights
+    count all the feedback so far, whichever shard took it: one state, not one per shard."""
+    url, _ = sharded
+    by_shard: Counter[str] = Counter()
+    for n in range(1, 201):
+        resp = httpx.post(url + "/bandit/update", timeout=30,
+                          json={"uid": "shared", "input": [1.0, 2.0], "label": 0})
+        assert resp.status_code == 200, resp.text
+        by_shard[resp.headers["x-parityserve-shard"].split(":")[0]] += 1
+        echo_share = 1 / (1 + np.exp(0.1 * n))  # log-weights 0 (noop) and -0.1 n (echo)
+        assert resp.json()["weights"]["echo"] == pytest.approx(echo_share), (n, by_shard)
+        if n >= 20 and len(by_shard) == 2:
+            break
+    assert len(by_shard) == 2, by_shard
+
+
+def test_grpc_on_the_shared_port_answers_from_both_shards(sharded: tuple[str, Path],
+                                                          grpc_port: int) -> None:
+    url, _ = sharded
+    calls = 40
+    for i in range(calls):  # a fresh client, so a fresh connection, each time
+        with tg.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            inp = tg.InferInput("x", [1, 2], "FP32")
+            inp.set_data_from_numpy(np.full((1, 2), i, np.float32))  # no two alike: no cache hit
+            assert client.infer("grpc-noop", [inp]).as_numpy("output").shape == (1,)
+    served: dict[str, int] = {}
+
+    def counted() -> bool:  # the workers' heartbeats report their batches every 0.2 s
+        served.update(_served(url, "grpc-noop"))
+        return sum(served.values()) == calls
+    wait_until(counted, timeout_s=30)
+    assert len(served) == 2 and all(served.values()), served
+
+
+def _served(url: str, model: str) -> dict[str, int]:
+    """Batches ``model``'s workers served, per shard that answered with its state."""
+    served = {}
+    for index, resp in _each_shard(url).items():
+        entry = next(m for m in resp.json()["models"] if m["name"] == model)
+        served[index] = sum(r["served"] for r in entry["replicas"])
+    return served
 
 
 def test_killed_shard_is_restarted_and_nothing_is_answered_twice(
