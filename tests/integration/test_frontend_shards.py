@@ -138,6 +138,18 @@ def test_admin_change_on_one_shard_is_seen_by_the_other(sharded: tuple[str, Path
         assert state.json()["models"][0]["parallelism"] == 1, f"shard {index}"
 
 
+def test_admin_state_reports_every_shard_in_one_answer(sharded: tuple[str, Path]) -> None:
+    url, _ = sharded
+    index, _pid, resp = _shard(url)
+    state = resp.json()
+    assert sorted(state["shards"]) == ["0", "1"]
+    # the top level is the answering shard's, as from one server; each shard's is its own
+    assert {k: v for k, v in state.items() if k != "shards"} == state["shards"][index]
+    assert state["shards"]["0"]["rpc_address"] != state["shards"]["1"]["rpc_address"]
+    for shard in state["shards"].values():
+        assert [m["name"] for m in shard["models"]] == ["noop", "echo", "grpc-noop"]
+
+
 def test_a_client_header_cannot_keep_an_admin_change_on_one_shard(
         sharded: tuple[str, Path]) -> None:
     """Only the loopback control port answers for one shard alone; on the public port a
@@ -153,6 +165,7 @@ def test_admin_on_its_own_listener_fans_out_behind_the_token(sharded_admin: str)
     change = {"parallelism": 1}
     stranger = httpx.post(url + "/admin/models/noop/parallelism", json=change, timeout=60)
     assert stranger.status_code == 401 and "x-parityserve-fanout" not in stranger.headers
+    assert httpx.get(url + "/admin/state", timeout=10).status_code == 401
     auth = {"authorization": f"Bearer {TOKEN}"}
     resp = httpx.post(url + "/admin/models/noop/parallelism", json=change, headers=auth,
                       timeout=60)
@@ -165,6 +178,8 @@ def test_admin_on_its_own_listener_fans_out_behind_the_token(sharded_admin: str)
         if len(seen) == 2:
             break
     assert seen == {"0": 1, "1": 1}
+    shards = state.json()["shards"]  # and in one answer, gathered behind the token
+    assert {i: shards[i]["models"][0]["parallelism"] for i in shards} == {"0": 1, "1": 1}
 
 
 def test_bad_admin_change_is_not_fanned_out(sharded: tuple[str, Path]) -> None:
@@ -217,10 +232,10 @@ def test_grpc_on_the_shared_port_answers_from_both_shards(sharded: tuple[str, Pa
 
 
 def _served(url: str, model: str) -> dict[str, int]:
-    """Batches ``model``'s workers served, per shard that answered with its state."""
+    """Batches ``model``'s workers served, per shard."""
     served = {}
-    for index, resp in _each_shard(url).items():
-        entry = next(m for m in resp.json()["models"] if m["name"] == model)
+    for index, state in httpx.get(url + "/admin/state", timeout=10).json()["shards"].items():
+        entry = next(m for m in state["models"] if m["name"] == model)
         served[index] = sum(r["served"] for r in entry["replicas"])
     return served
 
@@ -247,8 +262,11 @@ def test_killed_shard_is_restarted_and_nothing_is_answered_twice(
     time.sleep(0.5)
     os.kill(int(pid), signal.SIGKILL)
     try:
-        ready = _survivor_ready(url)
+        ready = _survivor(url, "/v2/health/ready")
         assert ready.status_code == 503 and ready.json()["code"] == "shards_not_ready"
+        state = _survivor(url, "/admin/state")
+        assert state.status_code == 200  # the dead shard is an entry, not a 500
+        assert "did not answer" in state.json()["shards"][index]["error"]
         _wait_for_new_pid(url, index, pid)
     finally:
         stop.set()
@@ -283,15 +301,15 @@ def test_a_restarted_shard_replays_admin_changes_before_it_takes_queries(
     _until_ready(url)
 
 
-def _survivor_ready(url: str) -> httpx.Response:
-    """Readiness as the survivor says it: connections still queued on the killed shard's
+def _survivor(url: str, path: str) -> httpx.Response:
+    """GET ``path`` as the survivor answers it: connections still queued on the killed shard's
     socket are reset by the kernel, so those tries are made again."""
     for _ in range(50):
         try:
-            return httpx.get(url + "/v2/health/ready", timeout=10)
+            return httpx.get(url + path, timeout=10)
         except httpx.TransportError:
             continue
-    raise AssertionError("no shard answered /v2/health/ready after the kill")
+    raise AssertionError(f"no shard answered {path} after the kill")
 
 
 def _wait_for_new_pid(url: str, index: str, old_pid: str) -> None:
