@@ -166,16 +166,18 @@ async def _run(config: ServingConfig, system: ServingSystem,
             socks.append(_bind("127.0.0.1", shard.control_port, reuse_port=True))
         servers = [_uvicorn(app, config, base_dir, system.metrics.connection_refused)
                    for app in apps]
-        tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
-                 for uv, sock in zip(servers, socks, strict=True)]
-        while not all(uv.started for uv in servers) and not any(t.done() for t in tasks):
-            await asyncio.sleep(0.01)
+        # A restarted shard replays the admin changes it missed through its control port (the
+        # last listener) before the public ones listen: the first connection the kernel hands
+        # it must already see what its peers see.
+        public = len(servers) - 1 if shard is not None else len(servers)
+        tasks = await _listen(servers[public:], socks[public:])
+        if shard is not None:
+            await shard.started()
+        tasks = await _listen(servers[:public], socks[:public]) + tasks
         if tune_gc:
             _tune_gc_for_serving()
         if grpc_server is not None:
             await grpc_server.start()
-        if shard is not None:
-            await shard.started()  # a restarted shard replays the admin changes it missed
         admin = _url(config, admin_sock) if admin_sock is not None else None
         on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin, grpc_url))
         await _wait_stop(tasks, servers, stop)
@@ -185,6 +187,16 @@ async def _run(config: ServingConfig, system: ServingSystem,
         await system.close()
         for sock in socks:
             sock.close()
+
+
+async def _listen(servers: list[uvicorn.Server], socks: list[socket.socket]
+                  ) -> list[asyncio.Task[None]]:
+    """Each server serving on its socket: their tasks, once all serve (or one has ended)."""
+    tasks = [asyncio.create_task(uv.serve(sockets=[sock]))
+             for uv, sock in zip(servers, socks, strict=True)]
+    while not all(uv.started for uv in servers) and not any(t.done() for t in tasks):
+        await asyncio.sleep(0.01)
+    return tasks
 
 
 # Young-generation collections every this many net allocations instead of CPython's 700.

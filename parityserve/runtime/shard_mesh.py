@@ -10,7 +10,8 @@ client cannot leave a change on one shard):
 - **admin changes fan out.** A successful POST/PUT/PATCH/DELETE under ``/admin/`` is replayed,
   before its answer leaves, to every peer's control port with the admin token, so that when the
   caller gets its 2xx every shard has made the change (``x-parityserve-fanout`` says which peers
-  failed). It is appended to a journal that a restarted shard replays before it reports ready.
+  failed). It is appended to a journal that a restarted shard replays, through its own
+  control port, before its public listeners open (runtime/server.py).
   Why this channel and not the state store's pub/sub: it works with every store (memory and
   SQLite have no pub/sub), it reuses the admin routes' own validation and auth unchanged, and
   the caller learns synchronously whether the peers applied the change.
@@ -19,6 +20,10 @@ client cannot leave a change on one shard):
   multiprocess mode: it needs its directory set before the first import, gauges need a per-metric
   aggregation mode, and a killed shard's files would have to be cleaned; a label keeps every
   metric exact, and ``sum without (shard)`` gives the total.
+- **``/admin/state`` gathers** every shard's state over the control ports: the answering
+  shard's fields at the top, as one server's (what existing clients read), and each shard's
+  whole state under ``shards``, keyed by index; a shard that does not answer (restarting,
+  hung) is an entry with an ``error``, not a failed request.
 - **readiness** is ready only when every shard is (a restarting shard makes it 503).
 
 Every response carries ``x-parityserve-shard: INDEX:PID``.
@@ -41,7 +46,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["SHARD_HEADER", "ShardMesh", "merge_metrics"]
+__all__ = ["SHARD_HEADER", "ShardMesh", "merge_metrics", "merge_states"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +99,8 @@ class ShardMesh:
         return alone
 
     async def started(self) -> None:
-        """A restarted shard applies, in order, the admin changes the others made."""
+        """A restarted shard applies, in order, the admin changes the others made. Called
+        once the control port serves and before the public listeners do."""
         if not (self.replay and self.journal.exists()):
             return
         for line in self.journal.read_bytes().splitlines():
@@ -113,6 +119,8 @@ class ShardMesh:
             return await self._metrics(app, scope, receive, send)
         if method == "GET" and path == "/v2/health/ready":
             return await self._ready(app, scope, receive, send)
+        if method == "GET" and path == "/admin/state":
+            return await self._state(app, scope, send)
         if method in _CHANGES and path.startswith("/admin/"):
             return await self._fan_out(app, scope, receive, send)
         return await app(scope, receive, send)
@@ -182,6 +190,19 @@ class ShardMesh:
         body = merge_metrics(texts, list(self.restarts))
         await _send_plain(send, 200, body, messages[0].get("headers", ()))
 
+    async def _state(self, app: ASGIApp, scope: Scope, send: Send) -> None:
+        messages = await _capture(app, scope, b"")
+        if messages[0]["status"] != 200:  # e.g. 401: the caller's token is checked here first
+            for message in messages:
+                await send(message)
+            return
+        own = orjson.loads(b"".join(m.get("body", b"") for m in messages[1:]))
+        peers = [i for i in range(len(self.control_ports)) if i != self.index]
+        answers = await asyncio.gather(*(self._request(i, "GET", "/admin/state", b"",
+                                                       _PEEK_TIMEOUT_S) for i in peers))
+        body = orjson.dumps(merge_states(self.index, own, dict(zip(peers, answers, strict=True))))
+        await _send_plain(send, 200, body, messages[0].get("headers", ()))
+
     async def _ready(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         messages = await _capture(app, scope, b"")
         peers = [i for i in range(len(self.control_ports)) if i != self.index]
@@ -217,6 +238,32 @@ def merge_metrics(texts: dict[int, str], restarts: Sequence[int]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed([*families.values(), restarted, up]))
     return generate_latest(registry)
+
+
+def merge_states(index: int, own: dict[str, Any], peers: dict[int, tuple[int, str]]
+                 ) -> dict[str, Any]:
+    """One ``/admin/state`` for all shards: shard ``index``'s own state at the top (so a
+    client written for one server reads it unchanged) and every shard's under ``shards``,
+    from each peer's (status, body); 0 is a peer that did not answer."""
+    shards = {index: own, **{peer: _peer_state(*answer) for peer, answer in peers.items()}}
+    return {**own, "shards": {str(i): shards[i] for i in sorted(shards)}}
+
+
+def _peer_state(status: int, text: str) -> dict[str, Any]:
+    """A peer's state, or an entry saying why there is none (a shard down or restarting
+    must not fail the whole document)."""
+    if status == 0:
+        return {"error": "did not answer on its control port (restarting or down)",
+                "status": status}
+    if status != 200:
+        return {"error": f"answered {status} on its control port", "status": status}
+    try:
+        state = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        state = None
+    if not isinstance(state, dict):
+        return {"error": "answered with a state that is not a JSON object", "status": status}
+    return state
 
 
 class _Fixed:

@@ -11,7 +11,8 @@ A shard that dies is restarted here, logged, and counted in
 its TCP connections, so their clients see the connection reset (or closed) with no answer;
 its workers die with it (PR_SET_PDEATHSIG), so nothing it accepted is answered later or twice.
 Requests on the other shards' connections are untouched, and new connections go to the live
-shards. The new shard replays the admin journal before it reports ready.
+shards. The new shard replays the admin journal before it listens on the public ports, so the
+first query it takes already sees every admin change its peers made.
 """
 
 from __future__ import annotations
