@@ -30,8 +30,16 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import Deployment, Graph
-from parityserve.core.hams import FRONTEND, Executed, Failover, GraphRouter, Held, \
-    OutputCommit, plan_failover, seq_at
+from parityserve.core.hams import (
+    FRONTEND,
+    Executed,
+    Failover,
+    GraphRouter,
+    Held,
+    OutputCommit,
+    plan_failover,
+    seq_at,
+)
 from parityserve.errors import DeadlineExceeded, ModelLoadError, Unavailable
 from parityserve.runtime import hams_worker as hw
 from parityserve.runtime import wire
@@ -168,9 +176,7 @@ class GraphRuntime:
             task.cancel()
         for _, member in list(self._members.values()):
             self.launcher.forget(member)
-        for waiting in self._waiting.values():
-            if not waiting.future.done():
-                waiting.future.set_exception(Unavailable("the graph is shutting down"))
+        self._break("the graph is shutting down")
         await self.link.close()
 
     def ready(self) -> bool:
@@ -292,9 +298,10 @@ class GraphRuntime:
         if found is None:
             return
         op, member = found
+        member.last_beat = self.clock()  # any message shows the process is alive
         kind = header["t"]
         if kind == hw.BEAT:
-            member.last_beat = self.clock()
+            pass
         elif kind == hw.HELLO and not member.hello.done():
             member.hello.set_result(header)
         elif kind == hw.OUT:
@@ -307,6 +314,7 @@ class GraphRuntime:
                 future.set_result(int(header.get("seq", 0)))
         elif kind == hw.FAILED and not member.hello.done():
             member.hello.set_exception(ModelLoadError(f"{op}: {header.get('error')}"))
+            member.hello.exception()  # the start raises it once, for the first member
 
     def _on_outputs(self, pair: _Pair, member: Member, header: dict[str, Any],
                     buffers: list[Any]) -> None:
@@ -371,6 +379,8 @@ class GraphRuntime:
                 how = self._loss(member, now)
                 if how is not None and member.lost is None:
                     member.lost = how
+                    log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
+                                op, member.worker_id, how, member.popen.poll())
                     self._spawn(self._recover(op, member, how, now))
 
     def _forgive_stall(self, stall_s: float) -> None:
@@ -507,6 +517,7 @@ class GraphRuntime:
         for client, waiting in list(self._waiting.items()):
             if not waiting.future.done():
                 waiting.future.set_exception(Unavailable(reason))
+                waiting.future.exception()  # retrieved: a client that left logs nothing
             del self._waiting[client]
 
     # ---- inspection ------------------------------------------------------------------------

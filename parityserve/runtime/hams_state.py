@@ -96,7 +96,7 @@ class FlatState:
                 tensor.copy_(views[name])
 
     def frame(self) -> memoryview:
-        return memoryview(self.buffer)
+        return self.buffer.data
 
     @property
     def nbytes(self) -> int:

@@ -39,8 +39,14 @@ import orjson
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from parityserve.core.hams import BackupApplier, CopyOrder, Hop, Lineage, PrimaryShipper, \
-    StateRecord
+from parityserve.core.hams import (
+    BackupApplier,
+    CopyOrder,
+    Hop,
+    Lineage,
+    PrimaryShipper,
+    StateRecord,
+)
 from parityserve.errors import ModelLoadError, ProtocolError
 from parityserve.runtime import wire
 from parityserve.runtime.hams_state import FlatState
@@ -115,7 +121,7 @@ class _Process:
 
     def __init__(self, spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> None:
         self.spec, self.keys = spec, keys
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.front = self.ctx.socket(zmq.DEALER)
         self.front.setsockopt(zmq.IDENTITY, spec.worker_id.encode())
         self.front.setsockopt(zmq.LINGER, 200)
