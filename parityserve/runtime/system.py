@@ -268,7 +268,7 @@ class ServingSystem:
         return ModelMetadata(path.name, (str(path.version),), path.platform, inputs, outputs)
 
     def is_ready(self) -> bool:
-        graphs_ready = self.graphs is not None and self.graphs.ready()
+        graphs_ready = self.graphs.ready() if self.graphs is not None else not self.config.graphs
         return graphs_ready and all(
             self._live(p) for p in self.models.values() if p.deployment.replicas)
 

@@ -78,6 +78,9 @@ class FakeSystem:
             raise errors.UnknownModel(f"no model {model!r} version {version}")
         return self.models[model]
 
+    def has_graph(self, name: str) -> bool:  # no stateful graphs here
+        return False
+
     def is_ready(self) -> bool:
         return self.ready
 

@@ -74,8 +74,51 @@ def test_graphs_and_applications_share_one_route_space() -> None:
         parse_config(data)
 
 
-def test_a_server_refuses_to_start_graphs_it_cannot_serve_yet() -> None:
+def test_a_stateful_operators_model_serves_nothing_else() -> None:
     from parityserve.runtime.system import ServingSystem
 
-    with pytest.raises(ConfigError, match=r"graphs \(stocks\).*not served yet"):
-        ServingSystem(parse_config(yaml.safe_load(GOOD)))
+    data = graph_config()
+    data["graphs"][0]["operators"][2]["model"] = "lstm"  # also stateless in 'side'
+    with pytest.raises(ConfigError, match=r"\['lstm'\] are stateful graph operators"):
+        ServingSystem(parse_config(data))
+
+
+def test_two_stateful_operators_need_two_model_entries() -> None:
+    from parityserve.runtime.system import ServingSystem
+
+    data = graph_config()
+    data["graphs"][0]["operators"][1]["model"] = "features"
+    data["graphs"][0]["operators"][0]["stateful"] = True
+    data["graphs"][0]["operators"][2]["model"] = "scorer"
+    data["graphs"][0]["operators"][3]["model"] = "lstm"
+    with pytest.raises(ConfigError, match="more than one stateful operator"):
+        ServingSystem(parse_config(data))
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({}, "exactly one of 'input' and 'input_batch'"),
+    ({"input": [1.0], "input_batch": [[1.0]]}, "exactly one of"),
+    ({"input_batch": []}, "non-empty list"),
+    ({"input": "text"}, "numbers"),
+    ({"input": []}, "non-empty"),
+    ({"input_batch": [[1.0], [1.0, 2.0]]}, "share one shape"),
+    ({"input_batch": [[1.0]], "labels": [1, 2]}, "one label per input"),
+    ({"input": [1.0], "ticker": 5}, "every stream must be a str"),
+    ({"input": [1.0], "label": 1.5}, "every label must be a int"),
+])
+def test_bad_graph_bodies_are_refused_with_the_reason(body: dict[str, Any], message: str
+                                                      ) -> None:
+    from parityserve.errors import RequestError
+    from parityserve.runtime.graphs import graph_items
+
+    with pytest.raises(RequestError, match=message):
+        graph_items(body, "ticker")
+
+
+def test_a_graph_body_names_each_rows_stream_and_label() -> None:
+    from parityserve.runtime.graphs import graph_items
+
+    rows, streams, labels = graph_items({"input": [1, 2], "ticker": "ibm", "label": 3}, "ticker")
+    assert rows[0].dtype.name == "float32" and streams == ["ibm"] and labels == [3]
+    rows, streams, labels = graph_items({"input_batch": [[1], [2]]}, "ticker")
+    assert len(rows) == 2 and streams == ["", ""] and labels == [-1, -1]

@@ -103,6 +103,9 @@ class FakeSystem:
             raise UnknownModel(f"model {model!r} has no version {version}")
         return meta
 
+    def has_graph(self, name: str) -> bool:  # no stateful graphs here
+        return False
+
     def is_ready(self) -> bool:
         return self.ready
 
