@@ -329,6 +329,7 @@ class GraphRuntime:
     def _on_durable(self, pair: _Pair, member: Member, seq: int) -> None:
         if member is not pair.backup:
             return
+        member.extra["synced"] = True  # it holds a full state: it may be promoted now
         self._release(self.router.notify(pair.op, seq))
         for nxt in self.topology.stateful:
             if pair.op in self.topology.prev_stateful(nxt):
@@ -477,6 +478,9 @@ class GraphRuntime:
         backup = pair.backup
         if backup is None or backup.lost or backup.exited():
             raise Unavailable(f"{pair.op}: primary and backup both lost")
+        if not backup.extra.get("synced"):  # H6: a new backup is no backup until seeded
+            raise Unavailable(f"{pair.op}: primary lost while its new backup was still "
+                              "receiving its first full state")
         seq = await self._ask(backup, hw.PROMOTED, {"t": hw.PROMOTE})
         pair.primary, pair.backup = backup, None
         pair.inflight.clear()
@@ -534,6 +538,7 @@ class GraphRuntime:
                              inflight=len(pair.inflight),
                              primary_pid=pair.primary.pid if pair.primary else None,
                              backup_pid=pair.backup.pid if pair.backup else None,
+                             backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,

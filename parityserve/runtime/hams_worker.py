@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,6 +158,7 @@ class Primary:
         self.receipt = threading.Condition()
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.deferred: deque[tuple[dict[str, Any], list[Any]]] = deque()  # Remus, waiting
         self.pipe_out, pipe_in = _pipe(proc.ctx)
         self.thread = threading.Thread(target=_StateThread(self, pipe_in).run, daemon=True,
                                        name="state-manager")
@@ -197,11 +199,20 @@ class Primary:
             self._send_outputs(header["bid"], outputs)
 
     def _await_receipt(self, seq: int) -> None:
-        """Remus: hold the outputs until the backup has the state they belong to."""
-        with self.receipt:
-            while self.received_upto < seq and self.proc.running:
-                self.receipt.wait(0.05)
-                self.proc.beat_if_due()
+        """Remus: hold the outputs until the backup has the state they belong to. Control
+        messages are still heard meanwhile (a new backup must be able to attach, or this
+        would wait forever); batches wait their turn in ``deferred``."""
+        while self.proc.running:
+            with self.receipt:
+                if self.received_upto >= seq:
+                    return
+            if self.proc.front.poll(5):
+                header, buffers = wire.decode(self.proc.front.recv_multipart(copy=False))
+                if header["t"] in (BATCH, STOP):
+                    self.deferred.append((header, buffers))
+                else:
+                    self.handle(header, buffers)
+            self.proc.beat_if_due()
 
     def _send_outputs(self, bid: int, outputs: Any) -> None:
         array = outputs.detach().numpy() if hasattr(outputs, "detach") else np.asarray(outputs)
@@ -428,6 +439,12 @@ def _loop(proc: _Process, role: Primary | Backup) -> None:
     if isinstance(role, Backup):
         poller.register(role.link, zmq.POLLIN)
     while proc.running:
+        if isinstance(role, Primary) and role.deferred:
+            header, buffers = role.deferred.popleft()
+            if header["t"] == STOP:
+                return
+            role.handle(header, buffers)
+            continue
         for sock, _ in poller.poll(int(proc.spec.heartbeat_s * 1000)):
             if sock is proc.front:
                 header, buffers = wire.decode(proc.front.recv_multipart(copy=False))

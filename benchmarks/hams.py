@@ -1,0 +1,419 @@
+"""HAMS on this machine: normal-case overhead, recovery after kill -9, and global consistency.
+
+The service is the issue's (a): an MNIST MLP fine-tuned online on every labelled request
+(``zoo:online-mlp``, with injected non-determinism), between a stateless feature operator and
+a stateless aggregator (``zoo:echo``, on the ordinary model path). Each mode runs in its own
+``parityserve start`` process; the load generator is this process (threads, one keep-alive
+HTTP client each), on the same 2 cores.
+
+* **overhead**: for every repetition, modes ``bare``, ``remus``, ``hams`` in rotating order;
+  each closed loop sends requests of B rows (one request = one operator batch of exactly B,
+  H13) for a fixed time per batch size; mean, p50, p99, rows/s, and ratios to ``bare``.
+* **recovery**: under a steady closed loop, SIGKILL the learner's primary, read the
+  frontend's failover record, split into detection / protocol / handover (H13), once with
+  exit-based and once with timeout-based detection (H7), several kills each.
+* **consistency**: random SIGKILLs of primaries and backups under load with noise on;
+  every (learner seq -> output) a client saw is checked for a second value, and every
+  request for exactly one reply.
+
+Results (JSON, markdown, plot, the command) go to ``--results-dir``; a stopped run resumes
+(finished parts are kept in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: python benchmarks/hams.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from benchmarks import _cli  # noqa: E402
+from benchmarks.frontend_cases import ROOT, default_data_dir  # noqa: E402
+from benchmarks.frontend_wrk import _free_port, _stop, _wait_listening  # noqa: E402
+from benchmarks.hams_analysis import (  # noqa: E402
+    ConsistencyOracle,
+    latency_summary,
+    overhead_rows,
+    recovery_phases,
+    render_markdown,
+)
+
+__all__ = ["build_parser", "main"]
+
+DESCRIPTION = __doc__.split("\n\n")[0]
+MODES = ("bare", "remus", "hams")
+Data = tuple[np.ndarray, np.ndarray]  # images, labels
+EXAMPLES = (
+    ("python -m benchmarks.hams --data-dir ../shared/data",
+     "full run: 3 reps x batch 1/8/32/64 x 3 modes, 10+10 kills, 1,000 random kills"),
+    ("python -m benchmarks.hams --quick", "check the harness in a few minutes"),
+    ("python -m benchmarks.hams --parts recovery --resume", "redo one part, keep the rest"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="short run (minutes)")
+    p.add_argument("--parts", default="overhead,recovery,consistency",
+                   help="comma list of overhead, recovery, consistency")
+    p.add_argument("--batches", default="1,8,32,64", help="batch sizes for the overhead")
+    p.add_argument("--seconds", type=float, help="closed-loop time per cell (10; quick 3)")
+    p.add_argument("--reps", type=int, help="repetitions of the overhead (3; quick 1)")
+    p.add_argument("--kills", type=int, help="kills per detection mode (10; quick 3)")
+    p.add_argument("--random-kills", type=int, help="consistency kills (1000; quick 20)")
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="shared data (MNIST test images; random images without it)")
+    p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams")
+    p.add_argument("--resume", action="store_true", help="keep parts already in the JSON")
+    p.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _cli.build_parser("hams", DESCRIPTION, _cli.examples(EXAMPLES), add_arguments)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _cli.main(build_parser(), argv)
+
+
+# ---- the service -----------------------------------------------------------------------
+def service_config(mode: str, detection: str = "exit", noise: float = 1e-4) -> dict[str, Any]:
+    return {"server": {"require_admin_token": False, "grpc_port": 0},
+            "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
+                       {"name": "learner", "source": "zoo:online-mlp",
+                        "options": {"noise": noise, "seed": 7}},
+                       {"name": "aggregate", "source": "zoo:echo", "replicas": 1}],
+            "graphs": [{"name": "online", "fault_tolerance": mode, "detection": detection,
+                        "max_batch": 64, "heartbeat_timeout_ms": 200,
+                        "operators": [
+                            {"name": "feat", "model": "features", "inputs": ["frontend"]},
+                            {"name": "learner", "model": "learner", "inputs": ["feat"],
+                             "stateful": True},
+                            {"name": "agg", "model": "aggregate", "inputs": ["learner"]}],
+                        "output": "agg"}]}
+
+
+class Server:
+    """``parityserve start`` on one mode's config, in its own process group."""
+
+    def __init__(self, config: dict[str, Any], folder: Path) -> None:
+        self.port = _free_port()
+        path = folder / f"hams-{self.port}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        cmd = [sys.executable, "-m", "parityserve.cli", "start", "-c", str(path),
+               "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=(folder / f"hams-{self.port}.log").open("wb"),
+                                     start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        _wait_listening(self.port, f"{self.url}/v2/health/ready", self.proc)
+
+    def graph(self) -> dict[str, Any]:
+        import httpx
+
+        return dict(httpx.get(f"{self.url}/admin/state", timeout=10).json()["graphs"]["online"])
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+def images(data_dir: Path | None, count: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST test images and their labels (the online learner's feedback), or random
+    images with random labels when the shared data is not there."""
+    from parityserve.errors import DataError
+    from parityserve.models.datasets import load_mnist
+
+    try:
+        x, y = load_mnist("test", data_dir=data_dir)
+        return x[:count], y[:count]
+    except (DataError, OSError):
+        rng = np.random.default_rng(0)
+        return rng.random((count, 784), dtype=np.float32), rng.integers(0, 10, count)
+
+
+class Load:
+    """Closed-loop clients, each sending requests of ``batch`` labelled rows."""
+
+    def __init__(self, url: str, data: Data, batch: int, clients: int,
+                 on_reply: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.url, self.batch, self.clients = url, batch, clients
+        self.xs, self.ys = data
+        self.on_reply = on_reply
+        self.latencies: list[float] = []
+        self.sent = self.errors = 0
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
+                        for i in range(clients)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    def _loop(self, seed: int) -> None:
+        import httpx
+
+        rng = np.random.default_rng(seed)
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                rows = rng.integers(0, len(self.xs), self.batch)
+                body = {"input_batch": self.xs[rows].tolist(),
+                        "labels": [int(y) for y in self.ys[rows]]}
+                start = time.perf_counter()
+                self.sent += self.batch
+                try:
+                    reply = client.post(f"{self.url}/online/predict", json=body)
+                    reply.raise_for_status()
+                except httpx.HTTPError:
+                    self.errors += self.batch
+                    continue
+                self.latencies.append(time.perf_counter() - start)
+                if self.on_reply is not None:
+                    for answer in reply.json():
+                        self.on_reply(answer)
+
+
+# ---- the parts -----------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    quick = args.quick
+    args.seconds = args.seconds or (3.0 if quick else 10.0)
+    args.reps = args.reps or (1 if quick else 3)
+    args.kills = args.kills or (3 if quick else 10)
+    args.random_kills = args.random_kills or (20 if quick else 1000)
+    out: Path = args.results_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "hams-quick" if quick else "hams"
+    json_path = out / f"{stem}.json"
+    state: dict[str, Any] = json.loads(json_path.read_text()) if args.resume and \
+        json_path.exists() else {}
+    state.update(command=_command(args), machine=_machine(),
+                 title="quick" if quick else "full run")
+    data = images(args.data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
+            if part in state and args.resume:
+                continue
+            state[part] = PARTS[part](args, data, Path(tmp))
+            _write(out, stem, state)
+    _write(out, stem, state)
+    print(render_markdown(state))
+    return 0
+
+
+def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> list[dict[str, Any]]:
+    batches = [int(b) for b in args.batches.split(",")]
+    cells: dict[str, dict[int, list[dict[str, Any]]]] = {m: {b: [] for b in batches}
+                                                         for m in MODES}
+    for rep in range(args.reps):
+        order = MODES[rep % 3:] + MODES[:rep % 3]  # rotate: no mode always goes first
+        for mode in order:
+            server = Server(service_config(mode), tmp)
+            try:
+                for batch in batches:
+                    cells[mode][batch].append(_closed_loop(server.url, data, batch,
+                                                           args.seconds))
+                    print(f"overhead rep {rep + 1} {mode} batch {batch}: "
+                          f"{cells[mode][batch][-1]['mean_ms']:.2f} ms", flush=True)
+            finally:
+                server.stop()
+    return overhead_rows(cells)
+
+
+def _closed_loop(url: str, data: Data, batch: int, seconds: float) -> dict[str, Any]:
+    with Load(url, data, batch, clients=1) as warm:  # warm-up, discarded
+        time.sleep(min(1.0, seconds / 3))
+    del warm
+    load = Load(url, data, batch, clients=1)
+    start = time.perf_counter()
+    with load:
+        time.sleep(seconds)
+    wall = time.perf_counter() - start
+    return latency_summary(load.latencies, len(load.latencies) * batch, wall)
+
+
+def recovery(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    results = {}
+    for name, mode, detection in (("hams, exit-based detection", "hams", "exit"),
+                                  ("hams, timeout-based detection (200 ms)", "hams", "timeout"),
+                                  ("remus, exit-based detection", "remus", "exit")):
+        server = Server(service_config(mode, detection), tmp)
+        try:
+            phases = [_one_kill(server, data) for _ in range(args.kills)]
+        finally:
+            server.stop()
+        results[name] = _phase_stats(phases)
+        print(f"recovery {name}: {results[name]['median']}", flush=True)
+    return results
+
+
+def _one_kill(server: Server, data: Data) -> dict[str, float | None]:
+    _await_spare(server)
+    with Load(server.url, data, batch=8, clients=2):
+        time.sleep(1.0)
+        before = server.graph()
+        killed_at = time.monotonic()  # CLOCK_MONOTONIC: the frontend's clock too
+        os.kill(before["operators"]["learner"]["primary_pid"], signal.SIGKILL)
+        time.sleep(1.5)
+    failovers = server.graph()["failovers"]
+    if len(failovers) <= len(before["failovers"]):
+        raise SystemExit("the kill produced no failover record")
+    return recovery_phases(killed_at, failovers[-1])
+
+
+def _await_spare(server: Server, timeout_s: float = 60) -> None:
+    """The next kill waits until a backup and a spare are up again (HAMS's failure model:
+    one failure per stateful operator at a time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        learner = server.graph()["operators"]["learner"]
+        if learner.get("backup_synced") and learner.get("spare_pid") and \
+                _alive(learner["backup_pid"]) and _alive(learner["spare_pid"]):
+            time.sleep(0.3)  # the spare's model loads after its process starts
+            return
+        time.sleep(0.1)
+    raise SystemExit("no backup and spare after a kill")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _phase_stats(phases: list[dict[str, float | None]]) -> dict[str, Any]:
+    keys = ("detection_ms", "protocol_ms", "handover_ms", "total_ms")
+    stats: dict[str, Any] = {"kills": len(phases), "each": phases}
+    for name, fn in (("median", median), ("max", max)):
+        stats[name] = {k: fn([p[k] for p in phases if p[k] is not None])
+                       if any(p[k] is not None for p in phases) else None for k in keys}
+    return stats
+
+
+def consistency(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    oracle = ConsistencyOracle()
+    lock = threading.Lock()
+    by_role = {"primary": 0, "backup": 0}
+    server = Server(service_config("hams", noise=1e-3), tmp)
+    rng = random.Random(11)
+
+    def record(reply: dict[str, Any]) -> None:
+        with lock:
+            oracle.record(reply, ("learner",))
+
+    try:
+        with Load(server.url, data, batch=4, clients=2, on_reply=record) as load:
+            for i in range(args.random_kills):
+                _await_spare(server)
+                role = rng.choice(("primary", "backup"))
+                pid = server.graph()["operators"]["learner"][f"{role}_pid"]
+                with contextlib.suppress(ProcessLookupError):  # replaced meanwhile
+                    os.kill(pid, signal.SIGKILL)
+                    by_role[role] += 1
+                time.sleep(rng.uniform(0.05, 0.3))
+                if (i + 1) % 10 == 0:
+                    print(f"consistency: {i + 1} kills, {len(oracle.conflicts)} conflicts",
+                          flush=True)
+            time.sleep(1.0)
+        sent, answered = load.sent, sum(oracle.answered.values())
+        broken = server.graph()["broken"]
+    finally:
+        server.stop()
+    return {"kills": args.random_kills, "by_role": by_role, "sent": sent,
+            "answered": answered, "lost": load.errors, "duplicates": oracle.duplicates(),
+            "pairs": len(oracle.seen), "conflicts": len(oracle.conflicts),
+            "conflict_examples": oracle.conflicts[:5], "broken": broken}
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {
+    "overhead": overhead, "recovery": recovery, "consistency": consistency}
+
+
+# ---- output --------------------------------------------------------------------------
+def _write(out: Path, stem: str, state: dict[str, Any]) -> None:
+    (out / f"{stem}.json").write_text(json.dumps(state, indent=1, default=float))
+    (out / f"{stem}.md").write_text(render_markdown(state))
+    (out / f"{stem}-command.txt").write_text(state["command"] + "\n")
+    if state.get("overhead"):
+        _plot(state, out / f"{stem}.png")
+
+
+def _plot(state: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = state["overhead"]
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, 2 if state.get("recovery") else 1, figsize=(11, 4),
+                             squeeze=False)
+    ax = axes[0][0]
+    width = 0.8 / len(MODES)
+    for i, mode in enumerate(MODES):
+        means = [next((r["mean_ms"] for r in rows if r["mode"] == mode and r["batch"] == b),
+                      np.nan) for b in batches]
+        ax.bar(np.arange(len(batches)) + i * width, means, width, label=mode)
+    ax.set_xticks(np.arange(len(batches)) + width, [str(b) for b in batches])
+    ax.set_xlabel("batch size (rows per request)")
+    ax.set_ylabel("mean latency, ms")
+    ax.set_title("normal case: mean latency per mode")
+    ax.legend()
+    if state.get("recovery"):
+        ax = axes[0][1]
+        names = list(state["recovery"])
+        for j, key in enumerate(("detection_ms", "protocol_ms", "handover_ms")):
+            vals = [state["recovery"][n]["median"][key] or 0 for n in names]
+            bottoms = [sum(state["recovery"][n]["median"][k] or 0 for k in
+                           ("detection_ms", "protocol_ms", "handover_ms")[:j]) for n in names]
+            ax.barh(range(len(names)), vals, left=bottoms, label=key.removesuffix("_ms"))
+        ax.set_yticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=7)
+        ax.set_xlabel("ms from kill -9 (median)")
+        ax.set_title("recovery, split as HAMS does")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = ["python", "-m", "benchmarks.hams"]
+    if args.quick:
+        parts.append("--quick")
+    if args.parts != "overhead,recovery,consistency":
+        parts += ["--parts", args.parts]
+    if args.data_dir is not None:
+        parts += ["--data-dir", os.path.relpath(Path(args.data_dir).resolve(), ROOT)]
+    return shlex.join(parts)
+
+
+def _machine() -> str:
+    return (f"{os.cpu_count()} cores; frontend, operator processes and this load generator "
+            "share them; CPU PyTorch, one thread per operator process")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The pure rules of ``benchmarks.hams``: percentiles, overhead ratios, recovery phases,
+the consistency oracle, and the markdown table. No I/O, so they have table tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ConsistencyOracle", "latency_summary", "overhead_rows", "recovery_phases",
+           "render_markdown"]
+
+
+def latency_summary(latencies_s: Sequence[float], rows: int, wall_s: float) -> dict[str, Any]:
+    """Mean, p50, p99 and p99.9 in ms with the sample count behind them, and rows/s."""
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    if not ms.size:
+        return {"n": 0}
+    return {"n": int(ms.size), "mean_ms": float(ms.mean()),
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "p999_ms": float(np.percentile(ms, 99.9)),
+            "rows_per_s": rows / wall_s if wall_s > 0 else 0.0}
+
+
+def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
+                  ) -> list[dict[str, Any]]:
+    """Per mode and batch size: the median over repetitions of each statistic, and the
+    ratio of the mean latency and of the throughput to ``bare``'s at the same batch size."""
+    out = []
+    bare = cells.get("bare", {})
+    for mode, by_batch in cells.items():
+        for batch, reps in sorted(by_batch.items()):
+            row: dict[str, Any] = {"mode": mode, "batch": batch, "reps": len(reps)}
+            for key in ("mean_ms", "p50_ms", "p99_ms", "rows_per_s", "n"):
+                row[key] = float(np.median([r[key] for r in reps])) if reps else float("nan")
+            base = bare.get(batch)
+            if base:
+                row["mean_vs_bare"] = row["mean_ms"] / float(np.median([r["mean_ms"]
+                                                                        for r in base]))
+                row["tput_vs_bare"] = row["rows_per_s"] / float(np.median([r["rows_per_s"]
+                                                                           for r in base]))
+            out.append(row)
+    return out
+
+
+def recovery_phases(killed_at: float, failover: Mapping[str, Any]) -> dict[str, float | None]:
+    """HAMS's split of one recovery, in ms: detection (kill -> noticed), protocol (noticed
+    -> backups promoted and lineage rolled back), handover (-> first reply committed
+    through the promoted primary), and the total from the kill."""
+    detected, protocol = failover["detected_at"], failover["protocol_done_at"]
+    first = failover.get("first_reply_at")
+    return {"detection_ms": (detected - killed_at) * 1e3,
+            "protocol_ms": (protocol - detected) * 1e3,
+            "handover_ms": None if first is None else (first - protocol) * 1e3,
+            "total_ms": None if first is None else (first - killed_at) * 1e3}
+
+
+@dataclass
+class ConsistencyOracle:
+    """Every (operator, seq) a client saw, and every client reply: two values for one
+    (operator, seq) is a conflict; a request answered twice or never is a loss."""
+
+    seen: dict[tuple[str, int], Any] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+    answered: dict[str, int] = field(default_factory=dict)
+
+    def record(self, reply: Mapping[str, Any], watched: Iterable[str]) -> None:
+        self.answered[reply["query_id"]] = self.answered.get(reply["query_id"], 0) + 1
+        for op in watched:
+            key = (op, int(reply["seqs"][op]))
+            value = _hashable(reply["output"])
+            if self.seen.setdefault(key, value) != value:
+                self.conflicts.append(f"{op}#{key[1]}: {self.seen[key]} then {value}")
+
+    def duplicates(self) -> int:
+        return sum(1 for n in self.answered.values() if n > 1)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+def render_markdown(result: Mapping[str, Any]) -> str:
+    lines = [f"# HAMS on this machine ({result.get('title', '')})", "",
+             f"Command: `{result.get('command', '')}`", "", result.get("machine", ""), ""]
+    if result.get("overhead"):
+        lines += ["## Normal-case overhead (closed loop, one request = one batch)", "",
+                  "| mode | batch | mean ms | p50 ms | p99 ms | rows/s | mean vs bare | "
+                  "rows/s vs bare | requests (median) | reps |", "|---" * 10 + "|"]
+        for r in result["overhead"]:
+            lines.append(
+                f"| {r['mode']} | {r['batch']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
+                f"{r['p99_ms']:.2f} | {r['rows_per_s']:.0f} | "
+                f"{_ratio(r.get('mean_vs_bare'))} | {_ratio(r.get('tput_vs_bare'))} | "
+                f"{r['n']:.0f} | {r['reps']} |")
+        lines.append("")
+    for name, rec in (result.get("recovery") or {}).items():
+        lines += [f"## Recovery after kill -9 of the stateful primary: {name}", "",
+                  "| | detection ms | protocol ms | handover ms | total ms |", "|---" * 5 + "|"]
+        for stat in ("median", "max"):
+            cells = [_ms(rec.get(stat, {}).get(k)) for k in
+                     ("detection_ms", "protocol_ms", "handover_ms", "total_ms")]
+            lines.append(f"| {stat} of {rec.get('kills', 0)} kills | " + " | ".join(cells) + " |")
+        lines.append("")
+    if result.get("consistency"):
+        c = result["consistency"]
+        lines += ["## Global consistency under random kills", "",
+                  f"- kills: {c['kills']} ({c['by_role']})",
+                  f"- requests sent: {c['sent']}, answered: {c['answered']}, lost: {c['lost']}, "
+                  f"answered twice: {c['duplicates']}",
+                  f"- (operator, seq) pairs seen: {c['pairs']}, conflicting: {c['conflicts']}",
+                  ""]
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
