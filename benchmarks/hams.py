@@ -7,8 +7,9 @@ a stateless aggregator (``zoo:echo``, on the ordinary model path). Each mode run
 HTTP client each), on the same 2 cores.
 
 * **overhead**: for every repetition, modes ``bare``, ``remus``, ``hams`` in rotating order;
-  each closed loop sends requests of B rows (one request = one operator batch of exactly B,
-  H13) for a fixed time per batch size; mean, p50, p99, rows/s, and ratios to ``bare``.
+  requests of B rows (one request = one operator batch of exactly B, H13); latency from
+  one closed-loop client (mean, p50, p99), throughput at saturation from three; ratios to
+  ``bare`` at the same batch size.
 * **recovery**: under a steady closed loop, SIGKILL the learner's primary, read the
   frontend's failover record, split into detection / protocol / handover (H13), once with
   exit-based and once with timeout-based detection (H7), several kills each.
@@ -242,15 +243,23 @@ def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> list[dict[str, 
 
 
 def _closed_loop(url: str, data: Data, batch: int, seconds: float) -> dict[str, Any]:
-    with Load(url, data, batch, clients=1) as warm:  # warm-up, discarded
+    """Latency with one client (each batch alone in the graph: the state shipping of a
+    batch cannot hide behind the next one), then throughput at saturation (3 clients)."""
+    with Load(url, data, batch, clients=1):  # warm-up, discarded
         time.sleep(min(1.0, seconds / 3))
-    del warm
-    load = Load(url, data, batch, clients=1)
+    summary = _timed(Load(url, data, batch, clients=1), seconds)
+    saturated = _timed(Load(url, data, batch, clients=3), seconds)
+    summary["rows_per_s"] = saturated["rows_per_s"]
+    summary["saturated_p99_ms"] = saturated.get("p99_ms")
+    return summary
+
+
+def _timed(load: Load, seconds: float) -> dict[str, Any]:
     start = time.perf_counter()
     with load:
         time.sleep(seconds)
     wall = time.perf_counter() - start
-    return latency_summary(load.latencies, len(load.latencies) * batch, wall)
+    return latency_summary(load.latencies, len(load.latencies) * load.batch, wall)
 
 
 def recovery(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:

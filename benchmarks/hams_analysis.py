@@ -84,9 +84,11 @@ def _hashable(value: Any) -> Any:
 
 def render_markdown(result: Mapping[str, Any]) -> str:
     lines = [f"# HAMS on this machine ({result.get('title', '')})", "",
+             "Latency: one closed-loop client (one request = one batch of B rows). "
+             "rows/s: three clients, at saturation.", "",
              f"Command: `{result.get('command', '')}`", "", result.get("machine", ""), ""]
     if result.get("overhead"):
-        lines += ["## Normal-case overhead (closed loop, one request = one batch)", "",
+        lines += ["## Normal-case overhead", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | rows/s | mean vs bare | "
                   "rows/s vs bare | requests (median) | reps |", "|---" * 10 + "|"]
         for r in result["overhead"]:

@@ -496,6 +496,10 @@ class Graph(_Frozen):
         "tells the frontend at once), or missed heartbeats alone")
     heartbeat_timeout_ms: float = Field(
         200, gt=0, description="an operator silent this long is lost; heartbeats every 50 ms")
+    state_link: Literal["unix", "tcp"] = Field(
+        "unix", description="how a primary sends states to its backup: a Unix socket in a "
+        "0700 folder (same host; the kernel checks the user), or TCP with CURVE (encrypted, "
+        "for hosts apart; costs the encryption of every state byte)")
 
     def topology(self) -> Topology:
         edges = [(i, op.name) for op in self.operators for i in op.inputs]

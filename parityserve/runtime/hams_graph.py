@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +118,10 @@ class GraphRuntime:
         if self.mode == "bare":  # nothing is ever durable, so nothing is held
             self.router.commit = OutputCommit(())
         self.link = WorkerLink(host, 0, keys=keys, on_reject=RejectLog())
+        self._host = host
+        # primary -> backup on this host: Unix sockets in a folder only this user can enter
+        self._ipc_dir = tempfile.mkdtemp(prefix="parityserve-hams-") \
+            if graph.state_link == "unix" else ""
         self.launcher = MemberLauncher(self.link, keys, log_dir)
         self.pairs = {op: _Pair(op) for op in self.topology.stateful}
         self._members: dict[str, tuple[str, Member]] = {}
@@ -164,7 +170,8 @@ class GraphRuntime:
         spec = hw.OperatorSpec(
             worker_id=self.launcher.next_id(self.graph.name, op, role), op=op,
             source=model.source, role=role, mode=self.mode, options=dict(model.options),
-            pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND))
+            pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND),
+            bind_host=self._host, ipc_dir=self._ipc_dir)
         member = self.launcher.start(spec, self.clock())
         self._members[member.worker_id] = (op, member)
         return member
@@ -178,6 +185,8 @@ class GraphRuntime:
             self.launcher.forget(member)
         self._break("the graph is shutting down")
         await self.link.close()
+        if self._ipc_dir:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def ready(self) -> bool:
         return self.broken is None and all(

@@ -29,7 +29,8 @@ from parityserve.runtime.server import RunningServer
 from tests.integration.conftest import start_server, wait_until
 
 
-def graph_config(mode: str = "hams", detection: str = "exit", noise: float = 1e-3) -> dict:
+def graph_config(mode: str = "hams", detection: str = "exit", noise: float = 1e-3,
+                 state_link: str = "unix") -> dict:
     return {
         "server": {"http_port": 0, "require_admin_token": False},
         "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
@@ -37,6 +38,7 @@ def graph_config(mode: str = "hams", detection: str = "exit", noise: float = 1e-
                     "options": {"noise": noise, "seed": 3}},
                    {"name": "aggregate", "source": "zoo:echo", "replicas": 1}],
         "graphs": [{"name": "online", "fault_tolerance": mode, "detection": detection,
+                    "state_link": state_link,
                     "max_batch": 8, "heartbeat_timeout_ms": 300,
                     "operators": [
                         {"name": "feat", "model": "features", "inputs": ["frontend"]},
@@ -147,7 +149,8 @@ def test_killing_the_backup_lets_the_primary_go_on(hams_server: RunningServer) -
 
 
 def test_a_frozen_primary_is_found_by_heartbeat_timeout(tmp_path: Path) -> None:
-    server = start_server(graph_config(detection="timeout"), tmp_path)
+    """Also the CURVE-over-TCP state link (operators on different hosts)."""
+    server = start_server(graph_config(detection="timeout", state_link="tcp"), tmp_path)
     try:
         before = graph_state(server.url)["operators"]["learner"]
         os.kill(before["primary_pid"], signal.SIGSTOP)  # alive, silent: no exit to see
