@@ -42,7 +42,14 @@ from parityserve.core.hams import (
     plan_failover,
     seq_at,
 )
-from parityserve.errors import DeadlineExceeded, ModelLoadError, Unavailable
+from parityserve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    ModelLoadError,
+    PredictError,
+    UnknownModel,
+    Unavailable,
+)
 from parityserve.runtime import hams_worker as hw
 from parityserve.runtime import wire
 from parityserve.runtime.hams_members import Member, MemberLauncher
@@ -134,6 +141,7 @@ class GraphRuntime:
         self._paused = False
         self.broken: str | None = None
         self.failovers: list[FailoverRecord] = []
+        self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._monitor: asyncio.Task[None] | None = None
 
@@ -259,7 +267,7 @@ class GraphRuntime:
             rows = np.stack([e.arrival.payload for e in batch])
             outputs = await self._infer(self._ops[op].model, rows)
         except Exception as exc:  # the model path failed these rows for good: say so
-            self._fail_batch(batch, exc)
+            self._fail_batch(op, batch, exc)
         else:
             for entry, row in zip(batch, outputs, strict=True):
                 self._output(op, entry, np.asarray(row))
@@ -273,13 +281,21 @@ class GraphRuntime:
             return
         self._release(self.router.output(op, entry.seq, row))
 
-    def _fail_batch(self, batch: list[Executed[np.ndarray]], exc: Exception) -> None:
+    def _fail_batch(self, op: str, batch: list[Executed[np.ndarray]], exc: Exception) -> None:
+        """The operator refused these rows (bad input, a model error). Their clients get
+        the error now: an error shows no state, so it waits for no durability. The rows
+        stop here, and the request leaves the graph everywhere."""
         from parityserve.core.hams import client_of
 
         for entry in batch:
-            waiting = self._waiting.pop(client_of(entry.lineage), None)
+            if self.router.managers[op].current(entry.seq) is not entry or entry.done:
+                continue
+            self.router.managers[op].record(entry.seq, np.empty(0))
+            client = client_of(entry.lineage)
+            waiting = self._waiting.pop(client, None)
             if waiting is not None and not waiting.future.done():
                 waiting.future.set_exception(exc)
+            self.router.collect(client)
 
     def _release(self, held: list[Held[np.ndarray]]) -> None:
         now = self.clock()
@@ -330,6 +346,11 @@ class GraphRuntime:
         batch = pair.inflight.pop(int(header["bid"]), None)
         if member is not pair.primary or batch is None:
             return
+        if "error" in header:
+            kind = InvalidInput if header.get("bad_input") else PredictError
+            self._fail_batch(pair.op, batch, kind(f"{pair.op}: {header['error']}"))
+            self._pump_all()
+            return
         outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
         for entry, row in zip(batch, outputs, strict=True):
             self._output(pair.op, entry, row)
@@ -355,10 +376,17 @@ class GraphRuntime:
 
     async def _ask(self, member: Member, kind: str, header: dict[str, Any],
                    timeout_s: float = 5.0) -> int:
+        """Send and wait for the answer; a member that exits meanwhile fails it at once."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         member.extra[kind] = future
         self._send(member, header)
-        return await asyncio.wait_for(future, timeout_s)
+        deadline = self.clock() + timeout_s
+        while not future.done():
+            if member.exited() or self.clock() > deadline:
+                member.extra.pop(kind, None)
+                raise Unavailable(f"{member.worker_id} did not answer {header['t']}")
+            await asyncio.wait([future], timeout=0.005)
+        return future.result()
 
     # ---- backups ---------------------------------------------------------------------------
     async def _attach(self, pair: _Pair) -> None:
@@ -498,11 +526,17 @@ class GraphRuntime:
     async def _demote(self, pair: _Pair, record: FailoverRecord) -> int:
         """A downstream operator built on discarded speculation rolls back too."""
         backup, primary = pair.backup, pair.primary
-        if backup is not None and not backup.lost and not backup.exited():
-            if primary is not None:
-                self.launcher.forget(primary)
-            return await self._promote(pair)
-        assert primary is not None
+        if backup is not None and backup.extra.get("synced") and not backup.exited():
+            try:
+                seq = await self._promote(pair)
+            except Unavailable:  # it died meanwhile: the Fig. 6 case after all
+                pair.primary = primary
+            else:
+                if primary is not None:  # demoted: it must not answer anything more
+                    self.launcher.forget(primary)
+                return seq
+        if primary is None or primary.exited():
+            raise Unavailable(f"{pair.op}: primary and backup both lost")
         record.rolled_back_in_place.append(pair.op)
         pair.inflight.clear()
         return await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK})
@@ -533,6 +567,16 @@ class GraphRuntime:
                 waiting.future.exception()  # retrieved: a client that left logs nothing
             del self._waiting[client]
 
+    def slow_state(self, op: str, delay_s: float) -> None:
+        """Fault injection: ``op``'s primary waits this long before each state leaves, so
+        downstream runs ahead on speculation (the paper's Fig. 6 set-up)."""
+        pair = self.pairs.get(op)
+        if pair is None or pair.primary is None:
+            raise UnknownModel(f"graph {self.graph.name!r} has no stateful operator {op!r}; "
+                               f"stateful: {sorted(self.pairs)}")
+        self.slow[op] = delay_s
+        self._send(pair.primary, {"t": hw.SLOW, "s": delay_s})
+
     # ---- inspection ------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
         ops = {}
@@ -552,7 +596,7 @@ class GraphRuntime:
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
                 "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
-                "epoch": self.router.epoch, "operators": ops,
+                "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "failovers": [r.to_json() for r in self.failovers]}
 
 

@@ -183,7 +183,13 @@ class Primary:
             self.slow_s = float(header.get("s", 0.0))
 
     def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
-        outputs, pending = self.operator.compute(header, buffers)
+        try:
+            outputs, pending = self.operator.compute(header, buffers)
+        except Exception as exc:  # a bad batch, not a dead operator: nothing was written
+            self.proc.tell({"t": OUT, "bid": header["bid"],
+                            "error": f"{type(exc).__name__}: {exc}"[:2000],
+                            "bad_input": isinstance(exc, ValueError | TypeError)})
+            return
         seqs: list[int] = header["seqs"]
         if self.mode == "hams":
             self._send_outputs(header["bid"], outputs)  # early release (NSPB)
@@ -370,7 +376,11 @@ class Backup:
             self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
             self.proc.tell({"t": ALLOW})  # the frontend tells the primary to connect now
         elif kind == NOTIFY:
-            self._apply(self.applier.notify(header["op"], int(header["seq"])))
+            op, seq = str(header["op"]), int(header["seq"])
+            # kept for the applier the base state will start: a notice that comes between
+            # ALLOW and the base must not be lost with the applier it reached
+            self.seed[op] = max(self.seed.get(op, 0), seq)
+            self._apply(self.applier.notify(op, seq))
 
     def hear(self, frames: list[Any]) -> None:
         self.primary_id = frames[0].bytes

@@ -274,6 +274,13 @@ class _ReplicasBody(_Body):
     replicas: int = Field(ge=0, le=256)
 
 
+class _GraphFaultBody(_Body):
+    """Slow one stateful operator's state delivery (the HAMS Fig. 6 case); 0 clears it."""
+
+    operator: str
+    state_delay_ms: float = Field(ge=0, le=60_000)
+
+
 class _FaultsBody(_Body):
     replica: str = "all"
     faults: FaultConfig = FaultConfig()
@@ -527,7 +534,9 @@ class _Frontend:
                 r(models + "/{model}/scheduler", self.set_scheduler, "admin_scheduler", "model",
                   ["POST"]),
                 r(models + "/{model}/scheduler", self.remove_scheduler,
-                  "admin_remove_scheduler", "model", ["DELETE"])]
+                  "admin_remove_scheduler", "model", ["DELETE"]),
+                r("/admin/graphs/{graph}/faults", self.set_graph_fault, "admin_graph_faults",
+                  "graph", ["POST"])]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
                      methods: Sequence[str] = ("GET",)) -> Route:
@@ -734,6 +743,13 @@ class _Frontend:
         await self.system.set_faults(model, body.replica, body.faults)
         return _json({"model": model, "replica": body.replica,
                       "faults": body.faults.model_dump(mode="json")}), "ok"
+
+    async def set_graph_fault(self, request: Request) -> tuple[Response, Outcome]:
+        body = _validate(_GraphFaultBody, await self._body(request), "graph fault")
+        graph = request.path_params["graph"]
+        self.system.set_graph_fault(graph, body.operator, body.state_delay_ms)
+        return _json({"graph": graph, "operator": body.operator,
+                      "state_delay_ms": body.state_delay_ms}), "ok"
 
     async def metrics_text(self, request: Request) -> tuple[Response, Outcome]:
         body, content_type = self.metrics.render()

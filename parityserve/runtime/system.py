@@ -248,6 +248,11 @@ class ServingSystem:
             raise Unavailable("the server is starting")
         return await self.graphs.predict(name, body)
 
+    def set_graph_fault(self, graph: str, operator: str, state_delay_ms: float) -> None:
+        if self.graphs is None:
+            raise Unavailable("the server is starting")
+        self.graphs.get(graph).slow_state(operator, state_delay_ms / 1000)
+
     async def update(self, app: str, uid: str, item: Any, label: Any,
                      query_id: str | None = None) -> dict[str, Any]:
         return await self.router.update(app, uid, item, label, query_id)

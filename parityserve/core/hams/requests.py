@@ -127,6 +127,9 @@ class RequestManager(Generic[P]):
         for seq in [seq for seq in self._log if seq > to_seq]:
             del self._log[seq]
         self._next_seq = to_seq + 1
+        # slots past the rollback point are renumbered too: keeping one would hand a later
+        # input a number the new sequence also reaches, twice
+        self._slots = {src: seq for src, seq in self._slots.items() if seq <= to_seq}
         keep = [a for a in (*redo, *self._queue) if not speculative(a.lineage, bounds)]
         self._drop_keys(a for a in (*redo, *self._queue) if speculative(a.lineage, bounds))
         self._queue = deque(keep)

@@ -1,0 +1,192 @@
+"""A sequence service with two adjacent stateful operators (HAMS, issue 19, service (b)):
+``feat`` (stateless) -> ``seq1`` (per-stream LSTM) -> ``seq2`` (per-stream LSTM) -> ``score``
+(stateless). Real operator processes, killed for real, including the correlated cases:
+both primaries at once, and the paper's Fig. 6 (seq1's state delivery delayed, then seq1's
+primary and seq2's backup killed together).
+
+Without injected noise the LSTMs are deterministic, so the strongest check is available:
+each stream's outputs, failures and all, equal a replay of the same sequence through two
+fresh LSTMs in this process. Nothing a client saw was lost or computed twice differently.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from parityserve.client import Client
+from parityserve.models.stateful import OperatorBatch, StreamLSTM
+from parityserve.runtime.server import RunningServer
+from tests.integration.conftest import start_server, wait_until
+
+LSTM1 = {"input_size": 4, "hidden": 16, "outputs": 4, "seed": 1}
+LSTM2 = {"input_size": 4, "hidden": 16, "outputs": 1, "seed": 2}
+STREAMS = [f"s{i}" for i in range(4)]
+STEPS = 40
+
+
+def config() -> dict:
+    return {
+        "server": {"http_port": 0, "require_admin_token": False},
+        "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
+                   {"name": "lstm1", "source": "zoo:stream-lstm", "options": LSTM1},
+                   {"name": "lstm2", "source": "zoo:stream-lstm", "options": LSTM2},
+                   {"name": "scorer", "source": "zoo:echo", "replicas": 1}],
+        "graphs": [{"name": "stocks", "stream_key": "ticker", "max_batch": 8,
+                    "operators": [
+                        {"name": "feat", "model": "features", "inputs": ["frontend"]},
+                        {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
+                        {"name": "seq2", "model": "lstm2", "inputs": ["seq1"], "stateful": True},
+                        {"name": "score", "model": "scorer", "inputs": ["seq2"]}],
+                    "output": "score"}],
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(config(), tmp_path_factory.mktemp("sequences"))
+    yield running
+    running.stop()
+
+
+def series(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {s: rng.standard_normal((STEPS, 4)).astype(np.float32) for s in STREAMS}
+
+
+def replay(data: dict[str, np.ndarray]) -> dict[str, list[float]]:
+    """The reference: each stream's steps in order through two fresh LSTMs, one at a time."""
+    first, second = StreamLSTM(**LSTM1), StreamLSTM(**LSTM2)  # type: ignore[arg-type]
+    s1, s2 = first.initialize(), second.initialize()
+    out: dict[str, list[float]] = {s: [] for s in STREAMS}
+    for step in range(STEPS):
+        for stream in STREAMS:
+            x = data[stream][step:step + 1]
+            y1, p1 = first.compute(OperatorBatch.from_numpy(x, [stream]), s1)
+            first.update(s1, p1)
+            y2, p2 = second.compute(OperatorBatch.from_numpy(y1.numpy(), [stream]), s2)
+            second.update(s2, p2)
+            out[stream].append(float(torch.as_tensor(y2).reshape(-1)[0]))
+    return out
+
+
+def send_streams(url: str, data: dict[str, np.ndarray], on_step: dict[int, object] | None = None
+                 ) -> dict[str, list[dict]]:
+    """One thread per stream; each sends its steps in order, waiting for every reply."""
+    def run(stream: str) -> list[dict]:
+        replies = []
+        with Client(url, timeout=60) as client:
+            for step in range(STEPS):
+                if on_step and stream == STREAMS[0] and step in on_step:
+                    on_step[step]()  # type: ignore[operator]
+                replies.append(client.predict_graph("stocks", data[stream][step].tolist(),
+                                                    stream=stream, stream_key="ticker"))
+        return replies
+
+    with ThreadPoolExecutor(len(STREAMS)) as pool:
+        return dict(zip(STREAMS, pool.map(run, STREAMS), strict=True))
+
+
+def graph_state(url: str) -> dict:
+    with Client(url) as client:
+        return client.state()["graphs"]["stocks"]
+
+
+def check_against_replay(replies: dict[str, list[dict]], data: dict[str, np.ndarray]) -> None:
+    expected = replay(data)
+    for stream in STREAMS:
+        got = [float(np.ravel(r["output"])[0]) for r in replies[stream]]
+        np.testing.assert_allclose(got, expected[stream], rtol=1e-4, atol=1e-5,
+                                   err_msg=f"stream {stream} diverged from its replay")
+    for op in ("seq1", "seq2"):  # one reply per request, one request per number
+        seqs = [r["seqs"][op] for rs in replies.values() for r in rs]
+        assert len(seqs) == len(set(seqs)) == STEPS * len(STREAMS)
+
+
+def synced(url: str) -> bool:
+    ops = graph_state(url)["operators"]
+    return all(ops[o]["backup_synced"] and ops[o]["spare_pid"] for o in ("seq1", "seq2"))
+
+
+def test_streams_keep_their_state_through_the_graph(server: RunningServer) -> None:
+    data = series(0)
+    # a fresh server has no state yet: a replay from zero is the reference
+    check_against_replay(send_streams(server.url, data), data)
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_killing_both_adjacent_primaries_at_once_keeps_every_stream_exact(tmp_path: Path
+                                                                        ) -> None:
+    running = start_server(config(), tmp_path)
+    try:
+        url, data = running.url, series(1)
+        ops = graph_state(url)["operators"]
+        pids = [ops["seq1"]["primary_pid"], ops["seq2"]["primary_pid"]]
+        replies = send_streams(url, data, {STEPS // 2: lambda: [kill(p) for p in pids]})
+        check_against_replay(replies, data)
+        failed = {f["op"] for f in graph_state(url)["failovers"]}
+        assert "seq1" in failed  # seq2 recovers in seq1's plan or in its own
+        after = graph_state(url)["operators"]
+        assert {after["seq1"]["primary_pid"], after["seq2"]["primary_pid"]}.isdisjoint(pids)
+    finally:
+        running.stop()
+
+
+def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path) -> None:
+    """seq1's states reach its backup late, so seq2 runs ahead on seq1's speculation; then
+    seq1's primary and seq2's backup die together. seq1's backup is promoted behind what
+    seq2 executed, seq2 has no backup to promote, so its primary rolls back to the copy its
+    dead backup last applied, and both recompute. Every stream still equals its replay."""
+    running = start_server(config(), tmp_path)
+    try:
+        url, data = running.url, series(2)
+        admin = f"{url}/admin/graphs/stocks/faults"
+
+        def fig6() -> None:
+            httpx.post(admin, json={"operator": "seq1", "state_delay_ms": 300}).raise_for_status()
+            time.sleep(0.5)  # let seq2 run ahead of seq1's durable point
+            ops = graph_state(url)["operators"]
+            kill(ops["seq1"]["primary_pid"])
+            kill(ops["seq2"]["backup_pid"])
+
+        replies = send_streams(url, data, {STEPS // 2: fig6})
+        check_against_replay(replies, data)
+        wait_until(lambda: synced(url), 60)
+        failovers = graph_state(url)["failovers"]
+        seq1 = next(f for f in failovers if f["op"] == "seq1")
+        assert seq1["rolled_back_in_place"] == ["seq2"] and set(seq1["bounds"]) == {"seq1",
+                                                                                  "seq2"}
+    finally:
+        running.stop()
+
+
+def test_a_bad_row_gets_a_400_and_the_stream_goes_on(server: RunningServer) -> None:
+    response = httpx.post(f"{server.url}/stocks/predict", timeout=30,
+                          json={"input": [1.0, 2.0], "ticker": "bad"})  # width 2, not 4
+    assert response.status_code == 400, response.text
+    assert "seq1" in response.json()["error"]  # names the operator that refused it
+    with Client(server.url) as client:
+        ok = client.predict_graph("stocks", [0.1] * 4, stream="bad", stream_key="ticker")
+    assert ok["durable"]
+
+
+def test_slowing_an_unknown_operator_is_a_clear_404(server: RunningServer) -> None:
+    response = httpx.post(f"{server.url}/admin/graphs/stocks/faults",
+                          json={"operator": "feat", "state_delay_ms": 10})
+    assert response.status_code == 404 and "stateful" in response.text
+    response = httpx.post(f"{server.url}/admin/graphs/nope/faults",
+                          json={"operator": "seq1", "state_delay_ms": 10})
+    assert response.status_code == 404
+
