@@ -47,8 +47,8 @@ from parityserve.errors import (
     InvalidInput,
     ModelLoadError,
     PredictError,
-    UnknownModel,
     Unavailable,
+    UnknownModel,
 )
 from parityserve.runtime import hams_worker as hw
 from parityserve.runtime import wire
