@@ -486,9 +486,14 @@ class Graph(_Frozen):
     operators: tuple[GraphOperator, ...] = Field(min_length=1)
     output: str
     stream_key: str = Field("stream", description="request field naming per-stream state")
-    fault_tolerance: Literal["hams", "remus", "bare"] = Field(
+    fault_tolerance: Literal["hams", "remus", "checkpoint-replay", "bare"] = Field(
         "hams", description="hams: non-stop primary-backup; remus: stop, copy, hold outputs "
-        "until the backup has the state; bare: no backup (a lost primary loses its state)")
+        "until the backup has the state; checkpoint-replay: a checkpoint every "
+        "checkpoint_every batches and the requests since then logged, replayed on a fresh "
+        "process after a failure (Lineage Stash's way); bare: no backup (a lost primary "
+        "loses its state)")
+    checkpoint_every: int = Field(150, ge=1, description="checkpoint-replay: batches between "
+                                  "checkpoints (the paper's baseline: 150)")
     max_batch: int = Field(64, ge=1, le=4096, description="requests per operator batch")
     timeout_ms: float = Field(30_000, gt=0, description="how long a client waits for a reply")
     detection: Literal["exit", "timeout"] = Field(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 from collections import deque
@@ -53,6 +54,7 @@ from parityserve.errors import (
 from parityserve.runtime import hams_worker as hw
 from parityserve.runtime import wire
 from parityserve.runtime.hams_members import Member, MemberLauncher
+from parityserve.runtime.hams_replay import ReplayLog
 from parityserve.runtime.keys import ServerKeys
 from parityserve.runtime.rpc import RejectLog, WorkerLink
 
@@ -64,6 +66,7 @@ Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
 _IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
 _RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
 _CHECK_EVERY_S = 0.005
+_UNHELD = ("bare", "checkpoint-replay")  # modes without a backup: replies leave at once
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,14 @@ class FailoverRecord:
     bounds: dict[str, int] = field(default_factory=dict)
     rolled_back_in_place: list[str] = field(default_factory=list)
     discarded_replies: int = 0
+    replayed: int = 0  # checkpoint-replay: batches run again
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "detection": self.detection, "lost_pid": self.lost_pid,
                 "detected_at": self.detected_at, "protocol_done_at": self.protocol_done_at,
                 "first_reply_at": self.first_reply_at, "bounds": self.bounds,
                 "rolled_back_in_place": self.rolled_back_in_place,
-                "discarded_replies": self.discarded_replies,
+                "discarded_replies": self.discarded_replies, "replayed_batches": self.replayed,
                 "protocol_ms": round((self.protocol_done_at - self.detected_at) * 1e3, 3)}
 
 
@@ -122,15 +126,19 @@ class GraphRuntime:
         self._ops = {op.name: op for op in graph.operators}
         self._deployments = deployments
         self.router: GraphRouter[np.ndarray] = GraphRouter(self.topology, _combine)
-        if self.mode == "bare":  # nothing is ever durable, so nothing is held
+        if self.mode in _UNHELD:  # nothing waits for a backup, so nothing is held
             self.router.commit = OutputCommit(())
         self.link = WorkerLink(host, 0, keys=keys, on_reject=RejectLog())
         self._host = host
         # primary -> backup on this host: Unix sockets in a folder only this user can enter
         self._ipc_dir = tempfile.mkdtemp(prefix="parityserve-hams-") \
             if graph.state_link == "unix" else ""
+        # checkpoint-replay's "global storage": a private folder; its log is in ``replay``
+        self._store = tempfile.mkdtemp(prefix="parityserve-ckpt-") \
+            if self.mode == "checkpoint-replay" else ""
         self.launcher = MemberLauncher(self.link, keys, log_dir)
         self.pairs = {op: _Pair(op) for op in self.topology.stateful}
+        self.replay = {op: ReplayLog() for op in self.pairs}  # checkpoint-replay only
         self._members: dict[str, tuple[str, Member]] = {}
         self._waiting: dict[int, _Waiting] = {}
         self._released: deque[int] = deque()
@@ -141,7 +149,9 @@ class GraphRuntime:
         self._paused = False
         self.broken: str | None = None
         self.failovers: list[FailoverRecord] = []
+        self.replay_conflicts = 0  # checkpoint-replay: replayed outputs that differed
         self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
+        self._replaying: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._monitor: asyncio.Task[None] | None = None
 
@@ -150,7 +160,7 @@ class GraphRuntime:
         self.link.start(self._on_message)
         for pair in self.pairs.values():
             pair.primary = self._launch(pair.op, "primary")
-            if self.mode != "bare":
+            if self.mode not in _UNHELD:
                 pair.backup = self._launch(pair.op, "backup")
                 pair.spare = self._launch(pair.op, "backup")
         await asyncio.wait_for(self._all_hellos(), timeout_s)
@@ -179,7 +189,9 @@ class GraphRuntime:
             worker_id=self.launcher.next_id(self.graph.name, op, role), op=op,
             source=model.source, role=role, mode=self.mode, options=dict(model.options),
             pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND),
-            bind_host=self._host, ipc_dir=self._ipc_dir)
+            bind_host=self._host, ipc_dir=self._ipc_dir,
+            checkpoint_every=self.graph.checkpoint_every,
+            checkpoint_path=os.path.join(self._store, f"{op}.ckpt") if self._store else "")
         member = self.launcher.start(spec, self.clock())
         self._members[member.worker_id] = (op, member)
         return member
@@ -193,8 +205,9 @@ class GraphRuntime:
             self.launcher.forget(member)
         self._break("the graph is shutting down")
         await self.link.close()
-        if self._ipc_dir:
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        for folder in (self._ipc_dir, self._store):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def ready(self) -> bool:
         return self.broken is None and all(
@@ -240,9 +253,10 @@ class GraphRuntime:
             batch = self.router.batch(pair.op, self.graph.max_batch)
             bid = next(self._bids)
             pair.inflight[bid] = batch
-            self._send_batch(primary, bid, batch)
+            self._send_batch(pair.op, primary, bid, batch)
 
-    def _send_batch(self, primary: Member, bid: int, batch: list[Executed[np.ndarray]]) -> None:
+    def _send_batch(self, op: str, primary: Member, bid: int,
+                    batch: list[Executed[np.ndarray]]) -> None:
         from parityserve.core.hams import client_of
 
         clients = [client_of(e.lineage) for e in batch]
@@ -253,6 +267,8 @@ class GraphRuntime:
                   "labels": [self._waiting[c].label if c in self._waiting else -1
                              for c in clients],
                   "lineages": [hw.lineage_to_wire(e.lineage) for e in batch]}
+        if self.mode == "checkpoint-replay":
+            self.replay[op].logged(header, frames)
         self._send(primary, header, frames)
 
     def _pump_stateless(self, op: str) -> None:
@@ -331,6 +347,8 @@ class GraphRuntime:
             member.hello.set_result(header)
         elif kind == hw.OUT:
             self._on_outputs(self.pairs[op], member, header, buffers)
+        elif kind == hw.CHECKPOINT:
+            self.replay[op].checkpointed(int(header["seq"]))
         elif kind == hw.DURABLE:
             self._on_durable(self.pairs[op], member, int(header["seq"]))
         elif kind in (hw.PROMOTED, hw.ALLOW):
@@ -343,7 +361,12 @@ class GraphRuntime:
 
     def _on_outputs(self, pair: _Pair, member: Member, header: dict[str, Any],
                     buffers: list[Any]) -> None:
-        batch = pair.inflight.pop(int(header["bid"]), None)
+        bid = int(header["bid"])
+        waiter = self._replaying.pop(bid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result((header, buffers))
+            return
+        batch = pair.inflight.pop(bid, None)
         if member is not pair.primary or batch is None:
             return
         if "error" in header:
@@ -352,6 +375,8 @@ class GraphRuntime:
             self._pump_all()
             return
         outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
+        if self.mode == "checkpoint-replay":
+            self.replay[pair.op].answered(batch, outputs)
         for entry, row in zip(batch, outputs, strict=True):
             self._output(pair.op, entry, row)
         self._pump_all()
@@ -474,6 +499,9 @@ class GraphRuntime:
         self._paused = True
         self.launcher.forget(member)
         record = FailoverRecord(pair.op, how, detected_at, member.pid)
+        if self.mode == "checkpoint-replay":
+            await self._replay(pair, record)
+            return
         if self.mode == "bare":
             await self._restart_bare(pair, record)
             return
@@ -541,6 +569,42 @@ class GraphRuntime:
         pair.inflight.clear()
         return await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK})
 
+    async def _replay(self, pair: _Pair, record: FailoverRecord) -> None:
+        """Checkpoint-replay: a fresh process restores the last checkpoint, then every
+        logged batch since it runs again, in order, under its original numbers. Outputs
+        that clients already have are compared, not sent: with non-determinism they differ,
+        and each difference is a conflict this baseline cannot avoid (HAMS's point)."""
+        pair.inflight.clear()
+        pair.primary = self._launch(pair.op, "primary")
+        hello = await self._hello(pair.primary)
+        restored = int(hello.get("restored", 0))
+        log_ = self.replay[pair.op]
+        for header, rows in log_.after(restored):
+            bid = next(self._bids)
+            future = asyncio.get_running_loop().create_future()
+            self._replaying[bid] = future
+            self._send(pair.primary, {**header, "bid": bid}, rows)
+            reply, buffers = await asyncio.wait_for(future, 60)
+            if "error" not in reply:
+                outputs = np.array(wire.unpack_payload(reply["outputs"], buffers))
+                self._replayed(pair.op, header["seqs"], outputs)
+        record.bounds = {pair.op: restored}
+        record.replayed = log_.replayed_batches
+        record.protocol_done_at = self.clock()
+        self.failovers.append(record)
+
+    def _replayed(self, op: str, seqs: list[int], outputs: np.ndarray) -> None:
+        """Compare with what was answered; answer what never was."""
+        log_ = self.replay[op]
+        manager = self.router.managers[op]
+        for seq, row in zip(seqs, outputs, strict=True):
+            if log_.conflicts_with(seq, row):
+                self.replay_conflicts += 1
+            entry = manager.current(seq)
+            if entry is not None and not entry.done:
+                log_.answered_one(seq, row)
+                self._output(op, entry, np.asarray(row))
+
     async def _restart_bare(self, pair: _Pair, record: FailoverRecord) -> None:
         """No fault tolerance: a fresh primary with a fresh state; the requests the lost one
         never answered run again on it (the state they had built is gone)."""
@@ -587,16 +651,18 @@ class GraphRuntime:
             if op in self.pairs:
                 pair = self.pairs[op]
                 entry.update(durable=self.router.commit.durable[op]
-                             if self.mode != "bare" else None,
+                             if self.mode not in _UNHELD else None,
                              inflight=len(pair.inflight),
                              primary_pid=pair.primary.pid if pair.primary else None,
                              backup_pid=pair.backup.pid if pair.backup else None,
                              backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
+                             since_checkpoint=self.replay[op].since_checkpoint,
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
                 "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
+                "replay_conflicts": self.replay_conflicts,
                 "failovers": [r.to_json() for r in self.failovers]}
 
 

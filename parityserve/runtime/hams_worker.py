@@ -61,6 +61,7 @@ HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.fail
 ATTACH, ALLOW, NOTIFY, DURABLE = "h.attach", "h.allow", "h.notify", "h.durable"
 PROMOTE, PROMOTED, ROLLBACK, STOP = "h.promote", "h.promoted", "h.rollback", "h.stop"
 STATE, RECEIVED, APPLIED, SLOW = "h.state", "h.recv", "h.applied", "h.slow"
+CHECKPOINT = "h.ckpt"
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,14 @@ class OperatorSpec:
     op: str
     source: str
     role: str  # "primary" | "backup"
-    mode: str = "hams"  # "hams" | "remus" | "bare"
+    mode: str = "hams"  # "hams" | "remus" | "bare" | "checkpoint-replay"
     options: dict[str, Any] = field(default_factory=dict)
     pfm: tuple[str, ...] = ()  # previous stateful operators (whose durability we wait for)
     heartbeat_s: float = 0.05
     bind_host: str = "127.0.0.1"  # where a backup listens for its primary (across hosts)
     ipc_dir: str = ""  # a 0700 folder: primary and backup share this host, use a Unix socket
+    checkpoint_every: int = 0  # checkpoint-replay: batches between checkpoints
+    checkpoint_path: str = ""  # checkpoint-replay: where checkpoints go (and are restored from)
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -158,6 +161,7 @@ class Primary:
         self.received_upto = start_seq
         self.receipt = threading.Condition()
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
+        self.batches = 0
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.deferred: deque[tuple[dict[str, Any], list[Any]]] = deque()  # Remus, waiting
         self.pipe_out, pipe_in = _pipe(proc.ctx)
@@ -196,7 +200,10 @@ class Primary:
         self.copied.wait()  # H2: the previous state's copy must not see this update
         with self.mutex:
             self.operator.model.update(self.operator.state, pending)
-            if self.mode == "bare":
+            if self.mode == "checkpoint-replay":
+                self._maybe_checkpoint(seqs[-1])
+                order = None
+            elif self.mode == "bare":
                 order = None
             else:
                 lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
@@ -209,6 +216,16 @@ class Primary:
             self._await_receipt(seqs[-1])
         if self.mode != "hams":
             self._send_outputs(header["bid"], outputs)
+
+    def _maybe_checkpoint(self, seq: int) -> None:
+        """Checkpoint-replay (Lineage Stash's way, the baseline): every N batches the whole
+        state goes to storage, atomically, and the frontend may drop its log up to it."""
+        self.batches += 1
+        if self.batches % self.proc.spec.checkpoint_every:
+            return
+        save_checkpoint(self.proc.spec.checkpoint_path, FlatState.capture(seq,
+                                                                          self.operator.state))
+        self.proc.tell({"t": CHECKPOINT, "seq": seq})
 
     def _await_receipt(self, seq: int) -> None:
         """Remus: hold the outputs until the backup has the state they belong to. Control
@@ -422,6 +439,26 @@ class Backup:
         return Primary(self.proc, self.operator, start_seq=seq)
 
 
+def save_checkpoint(path: str, flat: FlatState) -> None:
+    """Write the state, then rename: a reader sees the old checkpoint or the new, whole."""
+    meta = orjson.dumps({"seq": flat.seq, "layout": flat.layout})
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as out:
+        np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), buffer=flat.buffer)
+    os.replace(tmp, path)
+
+
+def restore_checkpoint(path: str, state: Any) -> int:
+    """Install the last checkpoint into ``state``; its sequence number (0: none yet)."""
+    if not os.path.exists(path):
+        return 0
+    with np.load(path, allow_pickle=False) as data:
+        meta = orjson.loads(data["meta"].tobytes())
+        flat = FlatState.received(int(meta["seq"]), meta["layout"], data["buffer"].copy())
+    flat.install(state)
+    return flat.seq
+
+
 def _pipe(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A wake-up line from the main thread to the state thread."""
     name = f"inproc://state-{id(ctx)}-{time.monotonic_ns()}"
@@ -449,9 +486,11 @@ def serve(spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> int:
     torch.set_num_threads(1)
     operator = _Operator(spec)
     proc = _Process(spec, connect, keys)
-    role: Primary | Backup = Primary(proc, operator) if spec.role == "primary" else \
-        Backup(proc, operator)
-    hello = {"t": HELLO, "role": spec.role, "pid": os.getpid()}
+    restored = restore_checkpoint(spec.checkpoint_path, operator.state) \
+        if spec.role == "primary" and spec.checkpoint_path else 0
+    role: Primary | Backup = Primary(proc, operator, restored) if spec.role == "primary" \
+        else Backup(proc, operator)
+    hello = {"t": HELLO, "role": spec.role, "pid": os.getpid(), "restored": restored}
     if isinstance(role, Backup):
         hello.update(address=role.address, key=role.public.decode())
     proc.tell(hello)

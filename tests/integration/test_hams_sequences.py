@@ -34,14 +34,16 @@ STREAMS = [f"s{i}" for i in range(4)]
 STEPS = 40
 
 
-def config() -> dict:
+def config(mode: str = "hams", noise: float = 0.0) -> dict:
     return {
         "server": {"http_port": 0, "require_admin_token": False},
         "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
-                   {"name": "lstm1", "source": "zoo:stream-lstm", "options": LSTM1},
+                   {"name": "lstm1", "source": "zoo:stream-lstm",
+                    "options": {**LSTM1, "noise": noise}},
                    {"name": "lstm2", "source": "zoo:stream-lstm", "options": LSTM2},
                    {"name": "scorer", "source": "zoo:echo", "replicas": 1}],
         "graphs": [{"name": "stocks", "stream_key": "ticker", "max_batch": 8,
+                    "fault_tolerance": mode, "checkpoint_every": 10,
                     "operators": [
                         {"name": "feat", "model": "features", "inputs": ["frontend"]},
                         {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
@@ -190,3 +192,27 @@ def test_slowing_an_unknown_operator_is_a_clear_404(server: RunningServer) -> No
                           json={"operator": "seq1", "state_delay_ms": 10})
     assert response.status_code == 404
 
+
+
+def test_checkpoint_replay_recovers_by_replay_and_counts_its_conflicts(tmp_path: Path) -> None:
+    """The baseline: a fresh process restores the last checkpoint and the logged batches
+    since run again under their numbers. Every request is still answered once; with
+    injected noise every replayed output differs from the one its client already has, and
+    the server counts each (the HAMS tests above hold the same graph to exact replays)."""
+    running = start_server(config(mode="checkpoint-replay", noise=1e-3), tmp_path)
+    try:
+        url, data = running.url, series(3)
+        pid = graph_state(url)["operators"]["seq1"]["primary_pid"]
+
+        def kill_after_a_checkpoint() -> None:
+            wait_until(lambda: graph_state(url)["operators"]["seq1"]["since_checkpoint"] >= 2)
+            kill(pid)
+
+        replies = send_streams(url, data, {STEPS - 5: kill_after_a_checkpoint})
+        assert sum(len(r) for r in replies.values()) == STEPS * len(STREAMS)
+        state = graph_state(url)
+        failover = state["failovers"][-1]
+        assert failover["op"] == "seq1" and failover["bounds"]["seq1"] >= 10
+        assert failover["replayed_batches"] >= 2 and state["replay_conflicts"] >= 1
+    finally:
+        running.stop()

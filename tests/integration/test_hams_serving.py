@@ -228,3 +228,4 @@ def test_an_operator_that_cannot_load_fails_the_start_with_the_reason(tmp_path: 
     config["models"][1]["source"] = "zoo:no-such-operator"
     with pytest.raises(Exception, match="no-such-operator"):
         start_server(config, tmp_path)
+
