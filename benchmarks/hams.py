@@ -116,6 +116,7 @@ class Server:
 
     def __init__(self, config: dict[str, Any], folder: Path) -> None:
         self.port = _free_port()
+        self.name = config["graphs"][0]["name"]
         path = folder / f"hams-{self.port}.yaml"
         path.write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "parityserve.cli", "start", "-c", str(path),
@@ -129,7 +130,8 @@ class Server:
     def graph(self) -> dict[str, Any]:
         import httpx
 
-        return dict(httpx.get(f"{self.url}/admin/state", timeout=10).json()["graphs"]["online"])
+        state = httpx.get(f"{self.url}/admin/state", timeout=10).json()
+        return dict(state["graphs"][self.name])
 
     def stop(self) -> None:
         _stop(self.proc)
@@ -173,19 +175,23 @@ class Load:
         for t in self.threads:
             t.join(120)
 
+    route = "online"
+
+    def body(self, rng: np.random.Generator, _client: int) -> dict[str, Any]:
+        rows = rng.integers(0, len(self.xs), self.batch)
+        return {"input_batch": self.xs[rows].tolist(), "labels": [int(y) for y in self.ys[rows]]}
+
     def _loop(self, seed: int) -> None:
         import httpx
 
         rng = np.random.default_rng(seed)
         with httpx.Client(timeout=60) as client:
             while not self.stop.is_set():
-                rows = rng.integers(0, len(self.xs), self.batch)
-                body = {"input_batch": self.xs[rows].tolist(),
-                        "labels": [int(y) for y in self.ys[rows]]}
+                body = self.body(rng, seed)
                 start = time.perf_counter()
                 self.sent += self.batch
                 try:
-                    reply = client.post(f"{self.url}/online/predict", json=body)
+                    reply = client.post(f"{self.url}/{self.route}/predict", json=body)
                     reply.raise_for_status()
                 except httpx.HTTPError:
                     self.errors += self.batch
@@ -194,6 +200,39 @@ class Load:
                 if self.on_reply is not None:
                     for answer in reply.json():
                         self.on_reply(answer)
+
+
+class StreamLoad(Load):
+    """The sequence service: each client owns ``batch`` streams and sends each one's next
+    step in every request, so every stream's steps arrive in order."""
+
+    route = "stocks"
+
+    def body(self, rng: np.random.Generator, client: int) -> dict[str, Any]:
+        steps = rng.standard_normal((self.batch, 4)).astype(np.float32)
+        return {"input_batch": steps.tolist(),
+                "streams": [f"c{client}-{i}" for i in range(self.batch)]}
+
+
+def sequence_config(mode: str, noise: float) -> dict[str, Any]:
+    """Service (b): features -> two adjacent per-stream LSTMs -> scorer."""
+    lstm = {"input_size": 4, "hidden": 32, "noise": noise}
+    return {"server": {"require_admin_token": False, "grpc_port": 0},
+            "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
+                       {"name": "lstm1", "source": "zoo:stream-lstm",
+                        "options": {**lstm, "outputs": 4, "seed": 1}},
+                       {"name": "lstm2", "source": "zoo:stream-lstm",
+                        "options": {**lstm, "outputs": 1, "seed": 2}},
+                       {"name": "scorer", "source": "zoo:echo", "replicas": 1}],
+            "graphs": [{"name": "stocks", "fault_tolerance": mode, "max_batch": 64,
+                        "checkpoint_every": 150, "operators": [
+                            {"name": "feat", "model": "features", "inputs": ["frontend"]},
+                            {"name": "seq1", "model": "lstm1", "inputs": ["feat"],
+                             "stateful": True},
+                            {"name": "seq2", "model": "lstm2", "inputs": ["seq1"],
+                             "stateful": True},
+                            {"name": "score", "model": "scorer", "inputs": ["seq2"]}],
+                        "output": "score"}]}
 
 
 # ---- the parts -----------------------------------------------------------------------
@@ -266,10 +305,12 @@ def recovery(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
     results = {}
     for name, mode, detection in (("hams, exit-based detection", "hams", "exit"),
                                   ("hams, timeout-based detection (200 ms)", "hams", "timeout"),
-                                  ("remus, exit-based detection", "remus", "exit")):
+                                  ("remus, exit-based detection", "remus", "exit"),
+                                  ("checkpoint-replay (every 150 batches, killed 50 after "
+                                   "one), exit-based detection", "checkpoint-replay", "exit")):
         server = Server(service_config(mode, detection), tmp)
         try:
-            phases = [_one_kill(server, data) for _ in range(args.kills)]
+            phases = [_one_kill(server, data, mode) for _ in range(args.kills)]
         finally:
             server.stop()
         results[name] = _phase_stats(phases)
@@ -277,10 +318,12 @@ def recovery(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
     return results
 
 
-def _one_kill(server: Server, data: Data) -> dict[str, float | None]:
-    _await_spare(server)
+def _one_kill(server: Server, data: Data, mode: str) -> dict[str, float | None]:
+    _await_spare(server, need_backup=mode in ("hams", "remus"))
     with Load(server.url, data, batch=8, clients=2):
         time.sleep(1.0)
+        if mode == "checkpoint-replay":
+            _await_batches(server, "learner", 50)
         before = server.graph()
         killed_at = time.monotonic()  # CLOCK_MONOTONIC: the frontend's clock too
         os.kill(before["operators"]["learner"]["primary_pid"], signal.SIGKILL)
@@ -291,18 +334,29 @@ def _one_kill(server: Server, data: Data) -> dict[str, float | None]:
     return recovery_phases(killed_at, failovers[-1])
 
 
-def _await_spare(server: Server, timeout_s: float = 60) -> None:
-    """The next kill waits until a backup and a spare are up again (HAMS's failure model:
-    one failure per stateful operator at a time)."""
+def _await_spare(server: Server, ops: tuple[str, ...] = ("learner",),
+                 need_backup: bool = True, timeout_s: float = 60) -> None:
+    """The next kill waits until every operator is whole again: a synced backup and a
+    spare (HAMS's failure model: one failure per stateful operator at a time), or, with no
+    backups, a primary that said hello."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        learner = server.graph()["operators"]["learner"]
-        if learner.get("backup_synced") and learner.get("spare_pid") and \
-                _alive(learner["backup_pid"]) and _alive(learner["spare_pid"]):
+        graph = server.graph()
+        if graph["broken"]:
+            raise SystemExit(f"the graph broke: {graph['broken']}")
+        if not graph["recovering"] and all(_whole(graph["operators"][op], need_backup)
+                                           for op in ops):
             time.sleep(0.3)  # the spare's model loads after its process starts
             return
         time.sleep(0.1)
     raise SystemExit("no backup and spare after a kill")
+
+
+def _whole(op: dict[str, Any], need_backup: bool) -> bool:
+    if not need_backup:
+        return bool(op.get("primary_pid")) and _alive(op["primary_pid"])
+    return bool(op.get("backup_synced") and op.get("spare_pid") and _alive(op["backup_pid"])
+                and _alive(op["spare_pid"]))
 
 
 def _alive(pid: int) -> bool:
@@ -323,38 +377,62 @@ def _phase_stats(phases: list[dict[str, float | None]]) -> dict[str, Any]:
 
 
 def consistency(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    """HAMS on the sequence service under random kills of primaries and backups of both
+    LSTMs, noise on: every (operator, seq) a client saw is checked for a second value.
+    Then checkpoint-replay on the same service under primary kills: how many replayed
+    outputs differ from the ones clients already had."""
+    del data
+    result = _random_kills("hams", args.random_kills, ("primary", "backup"), tmp)
+    result["checkpoint-replay"] = _random_kills(
+        "checkpoint-replay", max(3, args.random_kills // 20), ("primary",), tmp)
+    return result
+
+
+def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> dict[str, Any]:
     oracle = ConsistencyOracle()
     lock = threading.Lock()
-    by_role = {"primary": 0, "backup": 0}
-    server = Server(service_config("hams", noise=1e-3), tmp)
+    by_role = {f"{op} {role}": 0 for op in ("seq1", "seq2") for role in roles}
+    server = Server(sequence_config(mode, noise=1e-3), tmp)
     rng = random.Random(11)
 
     def record(reply: dict[str, Any]) -> None:
         with lock:
-            oracle.record(reply, ("learner",))
+            oracle.record(reply, ("seq1", "seq2"))
 
     try:
-        with Load(server.url, data, batch=4, clients=2, on_reply=record) as load:
-            for i in range(args.random_kills):
-                _await_spare(server)
-                role = rng.choice(("primary", "backup"))
-                pid = server.graph()["operators"]["learner"][f"{role}_pid"]
+        with StreamLoad(server.url, ((), ()), batch=4, clients=2, on_reply=record) as load:
+            for i in range(kills):
+                op, role = rng.choice(("seq1", "seq2")), rng.choice(roles)
+                _await_spare(server, ("seq1", "seq2"), need_backup=mode == "hams")
+                if mode != "hams":
+                    _await_batches(server, op, rng.randint(5, 60))
+                pid = server.graph()["operators"][op][f"{role}_pid"]
                 with contextlib.suppress(ProcessLookupError):  # replaced meanwhile
                     os.kill(pid, signal.SIGKILL)
-                    by_role[role] += 1
+                    by_role[f"{op} {role}"] += 1
                 time.sleep(rng.uniform(0.05, 0.3))
                 if (i + 1) % 10 == 0:
-                    print(f"consistency: {i + 1} kills, {len(oracle.conflicts)} conflicts",
-                          flush=True)
+                    print(f"consistency {mode}: {i + 1} kills, {len(oracle.conflicts)} "
+                          "conflicts", flush=True)
             time.sleep(1.0)
-        sent, answered = load.sent, sum(oracle.answered.values())
-        broken = server.graph()["broken"]
+        graph = server.graph()
     finally:
         server.stop()
-    return {"kills": args.random_kills, "by_role": by_role, "sent": sent,
-            "answered": answered, "lost": load.errors, "duplicates": oracle.duplicates(),
-            "pairs": len(oracle.seen), "conflicts": len(oracle.conflicts),
-            "conflict_examples": oracle.conflicts[:5], "broken": broken}
+    return {"mode": mode, "kills": sum(by_role.values()), "by_role": by_role,
+            "sent": load.sent, "answered": sum(oracle.answered.values()),
+            "lost": load.errors, "duplicates": oracle.duplicates(), "pairs": len(oracle.seen),
+            "conflicts": len(oracle.conflicts), "conflict_examples": oracle.conflicts[:5],
+            "replay_conflicts": graph["replay_conflicts"], "broken": graph["broken"],
+            "failovers": len(graph["failovers"])}
+
+
+def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -> None:
+    """Checkpoint-replay: kill only once ``count`` batches ran since the last checkpoint."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.graph()["operators"][op]["since_checkpoint"] >= count:
+            return
+        time.sleep(0.02)
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {

@@ -108,12 +108,19 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         lines.append("")
     if result.get("consistency"):
         c = result["consistency"]
-        lines += ["## Global consistency under random kills", "",
-                  f"- kills: {c['kills']} ({c['by_role']})",
-                  f"- requests sent: {c['sent']}, answered: {c['answered']}, lost: {c['lost']}, "
-                  f"answered twice: {c['duplicates']}",
-                  f"- (operator, seq) pairs seen: {c['pairs']}, conflicting: {c['conflicts']}",
-                  ""]
+        lines += ["## Global consistency under random kills (sequence service, noise on)", ""]
+        for run in (c, c.get("checkpoint-replay")):
+            if not run:
+                continue
+            lines += [f"**{run.get('mode', 'hams')}**", "",
+                      f"- kills: {run['kills']} ({run['by_role']}), failovers: "
+                      f"{run.get('failovers', '–')}",
+                      f"- requests sent: {run['sent']}, answered: {run['answered']}, failed: "
+                      f"{run['lost']}, answered twice: {run['duplicates']}",
+                      f"- (operator, seq) pairs clients saw: {run['pairs']}, seen with two "
+                      f"values: {run['conflicts']}",
+                      f"- replayed outputs that differ from the answered ones: "
+                      f"{run.get('replay_conflicts', 0)}", ""]
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ class Graphs:
         runtime = self.get(name)
         rows, streams, labels = graph_items(body, runtime.graph.stream_key)
         answers = await runtime.predict(rows, streams, labels, runtime.graph.timeout_ms / 1000)
-        durable = runtime.mode != "bare"
+        durable = runtime.mode in ("hams", "remus")  # the others hold no reply
         return [_answer_json(name, a, durable) for a in answers]
 
 

@@ -575,23 +575,37 @@ class GraphRuntime:
         that clients already have are compared, not sent: with non-determinism they differ,
         and each difference is a conflict this baseline cannot avoid (HAMS's point)."""
         pair.inflight.clear()
-        pair.primary = self._launch(pair.op, "primary")
-        hello = await self._hello(pair.primary)
-        restored = int(hello.get("restored", 0))
+        for attempt in itertools.count(1):
+            pair.primary = self._launch(pair.op, "primary")
+            try:
+                restored = await self._replay_into(pair, pair.primary)
+                break
+            except Unavailable:  # the fresh process died too: start over, from the file
+                if attempt >= 3:
+                    raise
         log_ = self.replay[pair.op]
-        for header, rows in log_.after(restored):
-            bid = next(self._bids)
-            future = asyncio.get_running_loop().create_future()
-            self._replaying[bid] = future
-            self._send(pair.primary, {**header, "bid": bid}, rows)
-            reply, buffers = await asyncio.wait_for(future, 60)
-            if "error" not in reply:
-                outputs = np.array(wire.unpack_payload(reply["outputs"], buffers))
-                self._replayed(pair.op, header["seqs"], outputs)
         record.bounds = {pair.op: restored}
         record.replayed = log_.replayed_batches
         record.protocol_done_at = self.clock()
         self.failovers.append(record)
+
+    async def _replay_into(self, pair: _Pair, primary: Member) -> int:
+        hello = await self._hello(primary)
+        restored = int(hello.get("restored", 0))
+        for header, rows in self.replay[pair.op].after(restored):
+            bid = next(self._bids)
+            future = asyncio.get_running_loop().create_future()
+            self._replaying[bid] = future
+            self._send(primary, {**header, "bid": bid}, rows)
+            while not future.done():
+                if primary.exited():
+                    raise Unavailable(f"{pair.op}: the replaying process died")
+                await asyncio.wait([future], timeout=0.01)
+            reply, buffers = future.result()
+            if "error" not in reply:
+                outputs = np.array(wire.unpack_payload(reply["outputs"], buffers))
+                self._replayed(pair.op, header["seqs"], outputs)
+        return restored
 
     def _replayed(self, op: str, seqs: list[int], outputs: np.ndarray) -> None:
         """Compare with what was answered; answer what never was."""
@@ -660,6 +674,7 @@ class GraphRuntime:
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
+                "recovering": self._recovery.locked(),
                 "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,

@@ -1,0 +1,123 @@
+"""The pure pieces of HAMS serving: the flat state copy, the checkpoint-replay log, lineage on
+the wire, and the benchmark's rules (phases, overhead ratios, the consistency oracle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.hams_analysis import (
+    ConsistencyOracle,
+    latency_summary,
+    overhead_rows,
+    recovery_phases,
+    render_markdown,
+)
+from parityserve.core.hams import Arrival, Executed, Hop
+from parityserve.errors import ProtocolError
+from parityserve.runtime.hams_replay import ReplayLog
+from parityserve.runtime.hams_state import FlatState
+from parityserve.runtime.hams_worker import (
+    lineage_from_wire,
+    lineage_to_wire,
+    restore_checkpoint,
+    save_checkpoint,
+)
+
+
+def state() -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+            "keys": torch.tensor([1, 0, 7], dtype=torch.int64),
+            "b": torch.ones(5, dtype=torch.float64)}
+
+
+def test_a_flat_copy_installs_the_same_bytes_and_is_independent_of_the_live_state() -> None:
+    live = state()
+    flat = FlatState.capture(4, live)
+    live["w"].add_(100)  # the copy must not move with the live state
+    target = {k: torch.zeros_like(v) for k, v in state().items()}
+    FlatState.received(4, flat.layout, bytes(flat.frame())).install(target)
+    for name, tensor in state().items():
+        assert torch.equal(target[name], tensor)
+
+
+def test_a_state_with_another_layout_is_refused_before_anything_is_written() -> None:
+    flat = FlatState.capture(1, state())
+    other = {"w": torch.zeros(4, 3), "keys": torch.zeros(3, dtype=torch.int64),
+             "b": torch.zeros(5, dtype=torch.float64)}
+    with pytest.raises(ProtocolError, match="layout differs"):
+        flat.install(other)
+    assert not other["w"].any()
+
+
+@pytest.mark.parametrize("layout", [[["w", "|O", [3], 0]], [["w", "<f4", [10**6], 0]],
+                                    [["w", "<f4"]], "nonsense"])
+def test_a_peers_bad_layout_is_a_protocol_error(layout: Any) -> None:
+    with pytest.raises(ProtocolError):
+        FlatState.received(1, layout, b"\0" * 64).views()
+
+
+def test_checkpoints_restore_the_last_state_whole(tmp_path: Any) -> None:
+    path = str(tmp_path / "op.ckpt")
+    target = {k: torch.zeros_like(v) for k, v in state().items()}
+    assert restore_checkpoint(path, target) == 0  # none yet: start from the initial state
+    save_checkpoint(path, FlatState.capture(150, state()))
+    assert restore_checkpoint(path, target) == 150
+    assert torch.equal(target["w"], state()["w"])
+
+
+def test_lineage_survives_the_wire_and_garbage_does_not_pass() -> None:
+    lineage = (Hop("frontend", 7, "a", 1), Hop("a", 1, "b", 3))
+    assert lineage_from_wire(lineage_to_wire(lineage)) == lineage
+    with pytest.raises(ProtocolError):
+        lineage_from_wire([["frontend", "x", "a"]])
+
+
+def executed(seq: int) -> Executed[np.ndarray]:
+    hop = Hop("frontend", seq, "op", seq)
+    return Executed(seq, Arrival((), (("frontend", seq),), np.zeros(1)), (hop,))
+
+
+def test_the_replay_log_keeps_what_follows_the_last_checkpoint_and_spots_conflicts() -> None:
+    log = ReplayLog()
+    for first in (1, 3, 5):
+        log.logged({"seqs": [first, first + 1]}, [b"rows"])
+        log.answered([executed(first), executed(first + 1)], np.array([[first], [first + 1]]))
+    log.checkpointed(2)
+    assert log.since_checkpoint == 2
+    assert [h["seqs"] for h, _ in log.after(2)] == [[3, 4], [5, 6]]
+    assert [h["seqs"] for h, _ in log.after(4)] == [[5, 6]]
+    assert log.conflicts_with(5, [5]) is False and log.conflicts_with(5, [9]) is True
+    assert log.conflicts_with(1, [42]) is False  # dropped with the checkpoint: unknown
+    assert log.conflicts_with(99, [1]) is False  # never answered: nothing to differ from
+
+
+def test_recovery_splits_into_detection_protocol_and_handover() -> None:
+    phases = recovery_phases(10.0, {"detected_at": 10.02, "protocol_done_at": 10.025,
+                                    "first_reply_at": 10.04})
+    assert phases == pytest.approx({"detection_ms": 20.0, "protocol_ms": 5.0,
+                                    "handover_ms": 15.0, "total_ms": 40.0})
+    assert recovery_phases(1.0, {"detected_at": 1.1, "protocol_done_at": 1.2})[
+        "total_ms"] is None
+
+
+def test_overhead_is_the_median_over_repetitions_relative_to_bare() -> None:
+    cell = [latency_summary([0.010] * 10, 100, 1.0), latency_summary([0.012] * 10, 80, 1.0)]
+    faster = [latency_summary([0.011] * 10, 100, 1.0)]
+    rows = overhead_rows({"bare": {8: cell}, "hams": {8: faster}})
+    hams = next(r for r in rows if r["mode"] == "hams")
+    assert hams["mean_vs_bare"] == pytest.approx(11 / 11)  # median of 10 and 12 ms is 11
+    assert hams["tput_vs_bare"] == pytest.approx(100 / 90)
+    assert "| hams | 8 |" in render_markdown({"overhead": rows})
+
+
+def test_the_oracle_flags_two_values_for_one_sequence_number() -> None:
+    oracle = ConsistencyOracle()
+    oracle.record({"query_id": "1", "seqs": {"op": 1}, "output": [0.5]}, ["op"])
+    oracle.record({"query_id": "2", "seqs": {"op": 2}, "output": [0.5]}, ["op"])
+    assert not oracle.conflicts
+    oracle.record({"query_id": "3", "seqs": {"op": 1}, "output": [0.7]}, ["op"])
+    assert len(oracle.conflicts) == 1 and oracle.duplicates() == 0
