@@ -10,7 +10,7 @@ ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
 	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf bench-parity_curve \
-	bench-berrut_group_wait bench-ray_cluster check-plain-install fuzz clean venv
+	bench-berrut_group_wait bench-ray_cluster bench-hams check-plain-install fuzz clean venv
 
 venv: $(STAMP)
 
@@ -55,7 +55,7 @@ bench-overhead: $(BENCH_STAMP)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
 BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf parity_curve \
-	berrut_group_wait ray_cluster
+	berrut_group_wait ray_cluster hams
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
