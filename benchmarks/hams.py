@@ -61,6 +61,7 @@ __all__ = ["build_parser", "main"]
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 MODES = ("bare", "remus", "hams")
+PART_NAMES = ("overhead", "recovery", "correlated", "consistency")
 Data = tuple[np.ndarray, np.ndarray]  # images, labels
 EXAMPLES = (
     ("python -m benchmarks.hams --data-dir ../shared/data",
@@ -72,8 +73,8 @@ EXAMPLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="short run (minutes)")
-    p.add_argument("--parts", default="overhead,recovery,consistency",
-                   help="comma list of overhead, recovery, consistency")
+    p.add_argument("--parts", default=",".join(PART_NAMES),
+                   help=f"comma list of {', '.join(PART_NAMES)}")
     p.add_argument("--batches", default="1,8,32,64", help="batch sizes for the overhead")
     p.add_argument("--seconds", type=float, help="closed-loop time per cell (10; quick 3)")
     p.add_argument("--reps", type=int, help="repetitions of the overhead (3; quick 1)")
@@ -218,7 +219,7 @@ def sequence_config(mode: str, noise: float) -> dict[str, Any]:
     """Service (b): features -> two adjacent per-stream LSTMs -> scorer."""
     lstm = {"input_size": 4, "hidden": 32, "noise": noise}
     return {"server": {"require_admin_token": False, "grpc_port": 0},
-            "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
+            "models": [{"name": "features", "source": "zoo:echo", "replicas": 2},
                        {"name": "lstm1", "source": "zoo:stream-lstm",
                         "options": {**lstm, "outputs": 4, "seed": 1}},
                        {"name": "lstm2", "source": "zoo:stream-lstm",
@@ -402,8 +403,7 @@ def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> d
     try:
         with StreamLoad(server.url, ((), ()), batch=4, clients=2, on_reply=record) as load:
             for i in range(kills):
-                op, role = rng.choice(("seq1", "seq2")), rng.choice(roles)
-                _await_spare(server, ("seq1", "seq2"), need_backup=mode == "hams")
+                op, role = _whole_op(server, rng, need_backup=mode == "hams"), rng.choice(roles)
                 if mode != "hams":
                     _await_batches(server, op, rng.randint(5, 60))
                 pid = server.graph()["operators"][op][f"{role}_pid"]
@@ -426,6 +426,127 @@ def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> d
             "failovers": len(graph["failovers"])}
 
 
+def correlated(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    """Recovery on the sequence service (two adjacent stateful LSTMs) for the paper's other
+    cases: one primary; both adjacent primaries at once; a stateless replica (its warm
+    standby takes over) with a stateful primary; and Fig. 6 (seq1's state delivery delayed
+    by 300 ms, then seq1's primary and seq2's backup killed together). Each: the total from
+    the kill to the last failover's first committed reply, and the longest reply a client
+    waited for around the kill against the median before it."""
+    del data
+    server = Server(sequence_config("hams", noise=0.0), tmp)
+    cases: dict[str, Callable[[Server], list[int]]] = {
+        "one stateful primary (seq1)": lambda s: [_pid(s, "seq1", "primary")],
+        "adjacent primaries (seq1 + seq2)": lambda s: [_pid(s, "seq1", "primary"),
+                                                       _pid(s, "seq2", "primary")],
+        "stateless replica + stateful primary (feat + seq2)":
+            lambda s: [_replica_pid(s, "features"), _pid(s, "seq2", "primary")],
+        "stateless replica alone (feat; its warm standby)":
+            lambda s: [_replica_pid(s, "features")],
+        "Fig. 6: seq1 delayed, seq1 primary + seq2 backup": _fig6,
+    }
+    results = {}
+    try:
+        for name, victims in cases.items():
+            results[name] = _phase_cases([_correlated_kill(server, victims)
+                                          for _ in range(args.kills)])
+            print(f"correlated {name}: {results[name]['median']}", flush=True)
+    finally:
+        server.stop()
+    return results
+
+
+def _correlated_kill(server: Server, victims: Callable[[Server], list[int]]
+                     ) -> dict[str, float | None]:
+    _await_spare(server, ("seq1", "seq2"))
+    _await_replicas(server, "features", 2)
+    load = StreamLoad(server.url, ((), ()), batch=4, clients=2)
+    with load:
+        time.sleep(1.0)
+        before_n, failovers = len(load.latencies), len(server.graph()["failovers"])
+        pids = victims(server)
+        killed_at = time.monotonic()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(2.0)
+    _clear_faults(server)
+    records = server.graph()["failovers"][failovers:]
+    firsts = [r["first_reply_at"] for r in records if r.get("first_reply_at")]
+    return {"total_ms": (max(firsts) - killed_at) * 1e3 if firsts else None,
+            "failovers": float(len(records)),
+            "normal_p50_ms": float(np.median(load.latencies[:before_n])) * 1e3,
+            "worst_reply_ms": max(load.latencies[before_n:]) * 1e3}
+
+
+def _phase_cases(runs: list[dict[str, float | None]]) -> dict[str, Any]:
+    keys = ("total_ms", "failovers", "normal_p50_ms", "worst_reply_ms")
+    stats: dict[str, Any] = {"kills": len(runs), "each": runs}
+    for name, fn in (("median", median), ("max", max)):
+        stats[name] = {k: fn([r[k] for r in runs if r[k] is not None])
+                       if any(r[k] is not None for r in runs) else None for k in keys}
+    return stats
+
+
+def _pid(server: Server, op: str, role: str) -> int:
+    return int(server.graph()["operators"][op][f"{role}_pid"])
+
+
+def _replica_pid(server: Server, model: str) -> int:
+    import httpx
+
+    models = httpx.get(f"{server.url}/admin/state", timeout=10).json()["models"]
+    replicas = next(m for m in models if m["name"] == model)["replicas"]
+    return int(next(r["pid"] for r in replicas if r.get("pid")))
+
+
+def _await_replicas(server: Server, model: str, count: int, timeout_s: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        models = httpx.get(f"{server.url}/admin/state", timeout=10).json()["models"]
+        replicas = next(m for m in models if m["name"] == model)["replicas"]
+        if sum(1 for r in replicas if r.get("state") == "ready") >= count:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"{model}: fewer than {count} live replicas after a kill")
+
+
+def _fig6(server: Server) -> list[int]:
+    import httpx
+
+    httpx.post(f"{server.url}/admin/graphs/{server.name}/faults", timeout=10,
+               json={"operator": "seq1", "state_delay_ms": 300}).raise_for_status()
+    time.sleep(0.5)  # seq2 runs ahead on seq1's undurable outputs
+    return [_pid(server, "seq1", "primary"), _pid(server, "seq2", "backup")]
+
+
+def _clear_faults(server: Server) -> None:
+    import httpx
+
+    for op in ("seq1", "seq2"):
+        httpx.post(f"{server.url}/admin/graphs/{server.name}/faults", timeout=10,
+                   json={"operator": op, "state_delay_ms": 0}).raise_for_status()
+
+
+def _whole_op(server: Server, rng: random.Random, need_backup: bool,
+              timeout_s: float = 60) -> str:
+    """A stateful operator that may fail now (HAMS tolerates one failure per stateful
+    operator at a time): the other one may still be recovering."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        graph = server.graph()
+        if graph["broken"]:
+            raise SystemExit(f"the graph broke: {graph['broken']}")
+        whole = [op for op in ("seq1", "seq2") if _whole(graph["operators"][op], need_backup)]
+        if whole and (need_backup or not graph["recovering"]):
+            time.sleep(0.1)
+            return rng.choice(whole)
+        time.sleep(0.05)
+    raise SystemExit("no operator whole again after a kill")
+
+
 def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -> None:
     """Checkpoint-replay: kill only once ``count`` batches ran since the last checkpoint."""
     deadline = time.monotonic() + timeout_s
@@ -436,7 +557,8 @@ def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {
-    "overhead": overhead, "recovery": recovery, "consistency": consistency}
+    "overhead": overhead, "recovery": recovery, "correlated": correlated,
+    "consistency": consistency}
 
 
 # ---- output --------------------------------------------------------------------------
@@ -490,7 +612,7 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python", "-m", "benchmarks.hams"]
     if args.quick:
         parts.append("--quick")
-    if args.parts != "overhead,recovery,consistency":
+    if args.parts != ",".join(PART_NAMES):
         parts += ["--parts", args.parts]
     if args.data_dir is not None:
         parts += ["--data-dir", os.path.relpath(Path(args.data_dir).resolve(), ROOT)]

@@ -106,6 +106,17 @@ def render_markdown(result: Mapping[str, Any]) -> str:
                      ("detection_ms", "protocol_ms", "handover_ms", "total_ms")]
             lines.append(f"| {stat} of {rec.get('kills', 0)} kills | " + " | ".join(cells) + " |")
         lines.append("")
+    if result.get("correlated"):
+        lines += ["## Recovery on the sequence service (two adjacent stateful LSTMs)", "",
+                  "| case | kills | total ms (median / max) | failovers | worst reply ms "
+                  "(median / max) | normal p50 ms |", "|---" * 6 + "|"]
+        for name, rec in result["correlated"].items():
+            med, top = rec.get("median", {}), rec.get("max", {})
+            lines.append(f"| {name} | {rec.get('kills', 0)} | {_ms(med.get('total_ms'))} / "
+                         f"{_ms(top.get('total_ms'))} | {_ms(med.get('failovers'))} | "
+                         f"{_ms(med.get('worst_reply_ms'))} / {_ms(top.get('worst_reply_ms'))}"
+                         f" | {_ms(med.get('normal_p50_ms'))} |")
+        lines.append("")
     if result.get("consistency"):
         c = result["consistency"]
         lines += ["## Global consistency under random kills (sequence service, noise on)", ""]

@@ -95,6 +95,8 @@ def graph_items(body: dict[str, Any], stream_key: str
 
 
 def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
+    if all(isinstance(x, np.ndarray) for x in inputs):  # V2: rows of a decoded tensor
+        return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
     try:
         rows = [np.asarray(x, dtype=np.float32) for x in inputs]
     except (TypeError, ValueError) as exc:

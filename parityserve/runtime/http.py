@@ -625,6 +625,8 @@ class _Frontend:
     async def infer(self, request: Request) -> tuple[Response, Outcome]:
         model, version = request.path_params["model"], _version(request)
         body = await _read_body(request, self.limit)
+        if self.system.has_graph(model):
+            return await self._infer_graph(model, request, body)
         meta = self.system.model_metadata(model, version)
         decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
         name = _output_name(decoded, meta)
@@ -638,6 +640,26 @@ class _Frontend:
         out, headers = v2.encode_infer_response(
             model, str(version) if version else _latest(meta), decoded.id,
             [(name, result)], {name: decoded.wants_binary(name)}, params)
+        return Response(out, headers=headers), "ok"
+
+    async def _infer_graph(self, graph: str, request: Request, body: bytes
+                           ) -> tuple[Response, Outcome]:
+        """V2 inference on a stateful graph's entry: one input tensor, one row per request;
+        the request's parameters may carry ``streams`` and ``labels`` (one per row)."""
+        decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
+        if len(decoded.inputs) != 1:
+            raise InvalidInput(f"graph {graph!r} takes exactly one input tensor, got "
+                               f"{[t.name for t in decoded.inputs]}")
+        rows = decoded.inputs[0].array
+        params = decoded.parameters or {}
+        query: dict[str, Any] = {"input_batch": list(rows)}
+        query.update({k: params[k] for k in ("streams", "labels") if k in params})
+        answers = await self.system.predict_graph(graph, query)
+        result = np.stack([np.asarray(a["output"], dtype=np.float32) for a in answers])
+        out, headers = v2.encode_infer_response(
+            graph, "1", decoded.id, [("output", result)],
+            {"output": decoded.wants_binary("output")},
+            {"seqs": [a["seqs"] for a in answers], "durable": answers[0]["durable"]})
         return Response(out, headers=headers), "ok"
 
     # ------------------------------------------------------------ Clipper handlers

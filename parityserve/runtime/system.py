@@ -267,6 +267,8 @@ class ServingSystem:
 
     # ---- metadata and readiness ------------------------------------------------------------
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
+        if self.has_graph(model) and version in (None, 1):  # a graph serves as one model
+            return ModelMetadata(model, ("1",), "parityserve-graph", (), ())
         path = find_model(self.models, model, version)
         inputs = (path.input_spec,) if path.input_spec else ()
         outputs = (path.output_spec,) if path.output_spec else ()
@@ -278,6 +280,8 @@ class ServingSystem:
             self._live(p) for p in self.models.values() if p.deployment.replicas)
 
     def model_ready(self, model: str, version: int | None) -> bool:
+        if self.graphs is not None and self.has_graph(model):
+            return self.graphs.get(model).ready()
         return bool(self._live(find_model(self.models, model, version)))
 
     def _live(self, path: ModelPath) -> list[Replica]:

@@ -67,6 +67,7 @@ class InferRequest:
     inputs: tuple[Tensor, ...]
     outputs: tuple[RequestedOutput, ...]
     binary_data_output: bool = False
+    parameters: dict[str, Any] | None = None  # the request's own (a graph's streams, labels)
 
     def wants_binary(self, output: str) -> bool:
         """Whether ``output`` goes back as binary data (per-output flag wins)."""
@@ -125,6 +126,7 @@ def decode_infer_request(body: bytes, header_length: int | None,
         inputs=inputs,
         outputs=_requested_outputs(header.get("outputs")),
         binary_data_output=_flag(_parameters(header, "request"), "binary_data_output"),
+        parameters=_parameters(header, "request"),
     )
 
 

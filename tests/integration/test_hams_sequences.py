@@ -216,3 +216,25 @@ def test_checkpoint_replay_recovers_by_replay_and_counts_its_conflicts(tmp_path:
         assert failover["replayed_batches"] >= 2 and state["replay_conflicts"] >= 1
     finally:
         running.stop()
+
+
+def test_v2_inference_on_the_graph_entry_with_tritonclient(server: RunningServer) -> None:
+    """The graph answers the V2 protocol too: metadata, readiness, and inference whose
+    request parameters name each row's stream (tritonclient, unmodified)."""
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        assert client.is_model_ready("stocks")
+        assert client.get_model_metadata("stocks")["platform"] == "parityserve-graph"
+        x = np.random.default_rng(9).standard_normal((2, 4)).astype(np.float32)
+        tensor = triton.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer("stocks", [tensor], parameters={"streams": ["v2a", "v2b"]})
+        assert result.as_numpy("output").shape == (2, 1)
+        with Client(server.url) as ours:  # the same streams, continued over the Clipper route
+            follow = ours.predict_graph("stocks", x[0].tolist(), stream="v2a",
+                                        stream_key="ticker")
+        assert follow["seqs"]["seq1"] > 0
+    finally:
+        client.close()
