@@ -61,7 +61,7 @@ __all__ = ["build_parser", "main"]
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 MODES = ("bare", "remus", "hams")
-PART_NAMES = ("overhead", "recovery", "correlated", "consistency")
+PART_NAMES = ("overhead", "recovery", "correlated", "consistency", "timeline")
 Data = tuple[np.ndarray, np.ndarray]  # images, labels
 EXAMPLES = (
     ("python -m benchmarks.hams --data-dir ../shared/data",
@@ -161,6 +161,7 @@ class Load:
         self.xs, self.ys = data
         self.on_reply = on_reply
         self.latencies: list[float] = []
+        self.sent_at: list[float] = []  # CLOCK_MONOTONIC, comparable with a kill's time
         self.sent = self.errors = 0
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
@@ -198,6 +199,7 @@ class Load:
                     self.errors += self.batch
                     continue
                 self.latencies.append(time.perf_counter() - start)
+                self.sent_at.append(time.monotonic() - (time.perf_counter() - start))
                 if self.on_reply is not None:
                     for answer in reply.json():
                         self.on_reply(answer)
@@ -249,8 +251,11 @@ def run(args: argparse.Namespace) -> int:
     json_path = out / f"{stem}.json"
     state: dict[str, Any] = json.loads(json_path.read_text()) if args.resume and \
         json_path.exists() else {}
-    state.update(command=_command(args), machine=_machine(),
-                 title="quick" if quick else "full run")
+    if "command" in state and _command(args) != state["command"]:  # a resumed part
+        state.setdefault("more_commands", []).append(_command(args))
+    else:
+        state["command"] = _command(args)
+    state.update(machine=_machine(), title="quick" if quick else "full run")
     data = images(args.data_dir)
     with tempfile.TemporaryDirectory() as tmp:
         for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
@@ -354,6 +359,8 @@ def _await_spare(server: Server, ops: tuple[str, ...] = ("learner",),
 
 
 def _whole(op: dict[str, Any], need_backup: bool) -> bool:
+    if not op.get("whole", True):  # the server knows of a loss it is still recovering from
+        return False
     if not need_backup:
         return bool(op.get("primary_pid")) and _alive(op["primary_pid"])
     return bool(op.get("backup_synced") and op.get("spare_pid") and _alive(op["backup_pid"])
@@ -547,6 +554,51 @@ def _whole_op(server: Server, rng: random.Random, need_backup: bool,
     raise SystemExit("no operator whole again after a kill")
 
 
+def timeline(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    """Every reply's latency against its send time, across one kill of the learner's
+    primary, for hams and for checkpoint-replay (killed 50 batches after a checkpoint)."""
+    del args
+    out = {}
+    for mode in ("hams", "checkpoint-replay"):
+        server = Server(service_config(mode), tmp)
+        try:
+            _await_spare(server, need_backup=mode == "hams")
+            load = Load(server.url, data, batch=8, clients=2)
+            with load:
+                time.sleep(1.5)
+                if mode == "checkpoint-replay":
+                    _await_batches(server, "learner", 50)
+                killed_at = time.monotonic()
+                os.kill(_pid(server, "learner", "primary"), signal.SIGKILL)
+                time.sleep(3.0)
+        finally:
+            server.stop()
+        pairs = sorted(zip(load.sent_at, load.latencies, strict=False))
+        out[mode] = {"t_s": [round(t - killed_at, 4) for t, _ in pairs],
+                     "latency_ms": [round(lat * 1e3, 3) for _, lat in pairs]}
+    return out
+
+
+def _plot_timeline(state: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ax, (mode, run) in zip(axes, state["timeline"].items(), strict=False):
+        ax.scatter(run["t_s"], run["latency_ms"], s=4)
+        ax.axvline(0, color="red", linestyle="--", label="kill -9 of the learner's primary")
+        ax.set_yscale("log")
+        ax.set_xlabel("send time, s from the kill")
+        ax.set_title(mode)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("reply latency, ms (batch of 8)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -> None:
     """Checkpoint-replay: kill only once ``count`` batches ran since the last checkpoint."""
     deadline = time.monotonic() + timeout_s
@@ -558,7 +610,7 @@ def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -
 
 PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {
     "overhead": overhead, "recovery": recovery, "correlated": correlated,
-    "consistency": consistency}
+    "consistency": consistency, "timeline": timeline}
 
 
 # ---- output --------------------------------------------------------------------------
@@ -568,6 +620,8 @@ def _write(out: Path, stem: str, state: dict[str, Any]) -> None:
     (out / f"{stem}-command.txt").write_text(state["command"] + "\n")
     if state.get("overhead"):
         _plot(state, out / f"{stem}.png")
+    if state.get("timeline"):
+        _plot_timeline(state, out / f"{stem}-timeline.png")
 
 
 def _plot(state: dict[str, Any], path: Path) -> None:

@@ -86,7 +86,9 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     lines = [f"# HAMS on this machine ({result.get('title', '')})", "",
              "Latency: one closed-loop client (one request = one batch of B rows). "
              "rows/s: three clients, at saturation.", "",
-             f"Command: `{result.get('command', '')}`", "", result.get("machine", ""), ""]
+             f"Command: `{result.get('command', '')}`", "",
+             *[f"Parts added with: `{c}`" for c in result.get("more_commands", [])], "",
+             result.get("machine", ""), ""]
     if result.get("overhead"):
         lines += ["## Normal-case overhead", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | rows/s | mean vs bare | "

@@ -66,6 +66,7 @@ Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
 _IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
 _RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
 _CHECK_EVERY_S = 0.005
+_HANG_S = 2.0  # exit-based detection: silence that means a hung operator
 _UNHELD = ("bare", "checkpoint-replay")  # modes without a backup: replies leave at once
 
 
@@ -459,9 +460,16 @@ class GraphRuntime:
             return "exit" if member.exited() else None
         if self.graph.detection == "exit" and member.exited():
             return "exit"
-        if now - member.last_beat > self.graph.heartbeat_timeout_ms / 1000:
+        if now - member.last_beat > self._silence_limit_s():
             return "timeout"
         return None
+
+    def _silence_limit_s(self) -> float:
+        """With exit-based detection the exit is the evidence and heartbeats only catch a
+        hung process, so they get a longer limit: on a busy 2-core host an operator can be
+        starved of CPU for a few hundred ms, and a false suspicion kills a healthy process."""
+        limit = self.graph.heartbeat_timeout_ms / 1000
+        return limit if self.graph.detection == "timeout" else max(limit, _HANG_S)
 
     async def _recover(self, op: str, member: Member, how: str, detected_at: float) -> None:
         async with self._recovery:
@@ -492,7 +500,19 @@ class GraphRuntime:
         if spare is None or spare.lost:
             spare = self._launch(pair.op, "backup")
         pair.backup, pair.spare = spare, self._launch(pair.op, "backup")
-        await self._attach(pair)
+        if spare.hello.done():
+            await self._attach(pair)
+        else:  # still loading its model: attach it later, without holding up recoveries
+            self._spawn(self._attach_when_ready(pair, spare))
+
+    async def _attach_when_ready(self, pair: _Pair, backup: Member) -> None:
+        try:
+            await self._hello(backup)
+            async with self._recovery:  # the primary may change meanwhile: attach to the one
+                if pair.backup is backup and not backup.lost:  # there is then
+                    await self._attach(pair)
+        except Exception:  # it died: the monitor sees a lost backup and adopts another
+            log.warning("graph %s: %s's new backup did not come up", self.graph.name, pair.op)
 
     async def _primary_lost(self, pair: _Pair, member: Member, how: str,
                             detected_at: float) -> None:
@@ -645,6 +665,15 @@ class GraphRuntime:
                 waiting.future.exception()  # retrieved: a client that left logs nothing
             del self._waiting[client]
 
+    def _whole(self, pair: _Pair) -> bool:
+        """Can take one more failure: a live primary, a seeded backup (with a backup mode),
+        a spare, and no loss noticed but not yet recovered from."""
+        members = [pair.primary] + ([pair.backup, pair.spare] if self.mode not in _UNHELD
+                                    else [])
+        if any(m is None or m.lost for m in members):
+            return False
+        return self.mode in _UNHELD or bool(pair.backup and pair.backup.extra.get("synced"))
+
     def slow_state(self, op: str, delay_s: float) -> None:
         """Fault injection: ``op``'s primary waits this long before each state leaves, so
         downstream runs ahead on speculation (the paper's Fig. 6 set-up)."""
@@ -671,6 +700,7 @@ class GraphRuntime:
                              backup_pid=pair.backup.pid if pair.backup else None,
                              backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
                              since_checkpoint=self.replay[op].since_checkpoint,
+                             whole=self._whole(pair),
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
