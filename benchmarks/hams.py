@@ -84,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared data (MNIST test images; random images without it)")
     p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams")
     p.add_argument("--resume", action="store_true", help="keep parts already in the JSON")
+    p.add_argument("--redo", default="", help="with --resume: measure these parts again")
     p.set_defaults(func=run)
 
 
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     data = images(args.data_dir)
     with tempfile.TemporaryDirectory() as tmp:
         for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
-            if part in state and args.resume:
+            if part in state and args.resume and part not in args.redo.split(","):
                 continue
             state[part] = PARTS[part](args, data, Path(tmp))
             _write(out, stem, state)
@@ -666,6 +667,10 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python", "-m", "benchmarks.hams"]
     if args.quick:
         parts.append("--quick")
+    if args.resume:
+        parts.append("--resume")
+    if args.redo:
+        parts += ["--redo", args.redo]
     if args.parts != ",".join(PART_NAMES):
         parts += ["--parts", args.parts]
     if args.data_dir is not None:

@@ -666,12 +666,12 @@ class GraphRuntime:
             del self._waiting[client]
 
     def _whole(self, pair: _Pair) -> bool:
-        """Can take one more failure: a live primary, a seeded backup (with a backup mode),
-        a spare, and no loss noticed but not yet recovered from."""
+        """Can take one more failure at full speed: a live primary, a seeded backup (with a
+        backup mode), a loaded spare, and no loss noticed but not yet recovered from."""
         members = [pair.primary] + ([pair.backup, pair.spare] if self.mode not in _UNHELD
                                     else [])
-        if any(m is None or m.lost for m in members):
-            return False
+        if any(m is None or m.lost or not m.hello.done() for m in members):
+            return False  # a spare still loading its model could not take over yet
         return self.mode in _UNHELD or bool(pair.backup and pair.backup.extra.get("synced"))
 
     def slow_state(self, op: str, delay_s: float) -> None:
