@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from parityserve.runtime.hams_worker import OperatorSpec
-from parityserve.runtime.keys import ENV_VAR, ClientKeys, ServerKeys
+from parityserve.runtime.keys import ClientKeys, ServerKeys
+from parityserve.runtime.launcher import spawn_worker_process
 from parityserve.runtime.rpc import WorkerLink
 
 __all__ = ["Member", "MemberLauncher"]
@@ -65,20 +65,9 @@ class MemberLauncher:
         keys = self.keys.client() if self.keys is not None else None
         if keys is not None:
             self.link.expect(spec.worker_id, keys.public)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        env.pop(ENV_VAR, None)
-        if keys is not None:
-            env[ENV_VAR] = keys.to_env()  # never on the command line, which ps shows
         cmd = [sys.executable, "-m", "parityserve.runtime.hams_worker",
                "--connect", self.link.address, "--spec", spec.to_json()]
-        stderr = self._stderr(spec)
-        try:
-            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                                     start_new_session=True)
-        finally:
-            if stderr is not None:
-                os.close(stderr)
+        popen = spawn_worker_process(cmd, 1, keys, self.log_dir, spec.worker_id)
         hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         return Member(spec, popen, keys, now, hello, last_beat=now)
 
@@ -92,10 +81,3 @@ class MemberLauncher:
     def next_id(self, graph: str, op: str, role: str) -> str:
         self._count += 1
         return f"{graph}/{op}/{role}-{self._count}"
-
-    def _stderr(self, spec: OperatorSpec) -> int | None:
-        if self.log_dir is None:
-            return None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{spec.worker_id.replace('/', '_')}.log"
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

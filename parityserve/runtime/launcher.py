@@ -12,7 +12,38 @@ from pathlib import Path
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.worker import WorkerSpec
 
-__all__ = ["LocalLauncher", "WorkerProcess"]
+__all__ = ["LocalLauncher", "WorkerProcess", "spawn_worker_process"]
+
+
+def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
+                         log_dir: Path | None, name: str) -> subprocess.Popen[bytes]:
+    """Start one worker-like process (a model replica, a graph operator) in its own session,
+    its CURVE keys in its environment, which only its own user can read, never on the
+    command line, which ``ps`` shows to everyone; its stderr in ``log_dir/NAME.log``."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    # Idle OpenMP threads sleep instead of spinning (unless the user chose otherwise):
+    # spinning threads steal the cores the frontend and the other replicas need, which
+    # made two-thread configurations collapse under open load on 2 cores while they
+    # looked fastest in a closed loop (profile of ResNet-20, issue 18).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.pop(ENV_VAR, None)
+    if keys is not None:
+        env[ENV_VAR] = keys.to_env()
+    stderr = _log_file(log_dir, name)
+    try:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    finally:
+        if stderr is not None:
+            os.close(stderr)  # the child holds its own copy
+
+
+def _log_file(log_dir: Path | None, name: str) -> int | None:
+    if log_dir is None:
+        return None  # inherit: worker tracebacks show up in the frontend's terminal
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / f"{name.replace('/', '_')}.log"
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 class WorkerProcess:
@@ -60,31 +91,8 @@ class LocalLauncher:
         user can read, never on the command line, which ``ps`` shows to everyone."""
         cmd = [sys.executable, "-m", "parityserve.runtime.worker", "--connect", self.connect,
                "--spec", spec.to_json(), "--die-with-parent", "--parent-pid", str(os.getpid())]
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads),
-               "MKL_NUM_THREADS": str(spec.threads)}
-        # Idle OpenMP threads sleep instead of spinning (unless the user chose otherwise):
-        # spinning threads steal the cores the frontend and the other replicas need, which
-        # made two-thread configurations collapse under open load on 2 cores while they
-        # looked fastest in a closed loop (profile of ResNet-20, issue 18).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        env.pop(ENV_VAR, None)
-        if keys is not None:
-            env[ENV_VAR] = keys.to_env()
-        stderr = self._stderr(spec)
-        try:
-            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                                     start_new_session=True)
-        finally:
-            if stderr is not None:
-                os.close(stderr)  # the child holds its own copy
+        popen = spawn_worker_process(cmd, spec.threads, keys, self.log_dir, spec.replica_id)
         return WorkerProcess(spec, popen)
-
-    def _stderr(self, spec: WorkerSpec) -> int | None:
-        if self.log_dir is None:
-            return None  # inherit: worker tracebacks show up in the frontend's terminal
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{spec.replica_id.replace('/', '_')}.log"
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     @staticmethod
     def stop_all(procs: list[WorkerProcess], grace_s: float = 2.0) -> None:

@@ -229,3 +229,13 @@ def test_an_operator_that_cannot_load_fails_the_start_with_the_reason(tmp_path: 
     with pytest.raises(Exception, match="no-such-operator"):
         start_server(config, tmp_path)
 
+
+
+def test_a_batch_request_gets_one_reply_per_row_in_order(hams_server: RunningServer) -> None:
+    rows = np.random.default_rng(8).random((3, 784), dtype=np.float32).tolist()
+    with Client(hams_server.url) as client:
+        replies = client.predict_graph_batch("online", rows, streams=["a", "b", "c"],
+                                             labels=[1, 2, -1])
+    assert len(replies) == 3
+    seqs = [r["seqs"]["learner"] for r in replies]
+    assert len(set(seqs)) == 3 and all(r["durable"] for r in replies)
