@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: python benchmarks/hams.py
@@ -52,6 +51,7 @@ from benchmarks.frontend_wrk import _free_port, _stop, _wait_listening  # noqa: 
 from benchmarks.hams_analysis import (  # noqa: E402
     ConsistencyOracle,
     latency_summary,
+    median_and_max,
     overhead_rows,
     recovery_phases,
     render_markdown,
@@ -320,7 +320,8 @@ def recovery(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
             phases = [_one_kill(server, data, mode) for _ in range(args.kills)]
         finally:
             server.stop()
-        results[name] = _phase_stats(phases)
+        results[name] = median_and_max(phases, ("detection_ms", "protocol_ms",
+                                                 "handover_ms", "total_ms"))
         print(f"recovery {name}: {results[name]['median']}", flush=True)
     return results
 
@@ -374,15 +375,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _phase_stats(phases: list[dict[str, float | None]]) -> dict[str, Any]:
-    keys = ("detection_ms", "protocol_ms", "handover_ms", "total_ms")
-    stats: dict[str, Any] = {"kills": len(phases), "each": phases}
-    for name, fn in (("median", median), ("max", max)):
-        stats[name] = {k: fn([p[k] for p in phases if p[k] is not None])
-                       if any(p[k] is not None for p in phases) else None for k in keys}
-    return stats
 
 
 def consistency(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
@@ -456,8 +448,9 @@ def correlated(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any
     results = {}
     try:
         for name, victims in cases.items():
-            results[name] = _phase_cases([_correlated_kill(server, victims)
-                                          for _ in range(args.kills)])
+            runs = [_correlated_kill(server, victims) for _ in range(args.kills)]
+            results[name] = median_and_max(runs, ("total_ms", "failovers", "normal_p50_ms",
+                                                  "worst_reply_ms"))
             print(f"correlated {name}: {results[name]['median']}", flush=True)
     finally:
         server.stop()
@@ -485,15 +478,6 @@ def _correlated_kill(server: Server, victims: Callable[[Server], list[int]]
             "failovers": float(len(records)),
             "normal_p50_ms": float(np.median(load.latencies[:before_n])) * 1e3,
             "worst_reply_ms": max(load.latencies[before_n:]) * 1e3}
-
-
-def _phase_cases(runs: list[dict[str, float | None]]) -> dict[str, Any]:
-    keys = ("total_ms", "failovers", "normal_p50_ms", "worst_reply_ms")
-    stats: dict[str, Any] = {"kills": len(runs), "each": runs}
-    for name, fn in (("median", median), ("max", max)):
-        stats[name] = {k: fn([r[k] for r in runs if r[k] is not None])
-                       if any(r[k] is not None for r in runs) else None for k in keys}
-    return stats
 
 
 def _pid(server: Server, op: str, role: str) -> int:

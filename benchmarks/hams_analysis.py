@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConsistencyOracle", "latency_summary", "overhead_rows", "recovery_phases",
-           "render_markdown"]
+__all__ = ["ConsistencyOracle", "latency_summary", "median_and_max", "overhead_rows",
+           "recovery_phases", "render_markdown"]
 
 
 def latency_summary(latencies_s: Sequence[float], rows: int, wall_s: float) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
     for mode, by_batch in cells.items():
         for batch, reps in sorted(by_batch.items()):
             row: dict[str, Any] = {"mode": mode, "batch": batch, "reps": len(reps)}
-            for key in ("mean_ms", "p50_ms", "p99_ms", "rows_per_s", "n"):
+            for key in ("mean_ms", "p50_ms", "p99_ms", "p999_ms", "rows_per_s", "n"):
                 row[key] = float(np.median([r[key] for r in reps])) if reps else float("nan")
             base = bare.get(batch)
             if base:
@@ -43,6 +43,18 @@ def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
                                                                            for r in base]))
             out.append(row)
     return out
+
+
+def median_and_max(runs: Sequence[Mapping[str, float | None]], keys: Sequence[str]
+                   ) -> dict[str, Any]:
+    """Per key, the median and the maximum over the runs that have it (None: none has)."""
+    stats: dict[str, Any] = {"kills": len(runs), "each": list(runs)}
+    for name, fn in (("median", np.median), ("max", max)):
+        stats[name] = {}
+        for key in keys:
+            values = [r[key] for r in runs if r[key] is not None]
+            stats[name][key] = float(fn(values)) if values else None
+    return stats
 
 
 def recovery_phases(killed_at: float, failover: Mapping[str, Any]) -> dict[str, float | None]:
@@ -91,12 +103,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
              result.get("machine", ""), ""]
     if result.get("overhead"):
         lines += ["## Normal-case overhead", "",
-                  "| mode | batch | mean ms | p50 ms | p99 ms | rows/s | mean vs bare | "
-                  "rows/s vs bare | requests (median) | reps |", "|---" * 10 + "|"]
+                  "| mode | batch | mean ms | p50 ms | p99 ms | p99.9 ms | rows/s | mean vs "
+                  "bare | rows/s vs bare | requests per rep (median) | reps |",
+                  "|---" * 11 + "|"]
         for r in result["overhead"]:
             lines.append(
                 f"| {r['mode']} | {r['batch']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
-                f"{r['p99_ms']:.2f} | {r['rows_per_s']:.0f} | "
+                f"{r['p99_ms']:.2f} | {_ms(r.get('p999_ms'))} | {r['rows_per_s']:.0f} | "
                 f"{_ratio(r.get('mean_vs_bare'))} | {_ratio(r.get('tput_vs_bare'))} | "
                 f"{r['n']:.0f} | {r['reps']} |")
         lines.append("")

@@ -40,6 +40,7 @@ from parityserve.core.hams import (
     GraphRouter,
     Held,
     OutputCommit,
+    client_of,
     plan_failover,
     seq_at,
 )
@@ -258,8 +259,6 @@ class GraphRuntime:
 
     def _send_batch(self, op: str, primary: Member, bid: int,
                     batch: list[Executed[np.ndarray]]) -> None:
-        from parityserve.core.hams import client_of
-
         clients = [client_of(e.lineage) for e in batch]
         desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
         header = {"t": hw.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
@@ -302,8 +301,6 @@ class GraphRuntime:
         """The operator refused these rows (bad input, a model error). Their clients get
         the error now: an error shows no state, so it waits for no durability. The rows
         stop here, and the request leaves the graph everywhere."""
-        from parityserve.core.hams import client_of
-
         for entry in batch:
             if self.router.managers[op].current(entry.seq) is not entry or entry.done:
                 continue

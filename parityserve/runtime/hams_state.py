@@ -1,8 +1,9 @@
 """A stateful operator's full state as one flat byte buffer: copied in, sent as one frame.
 
-The primary's state manager copies every state tensor into views of one pre-allocated
-buffer (``dst.copy_(src)`` releases the GIL, so the copy overlaps the next batch's compute,
-H11), and the buffer leaves as a single ZeroMQ frame without a second copy. The backup
+The primary's state manager copies every state tensor into views of one buffer (numpy's
+copy releases the GIL, so the copy overlaps the next batch's compute, H11), and the buffer
+leaves as a single ZeroMQ frame without a second copy; the backup installs straight from
+the frame it received. The backup
 checks the layout against its own state before installing anything: a primary and backup
 built from different operator options must not silently mix tensors.
 
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from parityserve.errors import ProtocolError
@@ -53,10 +53,9 @@ class FlatState:
     def capture(cls, seq: int, state: Mapping[str, Tensor]) -> FlatState:
         layout, size = layout_of(state)
         flat = cls(seq, layout, np.empty(size, dtype=np.uint8))
-        views = flat.views()
-        with torch.no_grad():
-            for name, tensor in state.items():
-                views[name].copy_(tensor.detach())
+        arrays = flat.arrays()
+        for name, tensor in state.items():
+            arrays[name][...] = tensor.detach().numpy()
         return flat
 
     @classmethod
@@ -71,29 +70,28 @@ class FlatState:
             raise ProtocolError(f"bad state layout: {exc}") from exc
         return cls(seq, entries, data)
 
-    def views(self) -> dict[str, Tensor]:
+    def arrays(self) -> dict[str, np.ndarray]:
+        """A numpy view of each tensor in the buffer (no copy, read-only when the buffer is
+        a received frame)."""
         out = {}
-        whole = torch.from_numpy(self.buffer) if self.buffer.flags.writeable else \
-            torch.from_numpy(self.buffer.copy())
         for name, dtype, shape, offset in self.layout:
-            torch_dtype = _torch_dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64))
-            nbytes = count * torch.empty((), dtype=torch_dtype).element_size()
-            if offset + nbytes > whole.numel():
+            kind = _number_dtype(dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
+            if offset + nbytes > self.buffer.nbytes:
                 raise ProtocolError(f"state tensor {name} runs past the end of the buffer")
-            out[name] = whole[offset:offset + nbytes].view(torch_dtype).view(shape)
+            out[name] = self.buffer[offset:offset + nbytes].view(kind).reshape(shape)
         return out
 
     def install(self, state: Mapping[str, Tensor]) -> None:
-        """Overwrite the live state with these bytes, in place (the backup's apply)."""
+        """Overwrite the live state with these bytes, in place (the backup's apply), straight
+        from the received frame."""
         expected, _ = layout_of(state)
         if expected != self.layout:
             raise ProtocolError("the state's layout differs from this operator's: were the "
                                 "primary and backup built with the same options?")
-        views = self.views()
-        with torch.no_grad():
-            for name, tensor in state.items():
-                tensor.copy_(views[name])
+        arrays = self.arrays()
+        for name, tensor in state.items():
+            np.copyto(tensor.detach().numpy(), arrays[name])
 
     def frame(self) -> memoryview:
         return self.buffer.data
@@ -103,11 +101,11 @@ class FlatState:
         return int(self.buffer.nbytes)
 
 
-def _torch_dtype(text: str) -> torch.dtype:
+def _number_dtype(text: str) -> np.dtype[Any]:
     try:
         kind = np.dtype(text)
     except TypeError as exc:
         raise ProtocolError(f"state tensor dtype {text!r} is not a number type") from exc
     if kind.kind not in "biuf":
         raise ProtocolError(f"state tensor dtype {text!r} is not a number type")
-    return torch.from_numpy(np.empty(0, dtype=kind)).dtype
+    return kind

@@ -159,7 +159,7 @@ class Primary:
         self.copies: dict[int, FlatState] = {start_seq: FlatState.capture(
             start_seq, operator.state)}  # the retained copy (H5) and those in flight
         self.received_upto = start_seq
-        self.receipt = threading.Condition()
+        self.receipt = threading.Lock()  # guards received_upto
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
         self.batches = 0
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()

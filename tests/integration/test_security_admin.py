@@ -31,6 +31,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/models/m/redundancy"),
     ("POST", "/admin/models/m/parallelism"),
     ("POST", "/admin/models/m/threads"),
+    ("POST", "/admin/graphs/g/faults"),
 ]
 
 

@@ -57,7 +57,7 @@ def test_a_state_with_another_layout_is_refused_before_anything_is_written() -> 
                                     [["w", "<f4"]], "nonsense"])
 def test_a_peers_bad_layout_is_a_protocol_error(layout: Any) -> None:
     with pytest.raises(ProtocolError):
-        FlatState.received(1, layout, b"\0" * 64).views()
+        FlatState.received(1, layout, b"\0" * 64).arrays()
 
 
 def test_checkpoints_restore_the_last_state_whole(tmp_path: Any) -> None:
@@ -121,3 +121,12 @@ def test_the_oracle_flags_two_values_for_one_sequence_number() -> None:
     assert not oracle.conflicts
     oracle.record({"query_id": "3", "seqs": {"op": 1}, "output": [0.7]}, ["op"])
     assert len(oracle.conflicts) == 1 and oracle.duplicates() == 0
+
+
+def test_median_and_max_skip_runs_without_the_value() -> None:
+    from benchmarks.hams_analysis import median_and_max
+
+    stats = median_and_max([{"a": 1.0, "b": None}, {"a": 3.0, "b": None},
+                            {"a": 8.0, "b": None}], ("a", "b"))
+    assert stats["kills"] == 3 and stats["median"] == {"a": 3.0, "b": None}
+    assert stats["max"]["a"] == 8.0
