@@ -437,12 +437,18 @@ class GraphRuntime:
             self._forgive_stall(now - last - _CHECK_EVERY_S)
             last = now
             for op, member in list(self._members.values()):
-                how = self._loss(member, now)
-                if how is not None and member.lost is None:
+                how = self._loss(member, now) if member.lost is None else None
+                if how is not None:
                     member.lost = how
                     log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
                                 op, member.worker_id, how, member.popen.poll())
                     self._spawn(self._recover(op, member, how, now))
+
+    def _forget(self, member: Member) -> None:
+        """Kill and unregister a member: its late messages are ignored, and the monitor,
+        which checks every member every few ms, no longer looks at it."""
+        self.launcher.forget(member)
+        self._members.pop(member.worker_id, None)
 
     def _forgive_stall(self, stall_s: float) -> None:
         """The frontend's own loop was held up (a fork, a garbage collection, a busy core):
@@ -477,7 +483,7 @@ class GraphRuntime:
                 elif member is pair.backup:
                     await self._backup_lost(pair, member)
                 elif member is pair.spare:
-                    self.launcher.forget(member)
+                    self._forget(member)
                     pair.spare = self._launch(op, "backup")
             except Exception as exc:  # beyond the failure model: say so, stop accepting
                 log.exception("graph %s: recovery of %s failed", self.graph.name, op)
@@ -488,7 +494,7 @@ class GraphRuntime:
 
     async def _backup_lost(self, pair: _Pair, member: Member) -> None:
         """H6: the primary goes on; the spare becomes the backup and gets the full state."""
-        self.launcher.forget(member)
+        self._forget(member)
         pair.backup = None
         await self._adopt_spare(pair)
 
@@ -514,7 +520,7 @@ class GraphRuntime:
     async def _primary_lost(self, pair: _Pair, member: Member, how: str,
                             detected_at: float) -> None:
         self._paused = True
-        self.launcher.forget(member)
+        self._forget(member)
         record = FailoverRecord(pair.op, how, detected_at, member.pid)
         if self.mode == "checkpoint-replay":
             await self._replay(pair, record)
@@ -578,7 +584,7 @@ class GraphRuntime:
                 pair.primary = primary
             else:
                 if primary is not None:  # demoted: it must not answer anything more
-                    self.launcher.forget(primary)
+                    self._forget(primary)
                 return seq
         if primary is None or primary.exited():
             raise Unavailable(f"{pair.op}: primary and backup both lost")
