@@ -3,13 +3,15 @@
 The service is the issue's (a): an MNIST MLP fine-tuned online on every labelled request
 (``zoo:online-mlp``, with injected non-determinism), between a stateless feature operator and
 a stateless aggregator (``zoo:echo``, on the ordinary model path). Each mode runs in its own
-``parityserve start`` process; the load generator is this process (threads, one keep-alive
-HTTP client each), on the same 2 cores.
+``parityserve start`` process; the load generator is this process (pre-encoded requests;
+an asyncio open loop or closed-loop threads), on the same 2 cores.
 
-* **overhead**: for every repetition, modes ``bare``, ``remus``, ``hams`` in rotating order;
-  requests of B rows (one request = one operator batch of exactly B, H13); latency from
-  one closed-loop client (mean, p50, p99), throughput at saturation from three; ratios to
-  ``bare`` at the same batch size.
+* **overhead** (H13): ``bare``'s saturation throughput per batch size first; then for every
+  repetition and batch size, modes ``bare``, ``remus``, ``hams`` in rotating order, each in
+  a server whose graph forms batches of exactly B rows (one request = one batch): latency
+  (mean, p50, p99, p99.9) under open-loop Poisson arrivals at half of ``bare``'s saturation
+  rate, and throughput at saturation from three closed-loop clients; ratios to ``bare`` at
+  the same batch size.
 * **recovery**: under a steady closed loop, SIGKILL the learner's primary, read the
   frontend's failover record, split into detection / protocol / handover (H13), once with
   exit-based and once with timeout-based detection (H7), several kills each.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -52,6 +55,7 @@ from benchmarks.hams_analysis import (  # noqa: E402
     ConsistencyOracle,
     latency_summary,
     median_and_max,
+    overhead_of,
     overhead_rows,
     recovery_phases,
     render_markdown,
@@ -76,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", default=",".join(PART_NAMES),
                    help=f"comma list of {', '.join(PART_NAMES)}")
     p.add_argument("--batches", default="1,8,32,64", help="batch sizes for the overhead")
-    p.add_argument("--seconds", type=float, help="closed-loop time per cell (10; quick 3)")
+    p.add_argument("--seconds", type=float,
+                   help="open-loop seconds per cell (10; quick 3); saturation runs 0.6x that")
     p.add_argument("--reps", type=int, help="repetitions of the overhead (3; quick 1)")
     p.add_argument("--kills", type=int, help="kills per detection mode (10; quick 3)")
     p.add_argument("--random-kills", type=int, help="consistency kills (1000; quick 20)")
@@ -97,14 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ---- the service -----------------------------------------------------------------------
-def service_config(mode: str, detection: str = "exit", noise: float = 1e-4) -> dict[str, Any]:
+def service_config(mode: str, detection: str = "exit", noise: float = 1e-4,
+                   max_batch: int = 64) -> dict[str, Any]:
     return {"server": {"require_admin_token": False, "grpc_port": 0},
             "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
                        {"name": "learner", "source": "zoo:online-mlp",
                         "options": {"noise": noise, "seed": 7}},
                        {"name": "aggregate", "source": "zoo:echo", "replicas": 1}],
             "graphs": [{"name": "online", "fault_tolerance": mode, "detection": detection,
-                        "max_batch": 64, "heartbeat_timeout_ms": 200,
+                        "max_batch": max_batch, "heartbeat_timeout_ms": 200,
                         "operators": [
                             {"name": "feat", "model": "features", "inputs": ["frontend"]},
                             {"name": "learner", "model": "learner", "inputs": ["feat"],
@@ -153,6 +159,9 @@ def images(data_dir: Path | None, count: int = 2000) -> tuple[np.ndarray, np.nda
         return rng.random((count, 784), dtype=np.float32), rng.integers(0, 10, count)
 
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 class Load:
     """Closed-loop clients, each sending requests of ``batch`` labelled rows."""
 
@@ -180,9 +189,12 @@ class Load:
 
     route = "online"
 
-    def body(self, rng: np.random.Generator, _client: int) -> dict[str, Any]:
-        rows = rng.integers(0, len(self.xs), self.batch)
-        return {"input_batch": self.xs[rows].tolist(), "labels": [int(y) for y in self.ys[rows]]}
+    @functools.cached_property
+    def bodies(self) -> list[bytes]:
+        return _encoded_bodies((self.xs, self.ys), self.batch, np.random.default_rng(self.batch))
+
+    def body(self, rng: np.random.Generator, _client: int) -> bytes | dict[str, Any]:
+        return self.bodies[int(rng.integers(len(self.bodies)))]
 
     def _loop(self, seed: int) -> None:
         import httpx
@@ -194,7 +206,9 @@ class Load:
                 start = time.perf_counter()
                 self.sent += self.batch
                 try:
-                    reply = client.post(f"{self.url}/{self.route}/predict", json=body)
+                    url = f"{self.url}/{self.route}/predict"
+                    reply = client.post(url, content=body, headers=JSON_HEADERS) \
+                        if isinstance(body, bytes) else client.post(url, json=body)
                     reply.raise_for_status()
                 except httpx.HTTPError:
                     self.errors += self.batch
@@ -212,7 +226,7 @@ class StreamLoad(Load):
 
     route = "stocks"
 
-    def body(self, rng: np.random.Generator, client: int) -> dict[str, Any]:
+    def body(self, rng: np.random.Generator, client: int) -> bytes | dict[str, Any]:
         steps = rng.standard_normal((self.batch, 4)).astype(np.float32)
         return {"input_batch": steps.tolist(),
                 "streams": [f"c{client}-{i}" for i in range(self.batch)]}
@@ -269,35 +283,104 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> list[dict[str, Any]]:
+def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    """H13: first ``bare``'s saturation throughput per batch size (three closed-loop
+    clients); then, per repetition and batch size, every mode in rotating order, each in a
+    server whose graph forms batches of exactly B: latency under open-loop Poisson arrivals
+    at half of ``bare``'s saturation rate (the same offered load for every mode), and its
+    own throughput at saturation."""
     batches = [int(b) for b in args.batches.split(",")]
+    saturation = {}
+    for batch in batches:
+        server = Server(service_config("bare", max_batch=batch), tmp)
+        try:
+            saturation[batch] = _saturated(server.url, data, batch, args.seconds)["rows_per_s"]
+        finally:
+            server.stop()
+        print(f"overhead: bare saturates at {saturation[batch]:.0f} rows/s with batch {batch}",
+              flush=True)
     cells: dict[str, dict[int, list[dict[str, Any]]]] = {m: {b: [] for b in batches}
                                                          for m in MODES}
     for rep in range(args.reps):
-        order = MODES[rep % 3:] + MODES[:rep % 3]  # rotate: no mode always goes first
-        for mode in order:
-            server = Server(service_config(mode), tmp)
-            try:
-                for batch in batches:
-                    cells[mode][batch].append(_closed_loop(server.url, data, batch,
-                                                           args.seconds))
-                    print(f"overhead rep {rep + 1} {mode} batch {batch}: "
-                          f"{cells[mode][batch][-1]['mean_ms']:.2f} ms", flush=True)
-            finally:
-                server.stop()
-    return overhead_rows(cells)
+        for i, batch in enumerate(batches):
+            turn = (rep + i) % len(MODES)  # rotate: no mode always goes first
+            for mode in MODES[turn:] + MODES[:turn]:
+                server = Server(service_config(mode, max_batch=batch), tmp)
+                try:
+                    cell = _cell(server.url, data, batch, LOAD_SHARE * saturation[batch],
+                                 args.seconds, seed=rep * 1000 + batch)
+                finally:
+                    server.stop()
+                cells[mode][batch].append(cell)
+                print(f"overhead rep {rep + 1} batch {batch} {mode}: mean {cell['mean_ms']:.2f}"
+                      f" ms, p99 {cell['p99_ms']:.2f} ms at {cell['offered_rows_per_s']:.0f} "
+                      f"rows/s offered; saturates at {cell['rows_per_s']:.0f}", flush=True)
+    return {"bare_saturation_rows_per_s": saturation, "load_share": LOAD_SHARE,
+            "rows": overhead_rows(cells)}
 
 
-def _closed_loop(url: str, data: Data, batch: int, seconds: float) -> dict[str, Any]:
-    """Latency with one client (each batch alone in the graph: the state shipping of a
-    batch cannot hide behind the next one), then throughput at saturation (3 clients)."""
-    with Load(url, data, batch, clients=1):  # warm-up, discarded
-        time.sleep(min(1.0, seconds / 3))
-    summary = _timed(Load(url, data, batch, clients=1), seconds)
-    saturated = _timed(Load(url, data, batch, clients=3), seconds)
+LOAD_SHARE = 0.5  # H13: latency at about half of bare's saturation throughput
+MIN_REQUESTS_PER_S = 30  # batch 64 offers ~30 requests/s: keep p99 above one sample
+
+
+def _cell(url: str, data: Data, batch: int, rows_per_s: float, seconds: float, seed: int
+          ) -> dict[str, Any]:
+    summary = _open_loop(url, data, batch, rows_per_s, seconds, seed)
+    saturated = _saturated(url, data, batch, seconds * 0.6)
     summary["rows_per_s"] = saturated["rows_per_s"]
     summary["saturated_p99_ms"] = saturated.get("p99_ms")
     return summary
+
+
+def _open_loop(url: str, data: Data, batch: int, rows_per_s: float, seconds: float,
+               seed: int) -> dict[str, Any]:
+    """Poisson arrivals of requests of ``batch`` rows; latency from each request's intended
+    send time, so a queue that builds up is counted (no coordinated omission)."""
+    from parityserve.bench.loadgen import (
+        HttpSender,
+        json_sender,
+        poisson_schedule,
+        run_event_loop,
+        run_open_loop,
+    )
+
+    rate = rows_per_s / batch
+    rng = np.random.default_rng(seed)
+    schedule = poisson_schedule(rate, int(max(rate, MIN_REQUESTS_PER_S) * seconds), rng)
+    bodies = _encoded_bodies(data, batch, rng)
+
+    async def go() -> Any:
+        async with HttpSender(url, limit=256) as http:
+            send = json_sender(http, "/online/predict", bodies)
+            for i in range(20):  # warm-up, discarded
+                await send(i)
+            return await run_open_loop(send, schedule, rate_qps=rate, timeout_s=60)
+
+    result = run_event_loop(go())
+    ok = result.latencies_s[result.ok]
+    summary = latency_summary(ok.tolist(), int(ok.size) * batch, result.duration_s)
+    lag = result.send_lag_s
+    return {**summary, "offered_rows_per_s": rows_per_s, "errors": int((~result.ok).sum()),
+            "send_lag_p99_ms": float(np.percentile(lag, 99) * 1e3) if lag.size else None}
+
+
+def _encoded_bodies(data: Data, batch: int, rng: np.random.Generator, count: int = 32
+                    ) -> list[bytes]:
+    """Labelled requests, serialised once: the load generator shares the 2 cores, so it
+    should not spend them re-encoding JSON for every request."""
+    import orjson
+
+    xs, ys = data
+    rows = [rng.integers(0, len(xs), batch) for _ in range(count)]
+    return [orjson.dumps({"input_batch": np.ascontiguousarray(xs[r]), "labels": ys[r]},
+                         option=orjson.OPT_SERIALIZE_NUMPY) for r in rows]
+
+
+def _saturated(url: str, data: Data, batch: int, seconds: float) -> dict[str, Any]:
+    """Throughput with three closed-loop clients (after a short warm-up)."""
+    with Load(url, data, batch, clients=3):  # warm-up, discarded
+        time.sleep(min(1.0, seconds / 3))
+    return _timed(Load(url, data, batch, clients=3), seconds)
 
 
 def _timed(load: Load, seconds: float) -> dict[str, Any]:
@@ -615,7 +698,7 @@ def _plot(state: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = state["overhead"]
+    rows, _ = overhead_of(state)
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(1, 2 if state.get("recovery") else 1, figsize=(11, 4),
                              squeeze=False)

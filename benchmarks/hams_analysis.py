@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConsistencyOracle", "latency_summary", "median_and_max", "overhead_rows",
+__all__ = ["ConsistencyOracle", "latency_summary", "median_and_max", "overhead_of", "overhead_rows",
            "recovery_phases", "render_markdown"]
 
 
@@ -94,19 +94,37 @@ def _hashable(value: Any) -> Any:
     return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
+def overhead_of(result: Mapping[str, Any]) -> tuple[list[dict[str, Any]], Mapping[str, Any]]:
+    """The overhead rows and the load they were measured under (runs before open-loop
+    latency stored a bare list of rows, measured with one closed-loop client)."""
+    part = result.get("overhead") or []
+    return (list(part), {}) if isinstance(part, list) else (list(part["rows"]), part)
+
+
+def _load_note(load: Mapping[str, Any]) -> str:
+    if not load:
+        return ("Latency: one closed-loop client (one request = one batch of B rows). "
+                "rows/s: three clients, at saturation.")
+    sat = ", ".join(f"{rate:.0f} at B={b}" for b, rate in
+                    sorted(load["bare_saturation_rows_per_s"].items(), key=lambda x: int(x[0])))
+    return (f"Latency: open-loop Poisson arrivals at {load['load_share']:.0%} of `bare`'s "
+            f"saturation throughput (rows/s: {sat}), the same offered load for every mode; one "
+            "request = one operator batch of exactly B rows (H13); latency counted from each "
+            "request's intended send time. rows/s: three closed-loop clients, at saturation.")
+
+
 def render_markdown(result: Mapping[str, Any]) -> str:
-    lines = [f"# HAMS on this machine ({result.get('title', '')})", "",
-             "Latency: one closed-loop client (one request = one batch of B rows). "
-             "rows/s: three clients, at saturation.", "",
+    rows, load = overhead_of(result)
+    lines = [f"# HAMS on this machine ({result.get('title', '')})", "", _load_note(load), "",
              f"Command: `{result.get('command', '')}`", "",
              *[f"Parts added with: `{c}`" for c in result.get("more_commands", [])], "",
              result.get("machine", ""), ""]
-    if result.get("overhead"):
+    if rows:
         lines += ["## Normal-case overhead", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | p99.9 ms | rows/s | mean vs "
                   "bare | rows/s vs bare | requests per rep (median) | reps |",
                   "|---" * 11 + "|"]
-        for r in result["overhead"]:
+        for r in rows:
             lines.append(
                 f"| {r['mode']} | {r['batch']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
                 f"{r['p99_ms']:.2f} | {_ms(r.get('p999_ms'))} | {r['rows_per_s']:.0f} | "

@@ -111,7 +111,11 @@ def test_overhead_is_the_median_over_repetitions_relative_to_bare() -> None:
     hams = next(r for r in rows if r["mode"] == "hams")
     assert hams["mean_vs_bare"] == pytest.approx(11 / 11)  # median of 10 and 12 ms is 11
     assert hams["tput_vs_bare"] == pytest.approx(100 / 90)
-    assert "| hams | 8 |" in render_markdown({"overhead": rows})
+    assert "| hams | 8 |" in render_markdown({"overhead": rows})  # a run before open loop
+    table = render_markdown({"overhead": {"rows": rows, "load_share": 0.5,
+                                          "bare_saturation_rows_per_s": {"8": 1234.0}}})
+    assert "| hams | 8 |" in table and "50% of `bare`'s saturation" in table
+    assert "1234 at B=8" in table
 
 
 def test_the_oracle_flags_two_values_for_one_sequence_number() -> None:
