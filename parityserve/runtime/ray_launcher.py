@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -215,6 +216,11 @@ class RayLauncher:
         self.groups: dict[str, tuple[GroupPlan, Any]] = {}  # plan name -> (plan, Ray's group)
         self.retired: list[Any] = []  # groups no plan needs, removed once nothing runs in them
         self._generation = 0
+        # Ray refuses a second placement group of the same name in a namespace, so each
+        # launcher's names carry a tag of their own: other frontends on this cluster (shards,
+        # pods) and a restarted frontend whose old groups Ray has not removed yet can all
+        # deploy the same model.
+        self._tag = secrets.token_hex(4)
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
                      log_to_driver=True, configure_logging=False)
@@ -289,7 +295,7 @@ class RayLauncher:
             log.warning("placement: %s", plan.note)
         self._generation += 1
         return placement_group([ray_bundle(b) for b in plan.bundles], strategy=plan.strategy,
-                               name=f"{plan.name}#{self._generation}")
+                               name=f"{plan.name}#{self._tag}-{self._generation}")
 
     def _retire_unneeded(self, needed: set[str]) -> None:
         for name in [n for n in self.groups if n not in needed]:

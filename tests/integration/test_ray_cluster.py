@@ -91,7 +91,7 @@ def placement_groups() -> dict[str, dict]:
 
 
 def group_named(prefix: str) -> dict:
-    """The live placement group for ``prefix`` (its name is ``prefix#N``)."""
+    """The live placement group for ``prefix`` (its name is ``prefix#TAG-N``)."""
     (group,) = [g for g in placement_groups().values()
                 if g["name"].split("#")[0] == prefix and g["state"] != "REMOVED"]
     return group

@@ -6,6 +6,7 @@ tests/integration/test_ray_cluster.py."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -72,6 +73,10 @@ class FakeRay:
 
     def placement_group(self, bundles: list[dict[str, float]], strategy: str,
                         name: str) -> FakeGroup:
+        # as Ray 2.60 does: "Failed to create placement group ... because name ... already
+        # exists" (names are unique per namespace while the group lives)
+        if any(g.name == name and not g.removed for g in self.groups):
+            raise RuntimeError(f"placement group name {name!r} already exists")
         self.groups.append(FakeGroup(bundles, strategy, name, self.nodes))
         return self.groups[-1]
 
@@ -121,7 +126,8 @@ def test_a_parm_group_gets_a_strict_spread_group_with_its_resources(fake_ray) ->
     replicas = _launch(launcher, {"replicas": 2, "parity": {"k": 2},
                                   "resources": {"cpu": 1, "memory_mb": 256}})
     (group,) = actors.ray.groups
-    assert (group.strategy, group.name) == ("STRICT_SPREAD", "m/v1/group0#1")
+    assert group.strategy == "STRICT_SPREAD"
+    assert re.fullmatch(r"m/v1/group0#[0-9a-f]{8}-1", group.name)
     assert group.bundles == [{"CPU": 1, "memory": 2**28}] * 3
     strategies = [options["scheduling_strategy"] for options, _ in actors.created]
     assert [(s.placement_group, s.placement_group_bundle_index) for s in strategies] == [
@@ -152,6 +158,18 @@ def test_a_coding_group_on_too_few_nodes_is_spread_with_a_warning(fake_ray, capl
     (group,) = actors.ray.groups
     assert group.strategy == "SPREAD"
     assert "coding group m/v1/group0: 3 members but only 2 of 2 nodes" in caplog.text
+
+
+def test_two_frontends_on_one_cluster_deploy_the_same_model(fake_ray) -> None:
+    """Shards (server.frontends: N) or frontend pods sharing one Ray cluster each launch the
+    same model: their placement groups must not collide on Ray's unique names."""
+    actors, _ = fake_ray
+    for _ in range(2):
+        _launch(ray_launcher.RayLauncher("tcp://10.0.0.1:5555"), {"replicas": 1})
+    names = [g.name for g in actors.ray.groups]
+    assert len(names) == 2 and len(set(names)) == 2
+    assert {n.split("#")[0] for n in names} == {"m/v1/spread"}
+    assert len(actors.created) == 2
 
 
 def test_a_group_no_deployment_needs_is_removed_once_its_replicas_are_gone(fake_ray) -> None:
