@@ -49,7 +49,8 @@ from parityserve.models._stateful_base import (
 )
 from parityserve.models._stateful_loader import STATEFUL_ZOO, load_stateful
 from parityserve.models._stateful_ops import OnlineMLP
-from parityserve.models._stream_lstm import StreamLSTM, StreamTableFull, stream_key
+from parityserve.models._stream_lstm import StreamLSTM
+from parityserve.models._stream_slots import StreamTableFull, stream_key
 
 __all__ = ["STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
            "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
