@@ -15,26 +15,20 @@ holds them already.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from parityserve.models._stateful_base import OperatorBatch, State
-from parityserve.models._stream_slots import SlotPlan, check_noise, check_sizes, plan_slots
+from parityserve.models._stream_slots import (
+    SlotPlan,
+    SlotWrites,
+    check_noise,
+    check_sizes,
+    flat_inputs,
+    plan_slots,
+)
 
 __all__ = ["StreamLSTM"]
-
-
-@dataclass(frozen=True)
-class _Writes:
-    """What ``update`` writes: each lane kept in the table, its slot, key and final (h, c)."""
-
-    slots: Tensor
-    keys: Tensor
-    h: Tensor
-    c: Tensor
 
 
 class StreamLSTM:
@@ -64,9 +58,9 @@ class StreamLSTM:
         return {"h": torch.zeros(slots, hidden), "c": torch.zeros(slots, hidden),
                 "keys": torch.zeros(slots, dtype=torch.int64)}
 
-    def compute(self, batch: OperatorBatch, state: State) -> tuple[Tensor, _Writes | None]:
+    def compute(self, batch: OperatorBatch, state: State) -> tuple[Tensor, SlotWrites | None]:
         """Reads the state only; raises ``StreamTableFull`` before anything is computed."""
-        x = self._inputs(batch)
+        x = flat_inputs(batch, self.input_size, "StreamLSTM.compute", "input_size")
         plan = plan_slots(batch.streams, state["keys"], self.max_streams)
         with torch.no_grad():
             h, c = _start(plan, state, self.hidden)
@@ -76,26 +70,11 @@ class StreamLSTM:
                 at = torch.tensor(rows)
                 h_new, c_new = self._step(x[at], h[lanes], c[lanes])
                 h[lanes], c[lanes], h_rows[at] = h_new, c_new, h_new
-            return h_rows @ self.w_out, _writes(plan, h, c)
+            return h_rows @ self.w_out, SlotWrites.of(plan, h=h, c=c)
 
-    def update(self, state: State, pending: _Writes | None) -> None:
-        if pending is None:
-            return
-        with torch.no_grad():
-            state["h"].index_copy_(0, pending.slots, pending.h)
-            state["c"].index_copy_(0, pending.slots, pending.c)
-            state["keys"].index_copy_(0, pending.slots, pending.keys)
-
-    def _inputs(self, batch: OperatorBatch) -> Tensor:
-        if not isinstance(batch, OperatorBatch):
-            raise TypeError(f"StreamLSTM.compute takes an OperatorBatch, got "
-                            f"{type(batch).__name__}")
-        x = batch.inputs
-        flat = x.reshape(len(x), math.prod(x.shape[1:]))
-        if flat.shape[1] != self.input_size:
-            raise ValueError(f"StreamLSTM(input_size={self.input_size}) takes "
-                             f"{self.input_size} features per row; got shape {list(x.shape)}")
-        return flat
+    def update(self, state: State, pending: SlotWrites | None) -> None:
+        if pending is not None:
+            pending.store(state)
 
     def _step(self, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
         h_new, c_new = self.cell(x, (h, c))
@@ -128,11 +107,3 @@ def _waves(lane_of_row: list[int]) -> list[list[int]]:
         waves[k].append(row)
     return waves
 
-
-def _writes(plan: SlotPlan, h: Tensor, c: Tensor) -> _Writes | None:
-    kept = [lane for lane, slot in enumerate(plan.slots) if slot >= 0]
-    if not kept:
-        return None
-    return _Writes(torch.tensor([plan.slots[lane] for lane in kept]),
-                   torch.tensor([plan.keys[lane] for lane in kept], dtype=torch.int64),
-                   h[kept], c[kept])

@@ -15,27 +15,21 @@ division, with no rounding carried from a stored mean.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from parityserve.models._stateful_base import OperatorBatch, State
 from parityserve.models._stateful_run import CopyDone
-from parityserve.models._stream_slots import SlotPlan, check_noise, check_sizes, plan_slots
+from parityserve.models._stream_slots import (
+    SlotPlan,
+    SlotWrites,
+    check_noise,
+    check_sizes,
+    flat_inputs,
+    plan_slots,
+)
 
 __all__ = ["StreamMean"]
-
-
-@dataclass(frozen=True)
-class _Writes:
-    """What the write step stores: each kept stream's slot, key, new sum and count."""
-
-    slots: Tensor
-    keys: Tensor
-    sums: Tensor
-    counts: Tensor
 
 
 class StreamMean:
@@ -60,33 +54,24 @@ class StreamMean:
 
     def run(self, batch: OperatorBatch, state: State, event: CopyDone) -> Tensor:
         """Reads the state, waits on ``event`` (the previous state's copy), then writes."""
-        x = self._inputs(batch)
+        x = flat_inputs(batch, self.features, "StreamMean.run", "features").double()
         plan = plan_slots(batch.streams, state["keys"], self.max_streams)
         sums, seen, writes = self._running_sums(x, plan, state)
         event.wait()  # from here on the state may change: the copy has what it needs
         if writes is not None:
-            state["sum"].index_copy_(0, writes.slots, writes.sums)
-            state["count"].index_copy_(0, writes.slots, writes.counts)
-            state["keys"].index_copy_(0, writes.slots, writes.keys)
+            writes.store(state)
         return (sums / seen[:, None]).float()
 
-    def _inputs(self, batch: OperatorBatch) -> Tensor:
-        if not isinstance(batch, OperatorBatch):
-            raise TypeError(f"StreamMean.run takes an OperatorBatch, got {type(batch).__name__}")
-        x = batch.inputs
-        flat = x.reshape(len(x), math.prod(x.shape[1:]))
-        if flat.shape[1] != self.features:
-            raise ValueError(f"StreamMean(features={self.features}) takes {self.features} "
-                             f"features per row; got shape {list(x.shape)}")
-        return flat.double()
-
     def _running_sums(self, x: Tensor, plan: SlotPlan,
-                      state: State) -> tuple[Tensor, Tensor, _Writes | None]:
-        """Each row's running sum and count (its stream's, up to this row); reads only."""
+                      state: State) -> tuple[Tensor, Tensor, SlotWrites | None]:
+        """Each row's running sum and count (its stream's, up to this row), and the writes:
+        each stream's last sum and count. Reads the state only."""
         sums = torch.empty_like(x)
         seen = torch.empty(len(x), dtype=torch.float64)
-        kept: list[tuple[int, int, Tensor, int]] = []  # slot, key, sum, count
-        for lane, rows in enumerate(plan.rows_of_lanes()):
+        lanes = plan.rows_of_lanes()
+        last_sum = torch.empty(len(lanes), self.features, dtype=torch.float64)
+        last_count = torch.empty(len(lanes), dtype=torch.int64)
+        for lane, rows in enumerate(lanes):
             slot, known = plan.slots[lane], plan.known[lane]
             start = state["sum"][slot] if known else torch.zeros(self.features,
                                                                   dtype=torch.float64)
@@ -97,14 +82,5 @@ class StreamMean:
                                                       dtype=torch.float64)
             sums[rows] = lane_sums
             seen[rows] = torch.arange(before + 1, before + len(rows) + 1, dtype=torch.float64)
-            if slot >= 0:
-                kept.append((slot, plan.keys[lane], lane_sums[-1], before + len(rows)))
-        return sums, seen, _writes(kept)
-
-
-def _writes(kept: list[tuple[int, int, Tensor, int]]) -> _Writes | None:
-    if not kept:
-        return None
-    slots, keys, sums, counts = zip(*kept, strict=True)
-    return _Writes(torch.tensor(slots), torch.tensor(keys, dtype=torch.int64),
-                   torch.stack(sums), torch.tensor(counts, dtype=torch.int64))
+            last_sum[lane], last_count[lane] = lane_sums[-1], before + len(rows)
+        return sums, seen, SlotWrites.of(plan, sum=last_sum, count=last_count)

@@ -1,5 +1,5 @@
 """What the per-stream operators (``StreamLSTM``, ``StreamMean``) share: the stream slot
-table and their option checks.
+table, their input check and their option checks.
 
 A per-stream state is a fixed set of pre-allocated tensors, so ``StateBuffer`` copies it by
 name and a backup installs it in place: ``keys`` (int64 [max_streams]) holds the stream in
@@ -15,10 +15,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-__all__ = ["SlotPlan", "StreamTableFull", "check_noise", "check_sizes", "plan_slots",
-           "stream_key"]
+from parityserve.models._stateful_base import OperatorBatch
+
+__all__ = ["SlotPlan", "SlotWrites", "StreamTableFull", "check_noise", "check_sizes",
+           "flat_inputs", "plan_slots", "stream_key"]
 
 _KEY_BITS = 63
 
@@ -79,6 +82,45 @@ def plan_slots(streams: Sequence[str], keys: Tensor, max_streams: int) -> SlotPl
         plan.keys.append(key)
         plan.known.append(key in held)
     return plan
+
+
+@dataclass(frozen=True)
+class SlotWrites:
+    """What a per-stream operator writes after a batch: each kept stream's slot, and that
+    slot's new row of each state tensor (``keys`` among them)."""
+
+    slots: Tensor
+    rows: dict[str, Tensor]
+
+    @classmethod
+    def of(cls, plan: SlotPlan, **per_lane: Tensor) -> SlotWrites | None:
+        """From tensors with one row per lane of ``plan``: the lanes with a slot (a row with
+        no stream keeps nothing); ``None`` when no lane has one."""
+        kept = [lane for lane, slot in enumerate(plan.slots) if slot >= 0]
+        if not kept:
+            return None
+        keys = torch.tensor([plan.keys[lane] for lane in kept], dtype=torch.int64)
+        return cls(torch.tensor([plan.slots[lane] for lane in kept]),
+                   {"keys": keys, **{name: t[kept] for name, t in per_lane.items()}})
+
+    def store(self, state: dict[str, Tensor]) -> None:
+        with torch.no_grad():
+            for name, rows in self.rows.items():
+                state[name].index_copy_(0, self.slots, rows)
+
+
+def flat_inputs(batch: OperatorBatch, width: int, method: str, option: str) -> Tensor:
+    """``batch.inputs`` as [n, width], or an error naming ``method`` (``Class.method``) and
+    the constructor ``option`` that set ``width``."""
+    if not isinstance(batch, OperatorBatch):
+        raise TypeError(f"{method} takes an OperatorBatch, got {type(batch).__name__}")
+    x = batch.inputs
+    flat = x.reshape(len(x), math.prod(x.shape[1:]))
+    if flat.shape[1] != width:
+        owner = method.partition(".")[0]
+        raise ValueError(f"{owner}({option}={width}) takes {width} features per row; got "
+                         f"shape {list(x.shape)}")
+    return flat
 
 
 def check_sizes(**sizes: int) -> None:
