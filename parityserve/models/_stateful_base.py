@@ -1,10 +1,9 @@
 """The stateful operator API's pieces (see ``parityserve.models.stateful``, which re-exports
-them): the operator protocol, the batch it takes, the compute/update gate, the state copy,
-and the write check."""
+them): the three-method operator protocol, the batch it takes, the state copy, and the write
+check. The run form and the driver of both forms are in ``_stateful_run``."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -14,7 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["OperatorBatch", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
-           "run_batch", "state_nbytes", "writes_during_compute"]
+           "changed_since", "snapshot", "state_nbytes", "writes_during_compute"]
 
 State = dict[str, Tensor]
 
@@ -115,17 +114,6 @@ class StateCopyTimeout(RuntimeError):
     """The state manager never said the copy was done: the update must not run."""
 
 
-def run_batch(op: StatefulOperator, batch: Any, state: State, may_update: threading.Event,
-              timeout_s: float | None = None) -> Any:
-    """Compute, wait until the previous state is copied, update; return the outputs (they
-    may leave before the update: they do not depend on it)."""
-    outputs, pending = op.compute(batch, state)
-    if not may_update.wait(timeout_s):
-        raise StateCopyTimeout(f"no copy-done signal within {timeout_s} s; state unchanged")
-    op.update(state, pending)
-    return outputs
-
-
 class StateBuffer:
     """Pre-allocated CPU copies of a state. ``capture`` uses ``dst.copy_(src)``, which
     releases the GIL, so a state-manager thread overlaps the next compute (H11)."""
@@ -147,6 +135,16 @@ class StateBuffer:
 def writes_during_compute(op: StatefulOperator, batch: Any, state: State) -> list[str]:
     """The state tensors ``compute`` changed (it must change none): a BatchNorm left in train
     mode shows up here."""
-    before = {k: v.detach().clone() for k, v in state.items()}
+    before = snapshot(state)
     op.compute(batch, state)
+    return changed_since(before, state)
+
+
+def snapshot(state: Mapping[str, Tensor]) -> State:
+    """A detached copy of every state tensor, for ``changed_since``."""
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def changed_since(before: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> list[str]:
+    """The names of the state tensors that differ from ``before``, sorted."""
     return sorted(k for k, v in state.items() if not torch.equal(before[k], v))

@@ -11,28 +11,32 @@ from typing import Any, cast
 
 from parityserve.errors import ModelLoadError
 from parityserve.models._imports import import_object, instantiate
-from parityserve.models._stateful_base import StatefulOperator
 from parityserve.models._stateful_ops import OnlineMLP
+from parityserve.models._stateful_run import AnyStatefulOperator
 from parityserve.models._stream_lstm import StreamLSTM
+from parityserve.models._stream_mean import StreamMean
 
 __all__ = ["STATEFUL_ZOO", "load_stateful"]
 
-_ZOO: dict[str, Callable[..., StatefulOperator]] = {
+_ZOO: dict[str, Callable[..., AnyStatefulOperator]] = {
     "online-mlp": OnlineMLP,
     "stream-lstm": StreamLSTM,
+    "stream-mean": StreamMean,  # the run form
 }
 STATEFUL_ZOO: tuple[str, ...] = tuple(_ZOO)
-_METHODS = ("initialize", "compute", "update")
+# each form by name, with its methods; an operator must have every method of one of them
+_FORMS = {"three-method": ("initialize", "compute", "update"), "run": ("initialize", "run")}
 _ACCEPTED = ("zoo:NAME with NAME one of " + ", ".join(STATEFUL_ZOO)
              + ", python:package.module:Class or python:path/file.py:Class")
 
 
 def load_stateful(source: str, options: Mapping[str, Any] | None = None, *,
-                  base_dir: Path | None = None) -> StatefulOperator:
+                  base_dir: Path | None = None) -> AnyStatefulOperator:
     """The operator ``source`` names, built with ``options`` as keyword arguments:
-    ``zoo:online-mlp``, ``zoo:stream-lstm``, ``python:pkg.mod:Class`` or
-    ``python:path/file.py:Class`` (relative to ``base_dir``, else the working folder). Every
-    failure is a ``ModelLoadError`` saying what is wrong and what is accepted."""
+    ``zoo:NAME`` (``STATEFUL_ZOO``), ``python:pkg.mod:Class`` or ``python:path/file.py:Class``
+    (relative to ``base_dir``, else the working folder), in either form (three methods, or
+    ``run``). Every failure is a ``ModelLoadError`` saying what is wrong and what is
+    accepted."""
     scheme, sep, target = source.partition(":")
     if scheme == "zoo" and sep:
         if target not in _ZOO:
@@ -69,13 +73,18 @@ def _check_option_names(factory: Any, options: Mapping[str, Any], source: str) -
                              f"{', '.join(accepted) or 'no options'}")
 
 
-def _check_operator(obj: Any, source: str) -> StatefulOperator:
-    missing = [name for name in _METHODS if not callable(getattr(obj, name, None))]
-    if missing:
+def _check_operator(obj: Any, source: str) -> AnyStatefulOperator:
+    lacks = {form: [name for name in methods if not callable(getattr(obj, name, None))]
+             for form, methods in _FORMS.items()}
+    if all(lacks.values()):
         what = obj.__name__ if inspect.isclass(obj) else type(obj).__name__
         raise ModelLoadError(
-            f"{source}: {what} is not a stateful operator: it lacks "
-            f"{', '.join(f'{name}()' for name in missing)}; one defines initialize() -> "
-            "state tensors by name, compute(batch, state) -> (outputs, pending), which only "
-            "reads the state, and update(state, pending), which writes it")
-    return cast(StatefulOperator, obj)
+            f"{source}: {what} is not a stateful operator: it fits neither form "
+            + "; ".join(f"(the {form} form lacks {', '.join(f'{n}()' for n in missing)})"
+                        for form, missing in lacks.items())
+            + ". The three-method form defines initialize() -> state tensors by name, "
+            "compute(batch, state) -> (outputs, pending), which only reads the state, and "
+            "update(state, pending), which writes it; the run form defines initialize() and "
+            "run(batch, state, event) -> outputs, which writes the state only after "
+            "event.wait() returns")
+    return cast(AnyStatefulOperator, obj)

@@ -2,9 +2,11 @@
 
 **Primary.** The frontend sends numbered batches. For each: compute (reads the state), send
 the outputs at once (``hams``: they do not depend on the update), wait until the previous
-state's copy is taken (H2), update (writes the state). The state manager thread then copies
-the state into a flat buffer while the next batch computes, and sends it to the backup
-directly, never through the frontend. At most one undelivered state is in flight; batches
+state's copy is taken (H2), update (writes the state). A run-form operator does all three in
+``run`` and waits on the same gate, so its outputs leave after its update (one path for
+both forms: ``models._stateful_run.drive``). The state manager thread then copies the state
+into a flat buffer while the next batch computes, and sends it to the backup directly,
+never through the frontend. At most one undelivered state is in flight; batches
 that finish meanwhile are folded into the next copy (``core.hams.PrimaryShipper``).
 
 **Backup.** Buffers the primary's states and applies one only when every upstream state it
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import queue
 import signal
@@ -49,6 +52,8 @@ from parityserve.core.hams import (
     StateRecord,
 )
 from parityserve.errors import ModelLoadError, ProtocolError
+from parityserve.models._stateful_base import OperatorBatch
+from parityserve.models._stateful_run import CopyGate, drive
 from parityserve.runtime import wire
 from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.keys import ClientKeys
@@ -112,13 +117,10 @@ class _Operator:
         self.model = load_stateful(spec.source, spec.options)
         self.state = self.model.initialize()
 
-    def compute(self, header: dict[str, Any], buffers: list[Any]) -> tuple[Any, Any]:
-        from parityserve.models.stateful import OperatorBatch
-
+    def batch(self, header: dict[str, Any], buffers: list[Any]) -> OperatorBatch:
         inputs = wire.unpack_payload(header["inputs"], buffers[:1])
-        batch = OperatorBatch.from_numpy(np.array(inputs), header.get("streams") or
-                                         [""] * len(inputs), header.get("labels"))
-        return self.model.compute(batch, self.state)
+        return OperatorBatch.from_numpy(np.array(inputs), header.get("streams") or
+                                        [""] * len(inputs), header.get("labels"))
 
 
 class _Process:
@@ -187,35 +189,45 @@ class Primary:
             self.slow_s = float(header.get("s", 0.0))
 
     def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
-        try:
-            outputs, pending = self.operator.compute(header, buffers)
-        except Exception as exc:  # a bad batch, not a dead operator: nothing was written
-            self.proc.tell({"t": OUT, "bid": header["bid"],
-                            "error": f"{type(exc).__name__}: {exc}"[:2000],
-                            "bad_input": isinstance(exc, ValueError | TypeError)})
-            return
-        seqs: list[int] = header["seqs"]
-        if self.mode == "hams":
-            self._send_outputs(header["bid"], outputs)  # early release (NSPB)
-        self.copied.wait()  # H2: the previous state's copy must not see this update
-        with self.mutex:
-            self.operator.model.update(self.operator.state, pending)
-            if self.mode == "checkpoint-replay":
-                self._maybe_checkpoint(seqs[-1])
-                order = None
-            elif self.mode == "bare":
-                order = None
-            else:
-                lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
-                order = self.shipper.batch_finished(lineages, seqs[-1])
-            if order is not None:
-                self.copied.clear()
+        """One batch, either operator form (``drive``): the write waits for the previous
+        state's copy (H2), and "write + number the batch" holds the mutex (the gate takes it
+        when it opens), so a copy never sees half of it."""
+        bid = header["bid"]
+        early = functools.partial(self._send_outputs, bid) if self.mode == "hams" else None
+        with CopyGate(self.copied, lock=self.mutex) as gate:
+            try:  # NSPB: outputs leave early when the operator's form allows it
+                outputs = drive(self.operator.model, self.operator.batch(header, buffers),
+                                self.operator.state, gate, early)
+            except Exception as exc:
+                if gate.opened:  # the state may be half written: die, the backup has it whole
+                    raise
+                self._refuse(bid, exc)  # a bad batch, not a dead operator: nothing written
+                return
+            order = self._number(header)
         if order is not None:
             self._to_state_thread("order", order)
         if self.mode == "remus":
-            self._await_receipt(seqs[-1])
+            self._await_receipt(header["seqs"][-1])
         if self.mode != "hams":
-            self._send_outputs(header["bid"], outputs)
+            self._send_outputs(bid, outputs)
+
+    def _number(self, header: dict[str, Any]) -> CopyOrder | None:
+        """After the write, under the mutex: checkpoint, or give the shipper the batch."""
+        seq = header["seqs"][-1]
+        if self.mode == "checkpoint-replay":
+            self._maybe_checkpoint(seq)
+            return None
+        if self.mode == "bare":
+            return None
+        lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
+        order = self.shipper.batch_finished(lineages, seq)
+        if order is not None:
+            self.copied.clear()
+        return order
+
+    def _refuse(self, bid: int, exc: Exception) -> None:
+        self.proc.tell({"t": OUT, "bid": bid, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                        "bad_input": isinstance(exc, ValueError | TypeError)})
 
     def _maybe_checkpoint(self, seq: int) -> None:
         """Checkpoint-replay (Lineage Stash's way, the baseline): every N batches the whole

@@ -110,9 +110,10 @@ def test_without_noise_the_step_is_deterministic(data_dir: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(stateful.__all__) == sorted([
-        "STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
-        "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
-        "load_stateful", "run_batch", "state_nbytes", "stream_key", "writes_during_compute"])
+        "STATEFUL_ZOO", "CopyDone", "CopyGate", "EventStatefulOperator", "OnlineMLP",
+        "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
+        "StreamLSTM", "StreamMean", "StreamTableFull", "load_stateful", "run_batch",
+        "state_nbytes", "stream_key", "writes_before_event", "writes_during_compute"])
 
 
 def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:
@@ -356,7 +357,7 @@ class NoUpdate:
 
 
 def test_stateful_zoo_names() -> None:
-    assert STATEFUL_ZOO == ("online-mlp", "stream-lstm")
+    assert STATEFUL_ZOO == ("online-mlp", "stream-lstm", "stream-mean")
 
 
 def test_load_stateful_from_the_zoo_with_options() -> None:
@@ -385,10 +386,11 @@ def test_load_stateful_from_a_python_module_and_a_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("source", "options", "match"), [
     ("zoo:lstm", None, "unknown stateful operator 'zoo:lstm': the stateful zoo has "
-                       "zoo:online-mlp, zoo:stream-lstm"),
+                       "zoo:online-mlp, zoo:stream-lstm, zoo:stream-mean"),
     ("zoo:resnet20", None, "the stateful zoo has zoo:online-mlp"),
     ("torch:pkg.mod:Net", None, "expected zoo:NAME with NAME one of online-mlp, stream-lstm, "
-                                "python:package.module:Class or python:path/file.py:Class"),
+                                "stream-mean, python:package.module:Class or "
+                                "python:path/file.py:Class"),
     ("stream-lstm", None, "cannot load stateful operator source 'stream-lstm'"),
     ("python:", None, "cannot load stateful operator source 'python:'"),
     ("zoo:stream-lstm", {"hiden": 4}, "unknown option.* hiden; it accepts input_size, hidden, "
@@ -396,11 +398,15 @@ def test_load_stateful_from_a_python_module_and_a_file(tmp_path: Path) -> None:
     ("zoo:stream-lstm", {"hidden": -1}, "constructor raised ValueError: hidden must be an int"),
     ("zoo:online-mlp", {"momentum": 0.9, "steps": 3}, "unknown option.* steps; it accepts lr"),
     (f"python:{__name__}:Counter", {"step": 1, "x": 2}, "unknown option.* x; it accepts step"),
-    (f"python:{__name__}:NoUpdate", None, r"NoUpdate is not a stateful operator: it lacks "
-                                          r"update\(\); one defines initialize\(\)"),
+    (f"python:{__name__}:NoUpdate", None, r"NoUpdate is not a stateful operator: it fits "
+                                          r"neither form \(the three-method form lacks "
+                                          r"update\(\)\); \(the run form lacks run\(\)\)\. "
+                                          r"The three-method form defines initialize\(\)"),
     (f"python:{__name__}:NoUpdate", {"bad": 1}, r"NoUpdate is not a stateful operator"),
-    (f"python:{__name__}:go", None, r"Event is not a stateful operator: it lacks "
-                                    r"initialize\(\), compute\(\), update\(\)"),
+    (f"python:{__name__}:go", None, r"Event is not a stateful operator: it fits neither "
+                                    r"form \(the three-method form lacks initialize\(\), "
+                                    r"compute\(\), update\(\)\); \(the run form lacks "
+                                    r"initialize\(\), run\(\)\)"),
     ("python:no_such_module_ps:Op", None, "cannot import module 'no_such_module_ps'"),
     (f"python:{__name__}:Absent", None, "has no attribute 'Absent'"),
     ("python:nowhere/op.py:Op", None, r"Python file nowhere/op.py does not exist"),
