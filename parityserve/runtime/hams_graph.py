@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
 _IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
 _RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
+_BACKUP_GRACE_S = 0.02  # a lost backup waits this long for a correlated primary loss
 _CHECK_EVERY_S = 0.005
 _HANG_S = 2.0  # exit-based detection: silence that means a hung operator
 _UNHELD = ("bare", "checkpoint-replay")  # modes without a backup: replies leave at once
@@ -475,6 +476,12 @@ class GraphRuntime:
         return limit if self.graph.detection == "timeout" else max(limit, _HANG_S)
 
     async def _recover(self, op: str, member: Member, how: str, detected_at: float) -> None:
+        if member is self.pairs[op].backup:
+            # Correlated failures: a primary killed in the same instant may be noticed a pass
+            # later (a big process takes a few ms to die). Its plan must go first, so that it
+            # sees the backup gone and rolls back in place (Fig. 6) instead of a spare being
+            # seeded with speculation that the plan then has to undo.
+            await asyncio.sleep(_BACKUP_GRACE_S)
         async with self._recovery:
             pair = self.pairs[op]
             try:

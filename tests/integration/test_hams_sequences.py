@@ -146,6 +146,11 @@ def test_killing_both_adjacent_primaries_at_once_keeps_every_stream_exact(tmp_pa
         running.stop()
 
 
+def _ahead(ops: dict) -> bool:
+    """Both seq1 and seq2 hold executed requests that are not durable yet."""
+    return all(ops[o]["last_seq"] > ops[o]["durable"] for o in ("seq1", "seq2"))
+
+
 def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path) -> None:
     """seq1's states reach its backup late, so seq2 runs ahead on seq1's speculation; then
     seq1's primary and seq2's backup die together. seq1's backup is promoted behind what
@@ -158,8 +163,12 @@ def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path
 
         def fig6() -> None:
             httpx.post(admin, json={"operator": "seq1", "state_delay_ms": 300}).raise_for_status()
-            time.sleep(0.5)  # let seq2 run ahead of seq1's durable point
-            ops = graph_state(url)["operators"]
+            # kill only once seq2 has run ahead of seq1's durable point (a fixed sleep could
+            # land between two requests, with nothing speculative anywhere)
+            deadline = time.monotonic() + 20
+            while not _ahead(ops := graph_state(url)["operators"]):
+                assert time.monotonic() < deadline, "seq2 never ran ahead of seq1"
+                time.sleep(0.005)
             kill(ops["seq1"]["primary_pid"])
             kill(ops["seq2"]["backup_pid"])
 
