@@ -35,8 +35,22 @@ state. Freeze BN (``eval()``) while fine-tuning online, or compute the new stati
   optimiser step per batch; it outputs the predicted class.
 - ``StreamLSTM``: an LSTM keeping each stream's (h, c) in a fixed table of ``max_streams``
   slots; a new stream with the table full raises ``StreamTableFull`` from ``compute``.
+
+**Auditing** (``_stateful_audit``): injected noise draws one seed per batch from OS entropy
+(``entropy_seed``), so a re-execution diverges; with ``audit: true`` the operator reports
+each row's place in its batch and the batch's seed (``AUDIT_COLUMNS``), and
+``replay_state`` runs the batches clients saw again through ``compute_seeded``, to compare
+``state_digest`` with the server's.
 """
 
+from parityserve.models._stateful_audit import (
+    AUDIT_COLUMNS,
+    SeededOperator,
+    audit_columns,
+    entropy_seed,
+    replay_state,
+    state_digest,
+)
 from parityserve.models._stateful_base import (
     OperatorBatch,
     State,
@@ -51,6 +65,7 @@ from parityserve.models._stateful_loader import STATEFUL_ZOO, load_stateful
 from parityserve.models._stateful_ops import OnlineMLP
 from parityserve.models._stream_lstm import StreamLSTM, StreamTableFull, stream_key
 
-__all__ = ["STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "State", "StateBuffer",
-           "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamTableFull",
-           "load_stateful", "run_batch", "state_nbytes", "stream_key", "writes_during_compute"]
+__all__ = ["AUDIT_COLUMNS", "STATEFUL_ZOO", "OnlineMLP", "OperatorBatch", "SeededOperator",
+           "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator", "StreamLSTM",
+           "StreamTableFull", "audit_columns", "entropy_seed", "load_stateful", "replay_state",
+           "run_batch", "state_digest", "state_nbytes", "stream_key", "writes_during_compute"]
