@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ AUDIT_COLUMNS = ("row", "batch_size", "noise_seed")  # appended, in this order, 
 _SEED_BITS = 53  # exact in a float64 too, so a seed survives any JSON client unchanged
 
 
+@runtime_checkable
 class SeededOperator(Protocol):
     """A stateful operator whose only randomness is one seed per batch."""
 
