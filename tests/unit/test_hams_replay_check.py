@@ -122,10 +122,23 @@ def test_replay_verdict(server: dict[str, Any], matches: bool, why: str, same: b
     assert verdict.get("backup_matches_primary") is same
 
 
+class Unseeded:
+    """A stateful operator with no ``compute_seeded``: its randomness cannot be replayed."""
+
+    def initialize(self) -> dict[str, Any]:
+        return {}
+
+    def compute(self, batch: Any, state: Any) -> tuple[Any, Any]:
+        return batch, None
+
+    def update(self, state: Any, pending: Any) -> None:
+        pass
+
+
 def test_an_operator_without_compute_seeded_is_refused(served: Any) -> None:
     replies, digests = served
     history = AuditedHistory("learner")
     for reply, row, label in replies:
         history.record(reply, row, label)
     with pytest.raises(TypeError, match="no compute_seeded"):
-        replay_check(history, "zoo:stream-lstm", {}, digests)
+        replay_check(history, f"python:{__name__}:Unseeded", {}, digests)

@@ -5,6 +5,7 @@ learning)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from parityserve.models.stateful import (  # noqa: E402
     AUDIT_COLUMNS,
     OnlineMLP,
     OperatorBatch,
+    StreamLSTM,
     audit_columns,
     entropy_seed,
     load_stateful,
@@ -53,7 +55,7 @@ def at_offset(batch: OperatorBatch, offset: int) -> OperatorBatch:
     return OperatorBatch(torch.from_numpy(moved), batch.streams, batch.labels)
 
 
-def served(op: OnlineMLP, todo: list[OperatorBatch]) -> tuple[dict, list[int]]:
+def served(op: Any, todo: list[OperatorBatch]) -> tuple[dict, list[int]]:
     """Run as a primary does (one thread; ``compute`` draws the seed); the final state and
     the seeds the audit columns reported."""
     state = op.initialize()
@@ -68,11 +70,12 @@ def served(op: OnlineMLP, todo: list[OperatorBatch]) -> tuple[dict, list[int]]:
     return state, seeds
 
 
-def _one(op: OnlineMLP, batch: OperatorBatch, state: dict) -> int:
+def _one(op: Any, batch: OperatorBatch, state: dict) -> int:
     out = run_batch(op, batch, state, go())
-    assert out.shape == (len(batch), 1 + len(AUDIT_COLUMNS))
-    assert len(set(out[:, 3].tolist())) == 1  # one seed per batch
-    return int(out[0, 3])
+    place, size, seed = out[:, -3:].T.tolist()  # AUDIT_COLUMNS, last
+    assert place == list(range(len(batch))) and set(size) == {len(batch)}
+    assert len(set(seed)) == 1  # one seed per batch
+    return int(seed[0])
 
 
 def test_audit_columns_name_each_row_its_place_batch_size_and_seed() -> None:
@@ -165,3 +168,26 @@ def test_audit_is_an_option_of_the_zoo_operator_and_must_be_a_bool() -> None:
     assert load_stateful("zoo:online-mlp", {"audit": True}).audit  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="audit must be true or false"):
         load_stateful("zoo:online-mlp", {"audit": "yes"})
+
+
+def test_an_audited_stream_lstm_replays_exactly_streams_and_all() -> None:
+    """Per-stream state, rows of one stream chained within a batch, noise in every step:
+    the reported seeds replay to the same slot table, wherever the inputs lie."""
+    options = {"input_size": 3, "hidden": 4, "outputs": 2, "max_streams": 4, "noise": 1e-3,
+               "seed": 1, "audit": True}
+    rng = np.random.default_rng(2)
+    todo = [OperatorBatch.from_numpy(rng.standard_normal((len(names), 3)), names)
+            for names in (["a", "b", "a"], ["c"], ["b", "b", "", "a"])]  # "": no stream
+    op = StreamLSTM(**options)  # type: ignore[arg-type]
+    out, _ = op.compute(todo[0], op.initialize())
+    assert out.dtype == torch.float64 and out.shape == (3, 2 + len(AUDIT_COLUMNS))
+    live, seeds = served(op, todo)
+    assert len(set(seeds)) == 3
+    for offset in (0, 4, 8):
+        again = replay_state(StreamLSTM(**options),  # type: ignore[arg-type]
+                             [(at_offset(b, offset), s) for b, s in zip(todo, seeds,
+                                                                        strict=True)])
+        assert state_digest(again) == state_digest(live)
+    seeds[1] += 1
+    other = replay_state(StreamLSTM(**options), zip(todo, seeds, strict=True))  # type: ignore[arg-type]
+    assert state_digest(other) != state_digest(live)
