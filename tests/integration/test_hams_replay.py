@@ -15,12 +15,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from benchmarks.hams import Load
 from benchmarks.hams_history import AuditedHistory, replay_check
 from parityserve.client import Client
 from tests.integration.conftest import start_server, wait_until
@@ -29,40 +31,15 @@ from tests.integration.test_hams_serving import graph_config, graph_state
 OPTIONS = {"noise": 1e-3, "seed": 3, "audit": True}
 
 
-class Clients:
-    """Four closed-loop clients sending one labelled row each time until stopped; every
-    reply is recorded with what was sent."""
+def recorder(history: AuditedHistory) -> Callable[[dict, dict, int], None]:
+    """Record every reply (from any client thread) with the row and label it answers."""
+    lock = threading.Lock()
 
-    def __init__(self, url: str, history: AuditedHistory) -> None:
-        self.url, self.history = url, history
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(4)]
+    def record(reply: dict, body: dict, row: int) -> None:
+        with lock:
+            history.record(reply, body["input_batch"][row], body["labels"][row])
 
-    def __enter__(self) -> Clients:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(120)
-
-    def run(self, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with Client(self.url, timeout=60) as client:
-            while not self.stop.is_set():
-                row = rng.random(784, dtype=np.float32).tolist()
-                label = int(rng.integers(-1, 10))  # -1: predict only, no feedback
-                try:
-                    reply = client.predict_graph("online", row, label=label)
-                except Exception as exc:  # a lost reply breaks the history: report it
-                    self.errors.append(repr(exc))
-                    continue
-                with self.lock:
-                    self.history.record(reply, row, label)
+    return record
 
 
 def learner(url: str) -> dict:
@@ -88,7 +65,9 @@ def test_after_kills_the_final_state_is_the_replay_of_what_clients_saw(tmp_path:
     history = AuditedHistory("learner")
     try:
         url = server.url
-        with Clients(url, history) as clients:
+        rng = np.random.default_rng(0)  # labels of -1: predict only, no feedback
+        data = (rng.random((500, 784), dtype=np.float32), rng.integers(-1, 10, 500))
+        with Load(url, data, batch=2, clients=4, on_reply=recorder(history)) as load:
             # states reach the backup late, so batches run ahead of what is durable: the
             # first kill leaves requests to re-execute, with new batches and new seeds
             slow_states(url, 150)
@@ -99,7 +78,7 @@ def test_after_kills_the_final_state_is_the_replay_of_what_clients_saw(tmp_path:
             kill_when_whole(url, "primary")
             wait_until(lambda: learner(url)["whole"], 60)
             time.sleep(0.5)
-        assert not clients.errors
+        assert load.errors == 0  # a lost reply would leave a hole in the history
         wait_until(lambda: learner(url)["whole"] and graph_state(url)["waiting"] == 0, 60)
         with Client(url) as admin:
             digests = admin.graph_digests("online")
