@@ -16,8 +16,11 @@ an asyncio open loop or closed-loop threads), on the same 2 cores.
   frontend's failover record, split into detection / protocol / handover (H13), once with
   exit-based and once with timeout-based detection (H7), several kills each.
 * **consistency**: random SIGKILLs of primaries and backups under load with noise on;
-  every (learner seq -> output) a client saw is checked for a second value, and every
-  request for exactly one reply.
+  every (operator, seq -> output) a client saw is checked for a second value, and every
+  request for exactly one reply (the sequence service). Then the online learner with
+  ``audit`` on, under random kills too: its final state, on the primary and the backup,
+  is checked against an offline replay of the durable history the replies describe
+  (``benchmarks.hams_history``).
 
 Results (JSON, markdown, plot, the command) go to ``--results-dir``; a stopped run resumes
 (finished parts are kept in the JSON).
@@ -39,6 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,7 @@ from benchmarks.hams_analysis import (  # noqa: E402
     recovery_phases,
     render_markdown,
 )
+from benchmarks.hams_history import AuditedHistory, replay_check  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
@@ -67,6 +72,7 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 MODES = ("bare", "remus", "hams")
 PART_NAMES = ("overhead", "recovery", "correlated", "consistency", "timeline")
 Data = tuple[np.ndarray, np.ndarray]  # images, labels
+OnReply = Callable[[dict[str, Any], dict[str, Any], int], None]  # answer, request body, row
 EXAMPLES = (
     ("python -m benchmarks.hams --data-dir ../shared/data",
      "full run: 3 reps x batch 1/8/32/64 x 3 modes, 10+10 kills, 1,000 random kills"),
@@ -85,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, help="repetitions of the overhead (3; quick 1)")
     p.add_argument("--kills", type=int, help="kills per detection mode (10; quick 3)")
     p.add_argument("--random-kills", type=int, help="consistency kills (1000; quick 20)")
+    p.add_argument("--replay-kills", type=int,
+                   help="kills before the replay check (a tenth of --random-kills, >= 3)")
     p.add_argument("--data-dir", type=Path, default=default_data_dir(),
                    help="shared data (MNIST test images; random images without it)")
     p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams")
@@ -103,11 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- the service -----------------------------------------------------------------------
 def service_config(mode: str, detection: str = "exit", noise: float = 1e-4,
-                   max_batch: int = 64) -> dict[str, Any]:
+                   max_batch: int = 64, audit: bool = False) -> dict[str, Any]:
     return {"server": {"require_admin_token": False, "grpc_port": 0},
             "models": [{"name": "features", "source": "zoo:echo", "replicas": 1},
                        {"name": "learner", "source": "zoo:online-mlp",
-                        "options": {"noise": noise, "seed": 7}},
+                        "options": {"noise": noise, "seed": 7, "audit": audit}},
                        {"name": "aggregate", "source": "zoo:echo", "replicas": 1}],
             "graphs": [{"name": "online", "fault_tolerance": mode, "detection": detection,
                         "max_batch": max_batch, "heartbeat_timeout_ms": 200,
@@ -166,7 +174,7 @@ class Load:
     """Closed-loop clients, each sending requests of ``batch`` labelled rows."""
 
     def __init__(self, url: str, data: Data, batch: int, clients: int,
-                 on_reply: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_reply: OnReply | None = None) -> None:
         self.url, self.batch, self.clients = url, batch, clients
         self.xs, self.ys = data
         self.on_reply = on_reply
@@ -216,8 +224,8 @@ class Load:
                 self.latencies.append(time.perf_counter() - start)
                 self.sent_at.append(time.monotonic() - (time.perf_counter() - start))
                 if self.on_reply is not None:
-                    for answer in reply.json():
-                        self.on_reply(answer)
+                    for i, answer in enumerate(reply.json()):
+                        self.on_reply(answer, body, i)
 
 
 class StreamLoad(Load):
@@ -464,29 +472,66 @@ def consistency(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, An
     """HAMS on the sequence service under random kills of primaries and backups of both
     LSTMs, noise on: every (operator, seq) a client saw is checked for a second value.
     Then checkpoint-replay on the same service under primary kills: how many replayed
-    outputs differ from the ones clients already had."""
-    del data
-    result = _random_kills("hams", args.random_kills, ("primary", "backup"), tmp)
+    outputs differ from the ones clients already had. Last, the audited online learner
+    under random kills, per mode: does its final state equal a replay of the durable
+    history (``replay``)?"""
+    result = _random_kills("hams", args.random_kills, ("primary", "backup"), tmp,
+                           _sequence_service("hams"))
     result["checkpoint-replay"] = _random_kills(
-        "checkpoint-replay", max(3, args.random_kills // 20), ("primary",), tmp)
+        "checkpoint-replay", max(3, args.random_kills // 20), ("primary",), tmp,
+        _sequence_service("checkpoint-replay"))
+    kills = args.replay_kills or max(3, args.random_kills // 10)
+    result["replay"] = {
+        "hams": _random_kills("hams", kills, ("primary", "backup"), tmp,
+                              _online_service("hams", data)),
+        "checkpoint-replay": _random_kills("checkpoint-replay", max(3, kills // 2),
+                                           ("primary",), tmp,
+                                           _online_service("checkpoint-replay", data))}
     return result
 
 
-def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> dict[str, Any]:
+@dataclass
+class _Service:
+    """What a random-kill run serves: its config, its stateful operators, its load, and for
+    the audited learner the history its replies describe (for the replay check)."""
+
+    config: dict[str, Any]
+    ops: tuple[str, ...]
+    load: Callable[[str, OnReply], Load]
+    history: AuditedHistory | None = None
+
+
+def _sequence_service(mode: str) -> _Service:
+    return _Service(sequence_config(mode, noise=1e-3), ("seq1", "seq2"),
+                    lambda url, rec: StreamLoad(url, ((), ()), batch=4, clients=2,
+                                                on_reply=rec))
+
+
+def _online_service(mode: str, data: Data) -> _Service:
+    return _Service(service_config(mode, noise=1e-3, audit=True), ("learner",),
+                    lambda url, rec: Load(url, data, batch=8, clients=2, on_reply=rec),
+                    AuditedHistory("learner"))
+
+
+def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path,
+                  service: _Service) -> dict[str, Any]:
     oracle = ConsistencyOracle()
     lock = threading.Lock()
-    by_role = {f"{op} {role}": 0 for op in ("seq1", "seq2") for role in roles}
-    server = Server(sequence_config(mode, noise=1e-3), tmp)
+    by_role = {f"{op} {role}": 0 for op in service.ops for role in roles}
+    server = Server(service.config, tmp)
     rng = random.Random(11)
 
-    def record(reply: dict[str, Any]) -> None:
+    def record(reply: dict[str, Any], body: dict[str, Any], row: int) -> None:
         with lock:
-            oracle.record(reply, ("seq1", "seq2"))
+            oracle.record(reply, service.ops)
+            if service.history is not None:
+                service.history.record(reply, body["input_batch"][row], body["labels"][row])
 
     try:
-        with StreamLoad(server.url, ((), ()), batch=4, clients=2, on_reply=record) as load:
+        with service.load(server.url, record) as load:
             for i in range(kills):
-                op, role = _whole_op(server, rng, need_backup=mode == "hams"), rng.choice(roles)
+                op = _whole_op(server, rng, service.ops, need_backup=mode == "hams")
+                role = rng.choice(roles)
                 if mode != "hams":
                     _await_batches(server, op, rng.randint(5, 60))
                 pid = server.graph()["operators"][op][f"{role}_pid"]
@@ -499,6 +544,7 @@ def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> d
                           "conflicts", flush=True)
             time.sleep(1.0)
         graph = server.graph()
+        replay = _replay(server, service, mode) if service.history is not None else {}
     finally:
         server.stop()
     return {"mode": mode, "kills": sum(by_role.values()), "by_role": by_role,
@@ -506,7 +552,24 @@ def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path) -> d
             "lost": load.errors, "duplicates": oracle.duplicates(), "pairs": len(oracle.seen),
             "conflicts": len(oracle.conflicts), "conflict_examples": oracle.conflicts[:5],
             "replay_conflicts": graph["replay_conflicts"], "broken": graph["broken"],
-            "failovers": len(graph["failovers"])}
+            "failovers": len(graph["failovers"]), **replay}
+
+
+def _replay(server: Server, service: _Service, mode: str) -> dict[str, Any]:
+    """The replay check, once the load stopped and every operator is whole again (a new
+    backup holds the primary's full state)."""
+    import httpx
+
+    assert service.history is not None
+    _await_spare(server, service.ops, need_backup=mode == "hams")
+    digests = httpx.get(f"{server.url}/admin/graphs/{server.name}/digests", timeout=60)
+    learner = next(m for m in service.config["models"] if m["name"] == "learner")
+    result = replay_check(service.history, learner["source"], learner["options"],
+                          digests.raise_for_status().json())
+    print(f"replay check {mode}: {result['final_state_matches_replay']} {result['why']}",
+          flush=True)
+    return {k: result.get(k) for k in ("final_state_matches_replay", "why",
+                                       "backup_matches_primary", "batches", "requests")}
 
 
 def correlated(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
@@ -605,7 +668,7 @@ def _clear_faults(server: Server) -> None:
                    json={"operator": op, "state_delay_ms": 0}).raise_for_status()
 
 
-def _whole_op(server: Server, rng: random.Random, need_backup: bool,
+def _whole_op(server: Server, rng: random.Random, ops: tuple[str, ...], need_backup: bool,
               timeout_s: float = 60) -> str:
     """A stateful operator that may fail now (HAMS tolerates one failure per stateful
     operator at a time): the other one may still be recovering."""
@@ -614,7 +677,7 @@ def _whole_op(server: Server, rng: random.Random, need_backup: bool,
         graph = server.graph()
         if graph["broken"]:
             raise SystemExit(f"the graph broke: {graph['broken']}")
-        whole = [op for op in ("seq1", "seq2") if _whole(graph["operators"][op], need_backup)]
+        whole = [op for op in ops if _whole(graph["operators"][op], need_backup)]
         if whole and (need_backup or not graph["recovering"]):
             time.sleep(0.1)
             return rng.choice(whole)

@@ -165,7 +165,28 @@ def render_markdown(result: Mapping[str, Any]) -> str:
                       f"values: {run['conflicts']}",
                       f"- replayed outputs that differ from the answered ones: "
                       f"{run.get('replay_conflicts', 0)}", ""]
+        lines += _replay_lines(c.get("replay") or {})
     return "\n".join(lines)
+
+
+def _replay_lines(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per mode: does the learner's final state equal a replay of its durable history?"""
+    if not runs:
+        return []
+    lines = ["## Final state against a replay of the durable history (online learner, audit "
+             "and noise on)", "",
+             "| mode | kills | failovers | requests | batches replayed | final state = replay "
+             "| backup = primary | why not |", "|---" * 8 + "|"]
+    for mode, run in runs.items():
+        lines.append(f"| {mode} | {run['kills']} | {run.get('failovers', '–')} | "
+                     f"{run.get('requests', '–')} | {run.get('batches', '–')} | "
+                     f"{_yes(run.get('final_state_matches_replay'))} | "
+                     f"{_yes(run.get('backup_matches_primary'))} | {run.get('why') or ''} |")
+    return [*lines, ""]
+
+
+def _yes(value: bool | None) -> str:
+    return "–" if value is None else ("yes" if value else "**no**")
 
 
 def _ratio(value: float | None) -> str:

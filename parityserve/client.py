@@ -244,6 +244,11 @@ class Client:
     def state(self) -> dict[str, Any]:
         return self._call("GET", "/admin/state")
 
+    def graph_digests(self, graph: str) -> dict[str, Any]:
+        """Per stateful operator of ``graph``: ``{"primary": {"seq", "digest", "pid"},
+        "backup": {..., "synced"}}`` (None where there is no such process)."""
+        return self._call("GET", f"/admin/graphs/{_q(graph)}/digests")
+
     def add_application(self, name: str, models: Sequence[str], *, slo_ms: float = 100.0,
                         default_output: Any = None) -> dict[str, Any]:
         return self._call("POST", "/admin/applications",

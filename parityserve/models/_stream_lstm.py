@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from parityserve.models._stateful_audit import audit_columns, entropy_seed
 from parityserve.models._stateful_base import OperatorBatch, State
 from parityserve.models._stream_slots import (
     SlotPlan,
@@ -34,15 +35,21 @@ __all__ = ["StreamLSTM"]
 class StreamLSTM:
     """An LSTM cell stepping once per row, from and to the (h, c) of the row's stream; rows of
     one stream in a batch chain in row order. Outputs ``h_new @ W_out``, float32 [n, outputs].
-    ``noise`` > 0 adds unseeded Gaussian noise to each new (h, c): the injected
-    non-determinism that makes a replay diverge (HAMS's S2, which CPU PyTorch lacks)."""
+    ``noise`` > 0 adds Gaussian noise to each new (h, c), drawn from a seed taken from OS
+    entropy per batch: the injected non-determinism that makes a re-execution diverge
+    (HAMS's S2, which CPU PyTorch lacks). ``audit`` appends ``AUDIT_COLUMNS`` to each row,
+    making the outputs float64 [n, outputs + 3] (exact: the seed has 53 bits), so only an
+    operator whose successors pass them through (not another LSTM) can audit."""
 
     def __init__(self, input_size: int = 8, hidden: int = 32, outputs: int = 1,
-                 max_streams: int = 1024, noise: float = 0.0, seed: int = 0) -> None:
+                 max_streams: int = 1024, noise: float = 0.0, seed: int = 0,
+                 audit: bool = False) -> None:
         check_sizes(input_size=input_size, hidden=hidden, outputs=outputs,
                     max_streams=max_streams)
+        if not isinstance(audit, bool):
+            raise ValueError(f"audit must be true or false, got {audit!r}")
         self.input_size, self.hidden, self.outputs = input_size, hidden, outputs
-        self.max_streams, self.noise = max_streams, check_noise(noise)
+        self.max_streams, self.noise, self.audit = max_streams, check_noise(noise), audit
         generator = torch.Generator().manual_seed(seed)
         with torch.random.fork_rng(devices=[]):  # the cell's own init draws the global RNG
             self.cell = nn.LSTMCell(input_size, hidden).requires_grad_(False)
@@ -50,8 +57,6 @@ class StreamLSTM:
         for param in self.cell.parameters():
             param.uniform_(-bound, bound, generator=generator)
         self.w_out = torch.randn(hidden, outputs, generator=generator) * bound
-        self._rng = torch.Generator()
-        self._rng.seed()  # from OS entropy: deliberately not reproducible
 
     def initialize(self) -> State:
         slots, hidden = self.max_streams, self.hidden
@@ -60,27 +65,37 @@ class StreamLSTM:
 
     def compute(self, batch: OperatorBatch, state: State) -> tuple[Tensor, SlotWrites | None]:
         """Reads the state only; raises ``StreamTableFull`` before anything is computed."""
+        return self.compute_seeded(batch, state, entropy_seed() if self.noise else 0)
+
+    def compute_seeded(self, batch: OperatorBatch, state: State, seed: int
+                       ) -> tuple[Tensor, SlotWrites | None]:
+        """``compute`` with the batch's noise seed given: what a replay runs."""
         x = flat_inputs(batch, self.input_size, "StreamLSTM.compute", "input_size")
         plan = plan_slots(batch.streams, state["keys"], self.max_streams)
+        noise = torch.Generator().manual_seed(seed) if self.noise else None
         with torch.no_grad():
             h, c = _start(plan, state, self.hidden)
             h_rows = torch.empty(len(x), self.hidden)
             for rows in _waves(plan.lane_of_row):
                 lanes = torch.tensor([plan.lane_of_row[r] for r in rows])
                 at = torch.tensor(rows)
-                h_new, c_new = self._step(x[at], h[lanes], c[lanes])
+                h_new, c_new = self._step(x[at], h[lanes], c[lanes], noise)
                 h[lanes], c[lanes], h_rows[at] = h_new, c_new, h_new
-            return h_rows @ self.w_out, SlotWrites.of(plan, h=h, c=c)
+            outputs = h_rows @ self.w_out
+        if self.audit:
+            outputs = torch.cat([outputs.double(), audit_columns(len(x), seed).double()], 1)
+        return outputs, SlotWrites.of(plan, h=h, c=c)
 
     def update(self, state: State, pending: SlotWrites | None) -> None:
         if pending is not None:
             pending.store(state)
 
-    def _step(self, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    def _step(self, x: Tensor, h: Tensor, c: Tensor, noise: torch.Generator | None
+              ) -> tuple[Tensor, Tensor]:
         h_new, c_new = self.cell(x, (h, c))
-        if self.noise:
-            h_new = h_new + self.noise * torch.randn(h_new.shape, generator=self._rng)
-            c_new = c_new + self.noise * torch.randn(c_new.shape, generator=self._rng)
+        if noise is not None:
+            h_new = h_new + self.noise * torch.randn(h_new.shape, generator=noise)
+            c_new = c_new + self.noise * torch.randn(c_new.shape, generator=noise)
         return h_new, c_new
 
 

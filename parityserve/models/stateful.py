@@ -45,8 +45,22 @@ state. Freeze BN (``eval()``) while fine-tuning online, or compute the new stati
   slots; a new stream with the table full raises ``StreamTableFull`` from ``compute``.
 - ``StreamMean`` (the run form): each stream's running mean of its rows, in the same kind
   of slot table.
+
+**Auditing** (``_stateful_audit``): injected noise draws one seed per batch from OS entropy
+(``entropy_seed``), so a re-execution diverges; with ``audit: true`` the operator reports
+each row's place in its batch and the batch's seed (``AUDIT_COLUMNS``), and
+``replay_state`` runs the batches clients saw again through ``compute_seeded``, to compare
+``state_digest`` with the server's.
 """
 
+from parityserve.models._stateful_audit import (
+    AUDIT_COLUMNS,
+    SeededOperator,
+    audit_columns,
+    entropy_seed,
+    replay_state,
+    state_digest,
+)
 from parityserve.models._stateful_base import (
     OperatorBatch,
     State,
@@ -69,7 +83,9 @@ from parityserve.models._stream_lstm import StreamLSTM
 from parityserve.models._stream_mean import StreamMean
 from parityserve.models._stream_slots import StreamTableFull, stream_key
 
-__all__ = ["STATEFUL_ZOO", "CopyDone", "CopyGate", "EventStatefulOperator", "OnlineMLP",
-           "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
-           "StreamLSTM", "StreamMean", "StreamTableFull", "load_stateful", "run_batch",
-           "state_nbytes", "stream_key", "writes_before_event", "writes_during_compute"]
+__all__ = ["AUDIT_COLUMNS", "STATEFUL_ZOO", "CopyDone", "CopyGate", "EventStatefulOperator",
+           "OnlineMLP", "OperatorBatch", "SeededOperator", "State", "StateBuffer",
+           "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamMean", "StreamTableFull",
+           "audit_columns", "entropy_seed", "load_stateful", "replay_state", "run_batch",
+           "state_digest", "state_nbytes", "stream_key", "writes_before_event",
+           "writes_during_compute"]

@@ -350,10 +350,10 @@ class GraphRuntime:
             self.replay[op].checkpointed(int(header["seq"]))
         elif kind == hw.DURABLE:
             self._on_durable(self.pairs[op], member, int(header["seq"]))
-        elif kind in (hw.PROMOTED, hw.ALLOW):
+        elif kind in (hw.PROMOTED, hw.ALLOW, hw.DIGEST):
             future = member.extra.pop(kind, None)
             if future is not None and not future.done():
-                future.set_result(int(header.get("seq", 0)))
+                future.set_result(header)
         elif kind == hw.FAILED and not member.hello.done():
             member.hello.set_exception(ModelLoadError(f"{op}: {header.get('error')}"))
             member.hello.exception()  # the start raises it once, for the first member
@@ -399,9 +399,9 @@ class GraphRuntime:
             log.debug("cannot reach %s: %s", member.worker_id, exc)
 
     async def _ask(self, member: Member, kind: str, header: dict[str, Any],
-                   timeout_s: float = 5.0) -> int:
+                   timeout_s: float = 5.0) -> dict[str, Any]:
         """Send and wait for the answer; a member that exits meanwhile fails it at once."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         member.extra[kind] = future
         self._send(member, header)
         deadline = self.clock() + timeout_s
@@ -576,7 +576,7 @@ class GraphRuntime:
         if not backup.extra.get("synced"):  # H6: a new backup is no backup until seeded
             raise Unavailable(f"{pair.op}: primary lost while its new backup was still "
                               "receiving its first full state")
-        seq = await self._ask(backup, hw.PROMOTED, {"t": hw.PROMOTE})
+        seq = int((await self._ask(backup, hw.PROMOTED, {"t": hw.PROMOTE}))["seq"])
         pair.primary, pair.backup = backup, None
         pair.inflight.clear()
         return seq
@@ -597,7 +597,7 @@ class GraphRuntime:
             raise Unavailable(f"{pair.op}: primary and backup both lost")
         record.rolled_back_in_place.append(pair.op)
         pair.inflight.clear()
-        return await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK})
+        return int((await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK}))["seq"])
 
     async def _replay(self, pair: _Pair, record: FailoverRecord) -> None:
         """Checkpoint-replay: a fresh process restores the last checkpoint, then every
@@ -695,6 +695,26 @@ class GraphRuntime:
         self._send(pair.primary, {"t": hw.SLOW, "s": delay_s})
 
     # ---- inspection ------------------------------------------------------------------------
+    async def state_digests(self) -> dict[str, dict[str, Any]]:
+        """Each stateful operator's state on its primary and its backup: the sha256 digest
+        (``state_digest``) and the request it is after, asked of the processes themselves.
+        Read when no batch is running, the replay check compares them with a replay of what
+        clients saw, and a synced backup's with its primary's."""
+        out = {}
+        async with self._recovery:  # no member changes role while we ask
+            for op, pair in self.pairs.items():
+                backup = await self._digest(pair.backup)
+                if backup is not None and pair.backup is not None:  # holds a full state yet?
+                    backup["synced"] = bool(pair.backup.extra.get("synced"))
+                out[op] = {"primary": await self._digest(pair.primary), "backup": backup}
+        return out
+
+    async def _digest(self, member: Member | None) -> dict[str, Any] | None:
+        if member is None or member.lost or not member.hello.done():
+            return None
+        answer = await self._ask(member, hw.DIGEST, {"t": hw.DIGEST})
+        return {"seq": int(answer["seq"]), "digest": str(answer["digest"]), "pid": member.pid}
+
     def statistics(self) -> dict[str, Any]:
         ops = {}
         for op in self.topology.operators:

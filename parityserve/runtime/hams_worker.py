@@ -66,7 +66,7 @@ HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.fail
 ATTACH, ALLOW, NOTIFY, DURABLE = "h.attach", "h.allow", "h.notify", "h.durable"
 PROMOTE, PROMOTED, ROLLBACK, STOP = "h.promote", "h.promoted", "h.rollback", "h.stop"
 STATE, RECEIVED, APPLIED, SLOW = "h.state", "h.recv", "h.applied", "h.slow"
-CHECKPOINT = "h.ckpt"
+CHECKPOINT, DIGEST = "h.ckpt", "h.digest"
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,7 @@ class Primary:
         self.receipt = threading.Lock()  # guards received_upto
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
         self.batches = 0
+        self.last_seq = start_seq  # the request the live state is after
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.deferred: deque[tuple[dict[str, Any], list[Any]]] = deque()  # Remus, waiting
         self.pipe_out, pipe_in = _pipe(proc.ctx)
@@ -187,6 +188,8 @@ class Primary:
             self.roll_back()
         elif kind == SLOW:
             self.slow_s = float(header.get("s", 0.0))
+        elif kind == DIGEST:  # updates run on this thread too: none is half done now
+            self.proc.tell(_digest(self.last_seq, self.operator.state))
 
     def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
         """One batch, either operator form (``drive``): the write waits for the previous
@@ -214,6 +217,7 @@ class Primary:
     def _number(self, header: dict[str, Any]) -> CopyOrder | None:
         """After the write, under the mutex: checkpoint, or give the shipper the batch."""
         seq = header["seqs"][-1]
+        self.last_seq = seq
         if self.mode == "checkpoint-replay":
             self._maybe_checkpoint(seq)
             return None
@@ -272,6 +276,7 @@ class Primary:
             self.copies[seq].install(self.operator.state)
             self.shipper = PrimaryShipper(self.proc.spec.op, seq)
             self.copies = {seq: self.copies[seq]}
+            self.last_seq = seq
         self.proc.tell({"t": PROMOTED, "seq": seq})
 
     def _to_state_thread(self, kind: str, value: Any) -> None:
@@ -404,6 +409,8 @@ class Backup:
             self.allowed = {header["key"].encode()}
             self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
             self.proc.tell({"t": ALLOW})  # the frontend tells the primary to connect now
+        elif kind == DIGEST:  # states are installed on this thread: this one is whole
+            self.proc.tell(_digest(self.applier.applied_seq, self.operator.state))
         elif kind == NOTIFY:
             op, seq = str(header["op"]), int(header["seq"])
             # kept for the applier the base state will start: a notice that comes between
@@ -449,6 +456,14 @@ class Backup:
             self.auth.stop()
         self.proc.tell({"t": PROMOTED, "seq": seq})
         return Primary(self.proc, self.operator, start_seq=seq)
+
+
+def _digest(seq: int, state: Any) -> dict[str, Any]:
+    """The replay check's view of this process's state: its digest, and the request it is
+    after."""
+    from parityserve.models.stateful import state_digest
+
+    return {"t": DIGEST, "seq": seq, "digest": state_digest(state)}
 
 
 def save_checkpoint(path: str, flat: FlatState) -> None:

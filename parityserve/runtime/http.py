@@ -536,7 +536,9 @@ class _Frontend:
                 r(models + "/{model}/scheduler", self.remove_scheduler,
                   "admin_remove_scheduler", "model", ["DELETE"]),
                 r("/admin/graphs/{graph}/faults", self.set_graph_fault, "admin_graph_faults",
-                  "graph", ["POST"])]
+                  "graph", ["POST"]),
+                r("/admin/graphs/{graph}/digests", self.graph_digests, "admin_graph_digests",
+                  "graph")]
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
                      methods: Sequence[str] = ("GET",)) -> Route:
@@ -772,6 +774,11 @@ class _Frontend:
         self.system.set_graph_fault(graph, body.operator, body.state_delay_ms)
         return _json({"graph": graph, "operator": body.operator,
                       "state_delay_ms": body.state_delay_ms}), "ok"
+
+    async def graph_digests(self, request: Request) -> tuple[Response, Outcome]:
+        """Each stateful operator's state digest on its primary and backup (the replay
+        check reads them once the graph is idle)."""
+        return _json(await self.system.graph_digests(request.path_params["graph"])), "ok"
 
     async def metrics_text(self, request: Request) -> tuple[Response, Outcome]:
         body, content_type = self.metrics.render()

@@ -253,6 +253,11 @@ class ServingSystem:
             raise Unavailable("the server is starting")
         self.graphs.get(graph).slow_state(operator, state_delay_ms / 1000)
 
+    async def graph_digests(self, graph: str) -> dict[str, Any]:
+        if self.graphs is None:
+            raise Unavailable("the server is starting")
+        return await self.graphs.get(graph).state_digests()
+
     async def update(self, app: str, uid: str, item: Any, label: Any,
                      query_id: str | None = None) -> dict[str, Any]:
         return await self.router.update(app, uid, item, label, query_id)

@@ -32,6 +32,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/models/m/parallelism"),
     ("POST", "/admin/models/m/threads"),
     ("POST", "/admin/graphs/g/faults"),
+    ("GET", "/admin/graphs/g/digests"),
 ]
 
 

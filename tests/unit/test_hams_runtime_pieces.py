@@ -127,6 +127,19 @@ def test_the_oracle_flags_two_values_for_one_sequence_number() -> None:
     assert len(oracle.conflicts) == 1 and oracle.duplicates() == 0
 
 
+def test_the_replay_check_gets_a_table_per_mode() -> None:
+    run = {"mode": "hams", "kills": 3, "by_role": {}, "sent": 8, "answered": 8, "lost": 0,
+           "duplicates": 0, "pairs": 8, "conflicts": 0}
+    text = render_markdown({"consistency": {**run, "replay": {
+        "hams": {**run, "failovers": 2, "requests": 8, "batches": 5,
+                 "final_state_matches_replay": True, "backup_matches_primary": True, "why": ""},
+        "checkpoint-replay": {**run, "mode": "checkpoint-replay", "requests": 8,
+                              "final_state_matches_replay": False,
+                              "why": "history: a gap"}}}})
+    assert "| hams | 3 | 2 | 8 | 5 | yes | yes |  |" in text
+    assert "| checkpoint-replay | 3 | – | 8 | – | **no** | – | history: a gap |" in text
+
+
 def test_median_and_max_skip_runs_without_the_value() -> None:
     from benchmarks.hams_analysis import median_and_max
 

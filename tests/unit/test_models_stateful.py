@@ -110,10 +110,12 @@ def test_without_noise_the_step_is_deterministic(data_dir: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(stateful.__all__) == sorted([
-        "STATEFUL_ZOO", "CopyDone", "CopyGate", "EventStatefulOperator", "OnlineMLP",
-        "OperatorBatch", "State", "StateBuffer", "StateCopyTimeout", "StatefulOperator",
-        "StreamLSTM", "StreamMean", "StreamTableFull", "load_stateful", "run_batch",
-        "state_nbytes", "stream_key", "writes_before_event", "writes_during_compute"])
+        "AUDIT_COLUMNS", "STATEFUL_ZOO", "CopyDone", "CopyGate", "EventStatefulOperator",
+        "OnlineMLP", "OperatorBatch", "SeededOperator", "State", "StateBuffer",
+        "StateCopyTimeout", "StatefulOperator", "StreamLSTM", "StreamMean", "StreamTableFull",
+        "audit_columns", "entropy_seed", "load_stateful", "replay_state", "run_batch",
+        "state_digest", "state_nbytes", "stream_key", "writes_before_event",
+        "writes_during_compute"])
 
 
 def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:

@@ -6,7 +6,8 @@
 * ``shipping``: the primary's non-stop state shipping (copy gate, one state in flight);
 * ``topology``: a validated graph, with next/previous stateful operators;
 * ``recovery``: which backups to promote and what is speculation after a failure;
-* ``router``: the frontend's graph router (every operator's request manager, the commit).
+* ``router``: the frontend's graph router (every operator's request manager, the commit);
+* ``history``: an operator's durable history rebuilt from client replies (the replay check).
 """
 
 from parityserve.core.hams.durability import (
@@ -16,6 +17,7 @@ from parityserve.core.hams.durability import (
     StateRecord,
     Watermarks,
 )
+from parityserve.core.hams.history import AuditRow, HistoryBatch, HistoryError, durable_batches
 from parityserve.core.hams.lineage import (
     FRONTEND,
     Hop,
@@ -33,8 +35,9 @@ from parityserve.core.hams.shipping import CopyOrder, PrimaryShipper, ShipperSta
 from parityserve.core.hams.topology import GraphError, Topology
 
 __all__ = [
-    "FRONTEND", "Arrival", "BackupApplier", "CopyOrder", "Executed", "Failover", "GraphError",
-    "GraphRouter", "Held", "Hop", "Lineage", "OutputCommit", "PrimaryShipper", "RequestManager",
-    "ShipperStats", "StateRecord", "Topology", "Watermarks", "client_of", "extend", "merge",
+    "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "Executed", "Failover",
+    "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "Lineage",
+    "OutputCommit", "PrimaryShipper", "RequestManager", "ShipperStats", "StateRecord",
+    "Topology", "Watermarks", "client_of", "durable_batches", "extend", "merge",
     "plan_failover", "seq_at", "speculative",
 ]
