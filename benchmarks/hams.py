@@ -303,7 +303,7 @@ def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
     batches = [int(b) for b in args.batches.split(",")]
     saturation = {}
     for batch in batches:
-        server = Server(service_config("bare", max_batch=batch), tmp)
+        server = _settled(Server(service_config("bare", max_batch=batch), tmp), "bare")
         try:
             saturation[batch] = _saturated(server.url, data, batch, args.seconds)["rows_per_s"]
         finally:
@@ -316,7 +316,7 @@ def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
         for i, batch in enumerate(batches):
             turn = (rep + i) % len(MODES)  # rotate: no mode always goes first
             for mode in MODES[turn:] + MODES[:turn]:
-                server = Server(service_config(mode, max_batch=batch), tmp)
+                server = _settled(Server(service_config(mode, max_batch=batch), tmp), mode)
                 try:
                     cell = _cell(server.url, data, batch, LOAD_SHARE * saturation[batch],
                                  args.seconds, seed=rep * 1000 + batch)
@@ -328,6 +328,18 @@ def overhead(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
                       f"rows/s offered; saturates at {cell['rows_per_s']:.0f}", flush=True)
     return {"bare_saturation_rows_per_s": saturation, "load_share": LOAD_SHARE,
             "rows": overhead_rows(cells)}
+
+
+def _settled(server: Server, mode: str) -> Server:
+    """Measure only once the graph is whole: a backup and a spare still loading torch in
+    the background would take the cores from the mode being measured."""
+    try:
+        _await_spare(server, need_backup=mode != "bare")
+    except BaseException:
+        server.stop()
+        raise
+    time.sleep(1.0)
+    return server
 
 
 LOAD_SHARE = 0.5  # H13: latency at about half of bare's saturation throughput

@@ -8,6 +8,7 @@ ordinary deployed model, with its replicas, batching and restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,10 @@ def graph_items(body: dict[str, Any], stream_key: str
 def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
     if all(isinstance(x, np.ndarray) for x in inputs):  # V2: rows of a decoded tensor
         return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+    with contextlib.suppress(TypeError, ValueError):  # ragged or not numbers: see below
+        whole = np.asarray(inputs, dtype=np.float32)  # one C pass, not one call per row
+        if whole.ndim >= 2 and whole[0].size:
+            return list(whole)
     try:
         rows = [np.asarray(x, dtype=np.float32) for x in inputs]
     except (TypeError, ValueError) as exc:

@@ -140,8 +140,12 @@ class OutputCommit(Generic[R]):
         released or is held is dropped: the client sees one answer."""
         if client in self._released or client in self._held:
             return []
-        self._held[client] = Held(client, lineage, reply)
-        return self._release()
+        held = Held(client, lineage, reply)
+        if self.durable.covers(lineage):  # only a notice moves a watermark: no other
+            self._released.add(client)    # held reply can have become releasable now
+            return [held]
+        self._held[client] = held
+        return []
 
     def notify(self, op: str, seq: int) -> list[Held[R]]:
         return self._release() if self.durable.advance(op, seq) else []
