@@ -85,3 +85,7 @@ _._check_address
 _.elapsed_s
 _.last_executed
 _.unshipped
+
+# Test operators loaded by a "python:module:Class" source string, not by name.
+Unseeded
+RunOnly
