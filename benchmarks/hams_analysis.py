@@ -27,7 +27,9 @@ def latency_summary(latencies_s: Sequence[float], rows: int, wall_s: float) -> d
 def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
                   ) -> list[dict[str, Any]]:
     """Per mode and batch size: the median over repetitions of each statistic, and the
-    ratio of the mean latency and of the throughput to ``bare``'s at the same batch size."""
+    ratio of the mean latency and of the throughput to ``bare``'s at the same batch size
+    (ratios of the medians; ``mean_vs_bare_paired`` is the median of each repetition's own
+    ratio, the steadier figure on a noisy machine), with every repetition's mean."""
     out = []
     bare = cells.get("bare", {})
     for mode, by_batch in cells.items():
@@ -35,12 +37,16 @@ def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
             row: dict[str, Any] = {"mode": mode, "batch": batch, "reps": len(reps)}
             for key in ("mean_ms", "p50_ms", "p99_ms", "p999_ms", "rows_per_s", "n"):
                 row[key] = float(np.median([r[key] for r in reps])) if reps else float("nan")
+            row["each_mean_ms"] = [float(r["mean_ms"]) for r in reps]
             base = bare.get(batch)
             if base:
                 row["mean_vs_bare"] = row["mean_ms"] / float(np.median([r["mean_ms"]
                                                                         for r in base]))
                 row["tput_vs_bare"] = row["rows_per_s"] / float(np.median([r["rows_per_s"]
                                                                            for r in base]))
+                if len(base) == len(reps):  # repetition i of both ran back to back
+                    row["mean_vs_bare_paired"] = float(np.median(
+                        [r["mean_ms"] / b["mean_ms"] for r, b in zip(reps, base, strict=True)]))
             out.append(row)
     return out
 
@@ -122,14 +128,16 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     if rows:
         lines += ["## Normal-case overhead", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | p99.9 ms | rows/s | mean vs "
-                  "bare | rows/s vs bare | requests per rep (median) | reps |",
-                  "|---" * 11 + "|"]
+                  "bare | paired | rows/s vs bare | requests per rep (median) | mean ms per rep "
+                  "| reps |", "|---" * 13 + "|"]
         for r in rows:
             lines.append(
                 f"| {r['mode']} | {r['batch']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
                 f"{r['p99_ms']:.2f} | {_ms(r.get('p999_ms'))} | {r['rows_per_s']:.0f} | "
-                f"{_ratio(r.get('mean_vs_bare'))} | {_ratio(r.get('tput_vs_bare'))} | "
-                f"{r['n']:.0f} | {r['reps']} |")
+                f"{_ratio(r.get('mean_vs_bare'))} | {_ratio(r.get('mean_vs_bare_paired'))} | "
+                f"{_ratio(r.get('tput_vs_bare'))} | {r['n']:.0f} | "
+                f"{' / '.join(f'{m:.1f}' for m in r.get('each_mean_ms', [])) or '–'} | "
+                f"{r['reps']} |")
         lines.append("")
     for name, rec in (result.get("recovery") or {}).items():
         lines += [f"## Recovery after kill -9 of the stateful primary: {name}", "",

@@ -111,6 +111,13 @@ def test_overhead_is_the_median_over_repetitions_relative_to_bare() -> None:
     hams = next(r for r in rows if r["mode"] == "hams")
     assert hams["mean_vs_bare"] == pytest.approx(11 / 11)  # median of 10 and 12 ms is 11
     assert hams["tput_vs_bare"] == pytest.approx(100 / 90)
+    assert "mean_vs_bare_paired" not in hams  # one repetition against two: nothing to pair
+    paired = overhead_rows({"bare": {8: cell}, "hams": {8: [latency_summary([0.011] * 10, 1, 1),
+                                                            latency_summary([0.024] * 10, 1, 1)]}})
+    hams = next(r for r in paired if r["mode"] == "hams")
+    assert hams["each_mean_ms"] == pytest.approx([11.0, 24.0])
+    assert hams["mean_vs_bare_paired"] == pytest.approx((11 / 10 + 24 / 12) / 2)
+    assert hams["mean_vs_bare"] == pytest.approx(17.5 / 11)  # the ratio of the medians
     assert "| hams | 8 |" in render_markdown({"overhead": rows})  # a run before open loop
     table = render_markdown({"overhead": {"rows": rows, "load_share": 0.5,
                                           "bare_saturation_rows_per_s": {"8": 1234.0}}})
