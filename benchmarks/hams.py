@@ -76,7 +76,8 @@ Data = tuple[np.ndarray, np.ndarray]  # images, labels
 OnReply = Callable[[dict[str, Any], dict[str, Any], int], None]  # answer, request body, row
 EXAMPLES = (
     ("python -m benchmarks.hams --data-dir ../shared/data",
-     "full run: 3 reps x batch 1/8/32/64 x 3 modes, 10+10 kills, 1,000 random kills"),
+     "full run (about an hour): 3 reps x batch 1/8/32/64 x 3 modes, 10+10 kills, 1,000 "
+     "random kills"),
     ("python -m benchmarks.hams --quick", "check the harness in a few minutes"),
     ("python -m benchmarks.hams --parts recovery --resume", "redo one part, keep the rest"),
 )
@@ -88,12 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(PART_NAMES)}")
     p.add_argument("--batches", default="1,8,32,64", help="batch sizes for the overhead")
     p.add_argument("--seconds", type=float,
-                   help="open-loop seconds per cell (10; quick 3); saturation runs 0.6x that")
+                   help="open-loop seconds per cell (6; quick 3); saturation runs 0.6x that")
     p.add_argument("--reps", type=int, help="repetitions of the overhead (3; quick 1)")
     p.add_argument("--kills", type=int, help="kills per detection mode (10; quick 3)")
     p.add_argument("--random-kills", type=int, help="consistency kills (1000; quick 20)")
     p.add_argument("--replay-kills", type=int,
-                   help="kills before the replay check (a tenth of --random-kills, >= 3)")
+                   help="kills before the replay check (a twentieth of --random-kills, >= 3)")
     p.add_argument("--data-dir", type=Path, default=default_data_dir(),
                    help="shared data (MNIST test images; random images without it)")
     p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams")
@@ -267,7 +268,7 @@ def sequence_config(mode: str, noise: float) -> dict[str, Any]:
 # ---- the parts -----------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     quick = args.quick
-    args.seconds = args.seconds or (3.0 if quick else 10.0)
+    args.seconds = args.seconds or (3.0 if quick else 6.0)
     args.reps = args.reps or (1 if quick else 3)
     args.kills = args.kills or (3 if quick else 10)
     args.random_kills = args.random_kills or (20 if quick else 1000)
@@ -287,7 +288,9 @@ def run(args: argparse.Namespace) -> int:
         for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
             if part in state and args.resume and part not in args.redo.split(","):
                 continue
+            started = time.monotonic()
             state[part] = PARTS[part](args, data, Path(tmp))
+            state.setdefault("elapsed_s", {})[part] = round(time.monotonic() - started, 1)
             _write(out, stem, state)
     _write(out, stem, state)
     print(render_markdown(state))
@@ -493,7 +496,7 @@ def consistency(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, An
     result["checkpoint-replay"] = _random_kills(
         "checkpoint-replay", max(3, args.random_kills // 20), ("primary",), tmp,
         _sequence_service("checkpoint-replay"))
-    kills = args.replay_kills or max(3, args.random_kills // 10)
+    kills = args.replay_kills or max(3, args.random_kills // 20)
     result["replay"] = {
         "hams": _random_kills("hams", kills, ("primary", "backup"), tmp,
                               _online_service("hams", data)),
@@ -551,7 +554,7 @@ def _random_kills(mode: str, kills: int, roles: tuple[str, ...], tmp: Path,
                 with contextlib.suppress(ProcessLookupError):  # replaced meanwhile
                     os.kill(pid, signal.SIGKILL)
                     by_role[f"{op} {role}"] += 1
-                time.sleep(rng.uniform(0.05, 0.3))
+                time.sleep(rng.uniform(0.02, 0.2))
                 if (i + 1) % 10 == 0:
                     print(f"consistency {mode}: {i + 1} kills, {len(oracle.conflicts)} "
                           "conflicts", flush=True)

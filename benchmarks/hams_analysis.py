@@ -125,6 +125,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
              f"Command: `{result.get('command', '')}`", "",
              *[f"Parts added with: `{c}`" for c in result.get("more_commands", [])], "",
              result.get("machine", ""), ""]
+    if result.get("elapsed_s"):
+        lines += ["Wall time per part: " + ", ".join(
+            f"{part} {seconds / 60:.1f} min" for part, seconds in result["elapsed_s"].items()),
+            ""]
     if rows:
         lines += ["## Normal-case overhead", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | p99.9 ms | rows/s | mean vs "
