@@ -96,3 +96,30 @@ def test_the_other_modes_drive_the_run_form_too(tmp_path: Path, mode: str) -> No
         assert graph_state(running.url)["mode"] == mode
     finally:
         running.stop()
+
+
+def test_a_graph_described_in_python(tmp_path: Path) -> None:
+    """The same kind of graph built from the public config objects instead of YAML, started
+    with ``start_in_thread`` and asked through the Python client."""
+    from parityserve import (
+        Deployment,
+        Graph,
+        GraphOperator,
+        Server,
+        ServingConfig,
+        start_in_thread,
+    )
+
+    config = ServingConfig(
+        server=Server(http_port=0, require_admin_token=False),
+        models=[Deployment(name="means", source="zoo:stream-mean", options={"features": 2})],
+        graphs=[Graph(name="sensors", stream_key="sensor", output="mean", operators=[
+            GraphOperator(name="mean", model="means", inputs=["frontend"], stateful=True)])])
+    with start_in_thread(config, base_dir=tmp_path, log_dir=tmp_path / "logs") as server, \
+            Client(server.url) as client:
+        first = client.predict_graph("sensors", [1.0, 3.0], stream="a", stream_key="sensor")
+        second = client.predict_graph("sensors", [3.0, 5.0], stream="a", stream_key="sensor")
+        other = client.predict_graph("sensors", [9.0, 9.0], stream="b", stream_key="sensor")
+    assert np.ravel(first["output"]).tolist() == [1.0, 3.0]
+    assert np.ravel(second["output"]).tolist() == [2.0, 4.0]  # the running mean of stream a
+    assert np.ravel(other["output"]).tolist() == [9.0, 9.0] and second["durable"]

@@ -9,7 +9,8 @@ import parityserve
 
 EXPECTED = {
     "Application", "BatchingConfig", "BurstConfig", "Client", "Deployment", "FaultConfig",
-    "Model", "ParityServeError", "RunningServer", "Server", "ServingConfig", "TensorSpec",
+    "Graph", "GraphOperator", "Model", "ParityServeError", "RunningServer", "Server",
+    "ServingConfig", "TensorSpec",
     "__version__", "load_config", "load_model", "parse_config", "serve", "start_in_thread",
 }
 
