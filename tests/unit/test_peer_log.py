@@ -1,0 +1,170 @@
+"""The admin stream's pure decisions: entries, signatures, what a group applies, and that
+groups applying concurrent changes in any interleaving end in the stream's order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parityserve.runtime.peer_log import (
+    ZERO,
+    Action,
+    BadEntry,
+    Change,
+    Cursor,
+    advance,
+    decide,
+    decode,
+    encode,
+    id_key,
+    missed,
+    stream_key,
+)
+
+CHANGE = Change("host-a", "POST", "/admin/models/m/parallelism?x=1", b'{"parallelism": 2}',
+                "17-0")
+
+
+def test_ids_sort_as_redis_orders_them() -> None:
+    assert id_key("9-5") < id_key("10-0") < id_key("10-1")
+    assert id_key(ZERO) < id_key("0-1")
+    assert stream_key("prod") == "parityserve:prod:admin"
+
+
+def test_an_entry_round_trips_with_its_signature() -> None:
+    fields = encode(CHANGE, "prod", "token")
+    assert decode(fields, "prod", "token") == CHANGE
+    assert decode(encode(CHANGE, "prod", None), "prod", None) == CHANGE  # open admin
+
+
+@pytest.mark.parametrize(("namespace", "token"), [
+    ("prod", "another-token"),  # a frontend with another token
+    ("staging", "token"),  # replayed from another namespace
+    ("prod", None),  # signed, but this frontend has no token to check it with
+])
+def test_an_entry_signed_otherwise_is_refused(namespace: str, token: str | None) -> None:
+    with pytest.raises(BadEntry, match="signature"):
+        decode(encode(CHANGE, "prod", "token"), namespace, token)
+
+
+def test_any_field_changed_breaks_the_signature() -> None:
+    for name, value in [(b"body", b'{"parallelism": 9}'), (b"after", b"99-0"),
+                        (b"target", b"/admin/models/n/parallelism"), (b"origin", b"host-b"),
+                        (b"method", b"DELETE")]:
+        fields = {**encode(CHANGE, "prod", "token"), name: value}
+        with pytest.raises(BadEntry, match="signature"):
+            decode(fields, "prod", "token")
+
+
+def test_an_unsigned_entry_is_refused_by_a_frontend_with_a_token() -> None:
+    with pytest.raises(BadEntry, match="signature"):
+        decode(encode(CHANGE, "prod", None), "prod", "token")
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({b"origin": b"a"}, "missing"),
+    ({**encode(CHANGE, "p", "t"), b"after": b"soon"}, "malformed"),
+    ({**encode(CHANGE, "p", "t"), b"origin": b"\xff"}, "malformed"),
+    (encode(Change("a", "POST", "/v2/models/m/infer", b"", ZERO), "p", "t"), "not an admin"),
+])
+def test_a_malformed_entry_says_what_is_wrong(fields: dict[bytes, bytes], error: str) -> None:
+    with pytest.raises(BadEntry, match=error):
+        decode(fields, "p", "t")
+
+
+def test_another_groups_change_is_applied_and_moves_both_marks() -> None:
+    cursor = Cursor("5-0", "3-0")
+    assert decide(CHANGE, "host-b", cursor) is Action.APPLY
+    assert advance(cursor, "20-0", Action.APPLY) == Cursor("20-0", "20-0")
+
+
+@pytest.mark.parametrize(("foreign", "action"), [
+    ("17-0", Action.SKIP),  # nothing of another group's applied since the change was made
+    ("10-0", Action.SKIP),
+    ("17-1", Action.REAPPLY),  # another group's change came in between: the stream puts it first
+])
+def test_own_change_is_skipped_unless_a_concurrent_one_was_applied_after_it(
+        foreign: str, action: Action) -> None:
+    cursor = Cursor("18-0", foreign)
+    assert decide(CHANGE, "host-a", cursor) is action
+    assert advance(cursor, "20-0", action) == Cursor("20-0", foreign)
+
+
+def test_a_cursor_survives_its_file() -> None:
+    cursor = Cursor("20-3", "19-0")
+    assert Cursor.from_json(cursor.to_json()) == cursor
+
+
+@pytest.mark.parametrize(("applied", "max_deleted", "lost"), [
+    (ZERO, None, False),  # an old Redis: cannot tell
+    (ZERO, ZERO, False),  # nothing trimmed yet
+    (ZERO, "5-0", True),  # a late joiner: the first entries are gone
+    ("5-0", "5-0", False),  # trimmed only what was applied
+    ("5-0", "6-0", True),
+])
+def test_trimmed_entries_are_noticed(applied: str, max_deleted: str | None, lost: bool) -> None:
+    assert missed(applied, max_deleted) is lost
+
+
+# -- groups in any interleaving converge ------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """A frontend group: settings it applies, its cursor, and changes made but not yet
+    published (the window in which another group's change can overtake them)."""
+
+    origin: str
+    state: dict[str, int] = field(default_factory=dict)
+    cursor: Cursor = Cursor()
+    unpublished: list[Change] = field(default_factory=list)
+
+    def change(self, key: str, value: int) -> None:
+        after = self.cursor.applied  # read before applying, as runtime/peers.py does
+        self.state[key] = value
+        self.unpublished.append(Change(self.origin, "POST", key, str(value).encode(), after))
+
+    def publish(self, stream: list[Change]) -> None:
+        if self.unpublished:
+            stream.append(self.unpublished.pop(0))
+
+    def follow(self, stream: list[Change]) -> None:
+        done = id_key(self.cursor.applied)[0]
+        if done < len(stream):
+            entry = stream[done]
+            action = decide(entry, self.origin, self.cursor)
+            if action is not Action.SKIP:
+                self.state[entry.target] = int(entry.body)
+            self.cursor = advance(self.cursor, f"{done + 1}-0", action)
+
+
+STEP = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["change", "publish",
+                                                                    "follow"]),
+                 st.sampled_from(["x", "y"]), st.integers(0, 9))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(STEP, max_size=40))
+def test_every_group_ends_in_the_state_of_the_stream_applied_in_order(steps: list) -> None:
+    groups = {name: Group(name) for name in "abc"}
+    stream: list[Change] = []
+    for name, kind, key, value in steps:
+        group = groups[name]
+        if kind == "change":
+            group.change(key, value)
+        elif kind == "publish":
+            group.publish(stream)
+        else:
+            group.follow(stream)
+    for group in groups.values():  # every change reaches the stream, every group reads it
+        while group.unpublished:
+            group.publish(stream)
+    for group in groups.values():
+        while id_key(group.cursor.applied)[0] < len(stream):
+            group.follow(stream)
+    in_order = {entry.target: int(entry.body) for entry in stream}
+    for group in groups.values():
+        assert group.state == in_order, group.origin
