@@ -118,6 +118,18 @@ class ShardMesh:
                 log.warning("shard %d: replaying %s %s got %s", self.index, entry["method"],
                             entry["path"], status)
 
+    async def siblings_listening(self) -> None:
+        """Until every other shard's control port answers. Shard 0 waits for this before it
+        applies other hosts' changes (runtime/peers.py): one fanned out to a shard that is
+        still starting would never reach it, as only a restarted shard reads the journal."""
+        waiting = [i for i in range(len(self.control_ports)) if i != self.index]
+        while waiting:
+            statuses = await asyncio.gather(*(self._call(i, "GET", "/v2/health/live", b"",
+                                                         _PEEK_TIMEOUT_S) for i in waiting))
+            waiting = [i for i, st in zip(waiting, statuses, strict=True) if st != 200]
+            if waiting:
+                await asyncio.sleep(0.2)
+
     async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
