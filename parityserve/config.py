@@ -656,8 +656,9 @@ class Server(_Frozen):
                 "that reaches the worker port could read queries and forge answers")
         if (self.admin_port is not None) != (self.admin_host is not None):
             raise ValueError("admin_host and admin_port go together")
-        if "peers" in self.model_fields_set and self.peers is not None and \
-                not self.shares_admin_changes():
+        # Settings that would do nothing are a mistake (the default passes: a dump of a
+        # memory-store config holds it, and must load again).
+        if self.peers not in (None, PeersConfig()) and not self.shares_admin_changes():
             raise ValueError("server.peers shares admin changes through Redis: it needs "
                              "state_store: redis://HOST:PORT/DB (or remove server.peers)")
         if self.frontends > 1 and self.rpc_port != 0:
