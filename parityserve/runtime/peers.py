@@ -258,14 +258,27 @@ class Peers:
         action = Action.APPLY if cursor is None else peer_log.decide(change, self.plan.origin,
                                                                      cursor)
         if action is not Action.SKIP:
+            await self._apply(app, entry_id, change, action)
+        return action
+
+    async def _apply(self, app: ASGIApp, entry_id: str, change: Change, action: Action) -> None:
+        """One change through the admin routes. A refusal is logged, so that the operator
+        learns the frontends differ, and the stream goes on: retrying one change until it
+        is accepted would hold back every later one."""
+        try:
             status, body = await call(app, change.method, change.target, change.body,
                                       self.token)
-            if not 200 <= status < 300:
-                log.log(logging.INFO if action is Action.REAPPLY else logging.WARNING,
-                        "admin stream %s: %s %s from %s (entry %s, %s) answered %d here: %s",
-                        self.plan.stream, change.method, change.target, change.origin,
-                        entry_id, action.value, status, body[:300].decode(errors="replace"))
-        return action
+        except Exception:  # the follower must outlive one bad change
+            log.exception("admin stream %s: applying entry %s failed", self.plan.stream,
+                          entry_id)
+            return
+        if not 200 <= status < 300:
+            # A reapplied change that is refused (a deploy already served) changes nothing,
+            # as the stream's order says: not worth a warning.
+            log.log(logging.INFO if action is Action.REAPPLY else logging.WARNING,
+                    "admin stream %s: %s %s from %s (entry %s, %s) answered %d here: %s",
+                    self.plan.stream, change.method, change.target, change.origin, entry_id,
+                    action.value, status, body[:300].decode(errors="replace"))
 
     async def _warn_if_trimmed(self, applied: str, consequence: str) -> None:
         if peer_log.missed(applied, await self.stream.max_deleted()):
