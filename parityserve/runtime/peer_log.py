@@ -9,12 +9,14 @@ ids, so all groups see one total order):
 
 - another group's change: **apply** it;
 - its own change: **skip** it (it was applied when it was made), unless the group applied
-  another group's change after the cursor ``after`` recorded. Then the two were concurrent and
-  the group applied them in the opposite order to the stream's, so it **reapplies** its own,
-  which puts it back after the other one, as every other group has them. Every group then
-  ends in the state of the stream applied in order. A reapplied change that the server
-  refuses (a deploy of a version it already serves) leaves it as it is, which is also what
-  the stream's order gives.
+  an entry after the one ``after`` names: another group's change, or one of its own again.
+  That entry comes before this change in the stream but was applied after it here, so the
+  group **reapplies** its own, which puts it back after that one, as every other group has
+  them. Each reapplication counts in turn, so a later own change that it overtook is
+  reapplied too. Every group then ends in the state of the stream applied in order (the
+  property test in tests/unit/test_peer_log.py tries any interleaving of three groups). A
+  reapplied change that the server refuses (a deploy of a version it already serves) leaves
+  it as it is, which is also what the stream's order gives.
 
 Entries are signed with the admin token (HMAC-SHA256 over the namespace and every field), so
 that writing to Redis is not enough to make a frontend run an admin change: an entry whose
@@ -101,24 +103,24 @@ def decode(fields: dict[bytes, bytes], namespace: str, token: str | None) -> Cha
 @dataclass(frozen=True)
 class Cursor:
     """How far a group has applied the stream: the last entry it took (``applied``) and the
-    last one of another group's that it applied (``foreign``)."""
+    last one it applied here (``changed``): another group's, or its own again."""
 
     applied: str = ZERO
-    foreign: str = ZERO
+    changed: str = ZERO
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"applied": self.applied, "foreign": self.foreign})
+        return orjson.dumps({"applied": self.applied, "changed": self.changed})
 
     @classmethod
     def from_json(cls, data: bytes) -> Cursor:
         raw = orjson.loads(data)
-        return cls(str(raw["applied"]), str(raw["foreign"]))
+        return cls(str(raw["applied"]), str(raw["changed"]))
 
 
 class Action(enum.Enum):
     APPLY = "apply"  # another group's change
     SKIP = "skip"  # our own, already applied in the stream's order
-    REAPPLY = "reapply"  # our own, applied before a concurrent change the stream puts first
+    REAPPLY = "reapply"  # our own, overtaken here by an entry the stream puts first
     IGNORE = "ignore"  # a bad entry
 
 
@@ -126,14 +128,15 @@ def decide(change: Change, origin: str, cursor: Cursor) -> Action:
     """What a group with ``origin``, at ``cursor``, does with the next entry, ``change``."""
     if change.origin != origin:
         return Action.APPLY
-    if id_key(cursor.foreign) > id_key(change.after):
+    if id_key(cursor.changed) > id_key(change.after):
         return Action.REAPPLY
     return Action.SKIP
 
 
 def advance(cursor: Cursor, entry_id: str, action: Action) -> Cursor:
     """The cursor once the entry ``entry_id`` was taken with ``action``."""
-    return Cursor(entry_id, entry_id if action is Action.APPLY else cursor.foreign)
+    changed = action in (Action.APPLY, Action.REAPPLY)
+    return Cursor(entry_id, entry_id if changed else cursor.changed)
 
 
 def missed(applied: str, max_deleted: str | None) -> bool:

@@ -14,7 +14,8 @@ does. The decisions (what to apply, skip or reapply) are runtime/peer_log.py's.
 Ordering. Redis gives the entries one total order. A group applies its own change at once
 (the caller's answer says whether it worked) and the others' in stream order; an own change
 that a concurrent one overtook is reapplied, so every group ends in the state of the stream
-applied in order (peer_log.py says how). Remote application is asynchronous: the caller's
+applied in order (peer_log.py says how). A process applies and appends its changes one at a
+time, so that the stream has them in the order it applied them. Remote application is asynchronous: the caller's
 answer says only that the change was published (``x-parityserve-peers: published:ID``), not
 that the others have applied it; they do within about a network round trip, or when they
 next start.
@@ -156,6 +157,7 @@ class Peers:
         self.stream = stream or RedisStream(plan.url, plan.stream)
         self.cursor = _GroupCursor(plan.cursor_file, plan.until)
         self._task: asyncio.Task[None] | None = None
+        self._changing = asyncio.Lock()
 
     def wrap(self, app: Any) -> Any:  # an ASGI app in, the same app publishing
         """``app`` with every successful admin change published to the stream."""
@@ -175,13 +177,17 @@ class Peers:
         if not await self._reachable():
             return await send_plain(send, 503, _REFUSAL, [(b"content-type", b"application/json"),
                                                           (b"retry-after", b"1")])
-        after = self.cursor.load().applied  # before applying: see peer_log.decide
-        messages = await capture(app, scope, body)
-        if 200 <= status_of(messages) < 300:
-            change = Change(self.plan.origin, scope["method"], target_of(scope), body, after)
-            note = await self._append(change)
-            messages[0]["headers"] = [*messages[0].get("headers", ()),
-                                      (PEERS_HEADER.encode(), note.encode())]
+        # One change at a time, applied then appended, so that the stream holds this
+        # process's changes in the order it applied them (peer_log.decide relies on it).
+        async with self._changing:
+            after = self.cursor.load().applied  # before applying: see peer_log.decide
+            messages = await capture(app, scope, body)
+            if 200 <= status_of(messages) < 300:
+                change = Change(self.plan.origin, scope["method"], target_of(scope), body,
+                                after)
+                note = await self._append(change)
+                messages[0]["headers"] = [*messages[0].get("headers", ()),
+                                          (PEERS_HEADER.encode(), note.encode())]
         for message in messages:
             await send(message)
 
@@ -224,6 +230,7 @@ class Peers:
         """Apply the other groups' changes through ``app`` (the group's admin app) as they
         come, in the background, once ``first`` (if any) has returned."""
         self._task = asyncio.create_task(self._follow(app, first), name="parityserve-peers")
+        self._task.add_done_callback(_report_end)
 
     async def _follow(self, app: ASGIApp, first: Callable[[], Awaitable[None]] | None) -> None:
         if first is not None:
@@ -293,6 +300,14 @@ class Peers:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.stream.close()
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    """The follower runs until it is cancelled at shutdown; anything else is a failure that
+    must be seen, as no change from another frontend arrives after it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the admin stream follower stopped: changes from the other frontends no "
+                  "longer arrive here", exc_info=task.exception())
 
 
 _REFUSAL = orjson.dumps({

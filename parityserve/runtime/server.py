@@ -172,7 +172,7 @@ async def _run(config: ServingConfig, system: ServingSystem,
             local = shard.local(apps[0], apps[1] if len(apps) > 1 else None)
             apps = [shard.wrap(app) for app in apps]
         if stream is not None:  # outermost: a change is published once the shards all have it
-            apps = [stream.wrap(app) for app in apps]
+            apps[-1] = stream.wrap(apps[-1])  # the listener that serves /admin
         if shard is not None:
             apps.append(local)
             socks.append(_bind("127.0.0.1", shard.control_port, reuse_port=True))
