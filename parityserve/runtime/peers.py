@@ -15,10 +15,11 @@ Ordering. Redis gives the entries one total order. A group applies its own chang
 (the caller's answer says whether it worked) and the others' in stream order; an own change
 that a concurrent one overtook is reapplied, so every group ends in the state of the stream
 applied in order (peer_log.py says how). A process applies and appends its changes one at a
-time, so that the stream has them in the order it applied them. Remote application is asynchronous: the caller's
-answer says only that the change was published (``x-parityserve-peers: published:ID``), not
-that the others have applied it; they do within about a network round trip, or when they
-next start.
+time, so that the stream has them in the order it applied them.
+
+Remote application is asynchronous: the caller's answer says only that the change was
+published (``x-parityserve-peers: published:ID``), not that the others have applied it; they
+do when their follower reads it (it waits on ``XREAD BLOCK``), or when they next start.
 
 Redis down. An admin change is refused before it is applied, 503 ``peers_unavailable``,
 rather than made on this group alone: the groups would silently differ until someone noticed.
@@ -108,10 +109,11 @@ def plan_group(config: ServingConfig, cursor_file: Path | None = None) -> PeerPl
     if not server.shares_admin_changes() or server.peers is None:
         return None
     import redis  # a dependency of the Redis state store, which this needs anyway
+    from redis.retry import Retry
 
     stream = peer_log.stream_key(server.peers.namespace)
     client = redis.Redis.from_url(server.state_store, socket_connect_timeout=2.0,
-                                  socket_timeout=5.0)
+                                  socket_timeout=5.0, retry=Retry(_backoff(), retries=2))
     try:
         last: Any = client.xrevrange(stream, count=1)
     except redis.RedisError as exc:
@@ -322,10 +324,12 @@ class RedisStream:
 
     def __init__(self, url: str, key: str) -> None:
         from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
 
         self.key = key
         self.client: Any = Redis.from_url(url, socket_connect_timeout=2.0,
-                                     socket_timeout=_BLOCK_MS / 1000 + 5.0, protocol=2)
+                                          socket_timeout=_BLOCK_MS / 1000 + 5.0, protocol=2,
+                                          retry=Retry(_backoff(), retries=2))
 
     async def ping(self) -> None:
         await self.client.ping()
@@ -356,6 +360,14 @@ class RedisStream:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _backoff() -> Any:
+    """Quick retries, as the state store's: redis-py's default waits seconds between them,
+    and a caller whose change is refused while Redis is down should hear so at once."""
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    return ExponentialWithJitterBackoff(base=0.01, cap=0.2)
 
 
 def _text(value: bytes | str) -> str:

@@ -14,7 +14,8 @@ client cannot leave a change on one shard):
   control port, before its public listeners open (runtime/server.py).
   Why this channel and not the state store's pub/sub: it works with every store (memory and
   SQLite have no pub/sub), it reuses the admin routes' own validation and auth unchanged, and
-  the caller learns synchronously whether the peers applied the change.
+  the caller learns synchronously whether the peers applied the change. Across hosts, where
+  no loopback reaches, runtime/peers.py carries changes through a Redis stream instead.
 - **``/metrics`` aggregates** with a per-shard label: each shard's exposition is fetched over
   the control ports and every sample gets ``shard="i"``. Why not prometheus-client's
   multiprocess mode: it needs its directory set before the first import, gauges need a per-metric

@@ -11,8 +11,9 @@ A shard that dies is restarted here, logged, and counted in
 its TCP connections, so their clients see the connection reset (or closed) with no answer;
 its workers die with it (PR_SET_PDEATHSIG), so nothing it accepted is answered later or twice.
 Requests on the other shards' connections are untouched, and new connections go to the live
-shards. The new shard replays the admin journal before it listens on the public ports, so the
-first query it takes already sees every admin change its peers made.
+shards. The new shard replays the admin journal (and, with a Redis state store, the admin
+stream up to where its group started: runtime/peers.py) before it listens on the public
+ports, so the first query it takes already sees every admin change its peers made.
 """
 
 from __future__ import annotations
