@@ -43,7 +43,6 @@ Changes that must outlive that belong in the config.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -122,7 +121,7 @@ def plan_group(config: ServingConfig, cursor_file: Path | None = None) -> PeerPl
         client.close()
     until = last[0][0].decode() if last else ZERO
     plan = PeerPlan(server.state_store, server.peers.namespace, server.peers.max_changes,
-                    f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}", until,
+                    f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}", until,
                     cursor_file)
     if cursor_file is not None:
         _GroupCursor(cursor_file, until).save(Cursor(until))
@@ -298,9 +297,8 @@ class Peers:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._task.cancel()  # its end, if it failed, was logged by _report_end
+            await asyncio.gather(self._task, return_exceptions=True)
         await self.stream.close()
 
 

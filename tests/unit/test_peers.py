@@ -251,3 +251,27 @@ def test_an_entry_from_another_namespace_is_not_applied(origin: str, caplog: Any
     with caplog.at_level(logging.WARNING):
         assert asyncio.run(late.replay(admin_app(settings))) == 0
     assert settings == {} and "signature" in caplog.text
+
+
+def test_a_change_that_raises_here_is_logged_and_the_follower_goes_on(caplog: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    b, b_settings = group(stream, "host-b")
+    calls = []
+
+    async def flaky(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["path"])
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a route")
+        await admin_app(b_settings)(scope, receive, send)
+
+    async def scenario() -> None:
+        b.follow(flaky)
+        await change(a, a_settings, 1)
+        await change(a, a_settings, 2)
+        await _until(lambda: b_settings == {"m": 2})
+        await b.close()
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert len(calls) == 2 and "applying entry 1-0 failed" in caplog.text
