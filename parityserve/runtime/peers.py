@@ -2,14 +2,15 @@
 changes, through a Redis stream (``parityserve:{namespace}:admin``; ``server.peers``).
 
 Who does what. A *group* is one ``parityserve start``: one process, or N shards
-(runtime/shards.py) that act as one through runtime/shard_mesh.py. ``Peers.wrap`` sits on every
-public listener of every shard, outside the shard mesh: a successful admin change, once it is
-applied and fanned out to the group's shards as before, is appended to the stream, signed,
-with the group's origin id. Only one process per group follows the stream (the process
-itself, or shard 0): it applies the other groups' changes through the group's own admin app
-with the admin token, so they pass the same routes, validation and token check as a
-client's, and, with shards, fan out to the others and enter the mesh's journal as any change
-does. The decisions (what to apply, skip or reapply) are runtime/peer_log.py's.
+(runtime/shards.py) that act as one through runtime/shard_mesh.py. ``Peers.wrap`` sits on the
+listener that serves ``/admin`` in every shard, outside the shard mesh: a successful admin
+change, once it is applied and fanned out to the group's shards as before, is appended to
+the stream, signed, with the group's origin id. Only one process per group follows the
+stream (the process itself, or shard 0): it applies the other groups' changes through the
+group's own admin app with the admin token, so they pass the same routes, validation and
+token check as a client's, and, with shards, fan out to the others and enter the mesh's
+journal as any change does. The decisions (what to apply, skip or reapply) are
+runtime/peer_log.py's.
 
 Ordering. Redis gives the entries one total order. A group applies its own change at once
 (the caller's answer says whether it worked) and the others' in stream order; an own change
