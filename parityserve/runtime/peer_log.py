@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import orjson
 
 __all__ = ["ZERO", "Action", "BadEntry", "Change", "Cursor", "advance", "decide", "decode",
-           "encode", "id_key", "missed", "stream_key"]
+           "encode", "id_key", "lost", "stream_key"]
 
 ZERO = "0-0"  # before every entry: where a frontend that starts reads from
 _FIELDS = (b"origin", b"method", b"target", b"after", b"body", b"sig")
@@ -102,19 +102,23 @@ def decode(fields: dict[bytes, bytes], namespace: str, token: str | None) -> Cha
 
 @dataclass(frozen=True)
 class Cursor:
-    """How far a group has applied the stream: the last entry it took (``applied``) and the
-    last one it applied here (``changed``): another group's, or its own again."""
+    """How far a group has applied the stream: the last entry it took (``applied``), the
+    last one it applied here (``changed``: another group's, or its own again), and how many
+    entries the stream had gained up to ``applied`` (``seq``; None where Redis, before 7,
+    does not count them), which tells whether any it has not read were trimmed."""
 
     applied: str = ZERO
     changed: str = ZERO
+    seq: int | None = 0
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"applied": self.applied, "changed": self.changed})
+        return orjson.dumps({"applied": self.applied, "changed": self.changed, "seq": self.seq})
 
     @classmethod
     def from_json(cls, data: bytes) -> Cursor:
         raw = orjson.loads(data)
-        return cls(str(raw["applied"]), str(raw["changed"]))
+        seq = raw["seq"]
+        return cls(str(raw["applied"]), str(raw["changed"]), None if seq is None else int(seq))
 
 
 class Action(enum.Enum):
@@ -136,11 +140,25 @@ def decide(change: Change, origin: str, cursor: Cursor) -> Action:
 def advance(cursor: Cursor, entry_id: str, action: Action) -> Cursor:
     """The cursor once the entry ``entry_id`` was taken with ``action``."""
     changed = action in (Action.APPLY, Action.REAPPLY)
-    return Cursor(entry_id, entry_id if changed else cursor.changed)
+    return Cursor(entry_id, entry_id if changed else cursor.changed,
+                  None if cursor.seq is None else cursor.seq + 1)
 
 
-def missed(applied: str, max_deleted: str | None) -> bool:
-    """True when entries after ``applied`` were trimmed away before being read: the stream's
-    largest deleted id (Redis 7 reports it; None on older servers, which cannot tell) is past
-    what was applied."""
-    return max_deleted is not None and id_key(max_deleted) > id_key(applied)
+def lost(seq: int | None, added: int | None, length: int) -> str | None:
+    """Why entries after the ``seq``-th are gone before they were read, or None.
+
+    ``added`` is how many entries the stream ever gained (Redis 7 counts them:
+    ``entries-added``; None before 7, when nothing can be told) and ``length`` how many it
+    holds. Only trimming removes entries (nothing here deletes one), so the first
+    ``added - length`` are gone: those after the ``seq``-th were never read. A stream that
+    gained fewer entries than were read was made anew (a Redis restarted without its data).
+    """
+    if seq is None or added is None:
+        return None
+    if added < seq:
+        return (f"the stream holds {added} entries where {seq} were read: it was made anew "
+                "(a Redis restarted without its data?), and changes made before are gone")
+    trimmed = added - length
+    if trimmed > seq:
+        return f"{trimmed - seq} of the changes were trimmed away before they were read"
+    return None

@@ -37,8 +37,10 @@ replays it, then the mesh's journal, and a restarted shard 0 resumes from the gr
 
 Trimming. The stream keeps about ``server.peers.max_changes`` entries (``XADD MAXLEN ~``). A
 group that starts after older entries were trimmed, or a follower cut off from Redis while
-they were, misses them; Redis 7 tells (``max-deleted-entry-id``) and it is logged as an error.
-Changes that must outlive that belong in the config.
+they were, misses them. It tells, as an error in the log, with Redis 7 or later: the cursor
+counts the entries read, and Redis counts those ever added (``entries-added``), so the ones
+trimmed unread are the difference (peer_log.lost); a Redis that came back empty is noticed
+the same way. Changes that must outlive the stream belong in the config.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class PeerPlan:
     max_changes: int
     origin: str  # this group's id
     until: str  # the stream's last entry when the group started: replayed before ready
+    added: int | None  # entries the stream had gained by then (Redis 7; None before)
+    length: int  # and held then: all of them were replayed unless some were trimmed
     cursor_file: Path | None = None  # the group's cursor, shared by its shards; None: in memory
 
     @property
@@ -115,27 +119,32 @@ def plan_group(config: ServingConfig, cursor_file: Path | None = None) -> PeerPl
     client = redis.Redis.from_url(server.state_store, socket_connect_timeout=2.0,
                                   socket_timeout=5.0, retry=Retry(_backoff(), retries=2))
     try:
-        last: Any = client.xrevrange(stream, count=1)
+        info = client.xinfo_stream(stream) if client.exists(stream) else _NO_STREAM
     except redis.RedisError as exc:
         raise ConfigError(f"server.peers: cannot read the admin stream {stream}: {exc}") from exc
     finally:
         client.close()
-    until = last[0][0].decode() if last else ZERO
     plan = PeerPlan(server.state_store, server.peers.namespace, server.peers.max_changes,
-                    f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}", until,
-                    cursor_file)
-    if cursor_file is not None:
-        _GroupCursor(cursor_file, until).save(Cursor(until))
+                    f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
+                    _text(info.get("last-generated-id", ZERO)), info.get("entries-added"),
+                    int(info.get("length", 0)), cursor_file)
+    if cursor_file is not None:  # where the shards find it
+        cursor = _GroupCursor(plan)
+        cursor.save(cursor.value)
     return plan
+
+
+# What XINFO STREAM would say of the stream before its first entry (it refuses a missing key).
+_NO_STREAM: dict[str, Any] = {"last-generated-id": ZERO, "entries-added": 0, "length": 0}
 
 
 class _GroupCursor:
     """The follower's cursor: in a file its group's shards share (the publishing shard reads
     it; a restarted shard 0 resumes from it), or in memory for a one-process group."""
 
-    def __init__(self, path: Path | None, until: str) -> None:
-        self.path = path
-        self.value = Cursor(until)
+    def __init__(self, plan: PeerPlan) -> None:
+        self.path = plan.cursor_file
+        self.value = Cursor(plan.until, seq=plan.added)
 
     def load(self) -> Cursor:
         if self.path is not None:
@@ -157,7 +166,7 @@ class Peers:
         self.plan = plan
         self.token = token
         self.stream = stream or RedisStream(plan.url, plan.stream)
-        self.cursor = _GroupCursor(plan.cursor_file, plan.until)
+        self.cursor = _GroupCursor(plan)
         self._task: asyncio.Task[None] | None = None
         self._changing = asyncio.Lock()
 
@@ -217,12 +226,15 @@ class Peers:
     async def replay(self, app: ASGIApp) -> int:
         """Apply every entry up to ``until`` through ``app`` (this process alone), before the
         public listeners open; how many were applied."""
-        await self._warn_if_trimmed(ZERO, "this frontend starts without them")
-        applied, start = 0, "-"
+        self._report_lost(peer_log.lost(0, self.plan.added, self.plan.length))
+        applied, read, start = 0, 0, "-"
         while entries := await self.stream.range(start, self.plan.until, _READ_COUNT):
             for entry_id, fields in entries:
                 applied += await self._apply_entry(app, entry_id, fields) is Action.APPLY
-            start = "(" + entries[-1][0]
+            read, start = read + len(entries), "(" + entries[-1][0]
+        if read < self.plan.length:  # a shard restarted long after its group started
+            self._report_lost(f"{self.plan.length - read} of the changes made before this "
+                              "frontend started were trimmed away before it replayed them")
         if applied:
             log.warning("applied %d admin changes from the stream %s before serving", applied,
                         self.plan.stream)
@@ -241,9 +253,9 @@ class Peers:
         while True:
             try:
                 entries = await self.stream.read(cursor.applied, _BLOCK_MS, _READ_COUNT)
-                if failing:
+                if failing:  # back: did the stream lose what came meanwhile?
                     failing = False
-                    await self._warn_if_trimmed(cursor.applied, "this frontend missed them")
+                    self._report_lost(peer_log.lost(cursor.seq, *await self.stream.counts()))
             except Exception as exc:  # Redis down: retry, and say so once per outage
                 if not failing:
                     log.error("cannot read the admin stream %s (%s); retrying every %.0f s",
@@ -289,12 +301,11 @@ class Peers:
                     self.plan.stream, change.method, change.target, change.origin, entry_id,
                     action.value, status, body[:300].decode(errors="replace"))
 
-    async def _warn_if_trimmed(self, applied: str, consequence: str) -> None:
-        if peer_log.missed(applied, await self.stream.max_deleted()):
-            log.error("the admin stream %s was trimmed past what this frontend applied (it "
-                      "keeps about %d changes): older admin changes are gone and %s. Put "
-                      "lasting changes in the config.", self.plan.stream,
-                      self.plan.max_changes, consequence)
+    def _report_lost(self, why: str | None) -> None:
+        if why is not None:
+            log.error("admin stream %s: %s, so this frontend does not have them (the stream "
+                      "keeps about %d changes; put lasting ones in the config)",
+                      self.plan.stream, why, self.plan.max_changes)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -347,15 +358,11 @@ class RedisStream:
             return []  # the stream was empty when the group started
         return [_entry(e) for e in await self.client.xrange(self.key, start, until, count=count)]
 
-    async def max_deleted(self) -> str | None:
-        try:
-            info = await self.client.xinfo_stream(self.key)
-        except Exception as exc:  # no stream yet: nothing was trimmed
-            if "no such key" in str(exc).lower():
-                return None
-            raise
-        value = info.get("max-deleted-entry-id")  # Redis 7 and later
-        return None if value is None else _text(value)
+    async def counts(self) -> tuple[int | None, int]:
+        """Entries the stream ever gained (None before Redis 7) and entries it holds."""
+        info = await self.client.xinfo_stream(self.key) if await self.client.exists(
+            self.key) else _NO_STREAM
+        return info.get("entries-added"), int(info["length"])
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -20,7 +20,7 @@ from parityserve.runtime.peer_log import (
     decode,
     encode,
     id_key,
-    missed,
+    lost,
     stream_key,
 )
 
@@ -78,7 +78,7 @@ def test_a_malformed_entry_says_what_is_wrong(fields: dict[bytes, bytes], error:
 def test_another_groups_change_is_applied_and_moves_both_marks() -> None:
     cursor = Cursor("5-0", "3-0")
     assert decide(CHANGE, "host-b", cursor) is Action.APPLY
-    assert advance(cursor, "20-0", Action.APPLY) == Cursor("20-0", "20-0")
+    assert advance(cursor, "20-0", Action.APPLY) == Cursor("20-0", "20-0", 1)
 
 
 @pytest.mark.parametrize(("changed", "action"), [
@@ -91,27 +91,41 @@ def test_own_change_is_skipped_unless_an_earlier_entry_was_applied_after_it(
     cursor = Cursor("18-0", changed)
     assert decide(CHANGE, "host-a", cursor) is action
     moved = "20-0" if action is Action.REAPPLY else changed  # a reapplication counts too
-    assert advance(cursor, "20-0", action) == Cursor("20-0", moved)
+    assert advance(cursor, "20-0", action) == Cursor("20-0", moved, 1)
 
 
 def test_a_bad_entry_moves_only_the_read_mark() -> None:
-    assert advance(Cursor("5-0", "3-0"), "6-0", Action.IGNORE) == Cursor("6-0", "3-0")
+    assert advance(Cursor("5-0", "3-0"), "6-0", Action.IGNORE) == Cursor("6-0", "3-0", 1)
 
 
-def test_a_cursor_survives_its_file() -> None:
-    cursor = Cursor("20-3", "19-0")
+@pytest.mark.parametrize("seq", [12, None])
+def test_a_cursor_survives_its_file(seq: int | None) -> None:
+    cursor = Cursor("20-3", "19-0", seq)
     assert Cursor.from_json(cursor.to_json()) == cursor
 
 
-@pytest.mark.parametrize(("applied", "max_deleted", "lost"), [
-    (ZERO, None, False),  # an old Redis: cannot tell
-    (ZERO, ZERO, False),  # nothing trimmed yet
-    (ZERO, "5-0", True),  # a late joiner: the first entries are gone
-    ("5-0", "5-0", False),  # trimmed only what was applied
-    ("5-0", "6-0", True),
+@pytest.mark.parametrize(("seq", "added", "length", "why"), [
+    (None, 9, 3, None),  # a Redis before 7: cannot tell
+    (0, None, 3, None),
+    (0, 0, 0, None),  # an empty stream
+    (0, 5, 5, None),  # a late joiner, nothing trimmed yet
+    (0, 9, 5, "4 of the changes were trimmed"),  # a late joiner: the first 4 are gone
+    (6, 9, 5, None),  # trimmed only what was read
+    (3, 9, 5, "1 of the changes were trimmed"),  # a follower cut off while they were trimmed
+    (6, 2, 2, "made anew"),  # Redis restarted empty, and 2 changes came since
 ])
-def test_trimmed_entries_are_noticed(applied: str, max_deleted: str | None, lost: bool) -> None:
-    assert missed(applied, max_deleted) is lost
+def test_lost_entries_are_noticed(seq: int | None, added: int | None, length: int,
+                                  why: str | None) -> None:
+    said = lost(seq, added, length)
+    assert said is None if why is None else why in str(said)
+
+
+def test_every_entry_taken_counts_even_a_skipped_one() -> None:
+    cursor = Cursor("5-0", "3-0", 7)
+    for entry_id, action in [("6-0", Action.SKIP), ("7-0", Action.IGNORE), ("8-0", Action.APPLY)]:
+        cursor = advance(cursor, entry_id, action)
+    assert cursor == Cursor("8-0", "8-0", 10)
+    assert advance(Cursor(seq=None), "1-0", Action.APPLY).seq is None
 
 
 # -- groups in any interleaving converge ------------------------------------------------------

@@ -30,7 +30,7 @@ class FakeStream:
         self.entries: list[tuple[str, dict[bytes, bytes]]] = []
         self.down = False
         self.fail_append = False
-        self.trimmed: str | None = None
+        self.added = 0  # XINFO STREAM's entries-added
 
     def _check(self) -> None:
         if self.down:
@@ -43,7 +43,8 @@ class FakeStream:
         self._check()
         if self.fail_append:
             raise ConnectionError("Connection reset")
-        self.entries.append((f"{len(self.entries) + 1}-0", fields))
+        self.added += 1
+        self.entries.append((f"{self.added}-0", fields))
         return self.entries[-1][0]
 
     async def read(self, after: str, block_ms: int, count: int) -> list:
@@ -58,8 +59,12 @@ class FakeStream:
         return [e for e in self.entries
                 if after < peer_log.id_key(e[0]) <= peer_log.id_key(until)][:count]
 
-    async def max_deleted(self) -> str | None:
-        return self.trimmed
+    async def counts(self) -> tuple[int | None, int]:
+        self._check()
+        return self.added, len(self.entries)
+
+    def trim(self, n: int) -> None:
+        del self.entries[:n]
 
     async def close(self) -> None:
         pass
@@ -80,8 +85,11 @@ def admin_app(settings: dict[str, int]) -> Starlette:
 
 
 def group(stream: FakeStream, origin: str, until: str = ZERO) -> tuple[Peers, dict[str, int]]:
+    """A group that starts now, ``until`` being the stream's last entry, as plan_group reads."""
     settings: dict[str, int] = {}
-    plan = PeerPlan("redis://unused:6379/0", "test", 1000, origin, until)
+    held = sum(peer_log.id_key(e[0]) <= peer_log.id_key(until) for e in stream.entries)
+    plan = PeerPlan("redis://unused:6379/0", "test", 1000, origin, until,
+                    peer_log.id_key(until)[0], held)
     return Peers(plan, TOKEN, stream), settings
 
 
@@ -169,7 +177,7 @@ def test_a_starting_group_replays_the_stream_up_to_its_start_in_order(caplog: An
     async def scenario() -> tuple[int, dict[str, int]]:
         for value in (1, 2):
             await change(a, a_settings, value)
-        stream.entries.append(("3-0", {b"origin": b"intruder"}))  # skipped, logged
+        await stream.append({b"origin": b"intruder"}, 1000)  # 3-0: skipped, logged
         await change(a, a_settings, 4)
         late, late_settings = group(stream, "host-b", until="3-0")
         return await late.replay(admin_app(late_settings)), late_settings
@@ -182,11 +190,27 @@ def test_a_starting_group_replays_the_stream_up_to_its_start_in_order(caplog: An
 
 def test_a_late_joiner_that_lost_trimmed_changes_says_so(caplog: Any) -> None:
     stream = FakeStream()
-    stream.trimmed = "7-0"
-    late, settings = group(stream, "host-b")
+    a, a_settings = group(stream, "host-a")
+    for value in (1, 2, 3):
+        asyncio.run(change(a, a_settings, value))
+    stream.trim(2)
+    late, settings = group(stream, "host-b", until="3-0")
     with caplog.at_level(logging.ERROR):
         asyncio.run(late.replay(admin_app(settings)))
-    assert "trimmed" in caplog.text and "config" in caplog.text
+    assert settings == {"m": 3}
+    assert "2 of the changes were trimmed" in caplog.text and "config" in caplog.text
+
+
+def test_a_shard_restarted_after_its_start_was_trimmed_says_so(caplog: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    for value in (1, 2):
+        asyncio.run(change(a, a_settings, value))
+    restarted, settings = group(stream, "host-b", until="2-0")  # planned with both there
+    stream.trim(1)
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(restarted.replay(admin_app(settings)))
+    assert "1 of the changes made before this frontend started were trimmed" in caplog.text
 
 
 def test_followers_apply_each_others_changes_and_converge_on_the_stream_order() -> None:
@@ -232,6 +256,39 @@ def test_a_follower_cut_off_from_redis_resumes_where_it_stopped(caplog: Any) -> 
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert caplog.text.count("cannot read the admin stream") == 1  # once per outage
+    assert "trimmed" not in caplog.text and "anew" not in caplog.text  # it lost nothing
+
+
+@pytest.mark.parametrize(("outage", "why"), [
+    ("trim", "1 of the changes were trimmed"),  # the stream moved on without it
+    ("restart", "made anew"),  # Redis came back empty
+])
+def test_a_follower_back_from_an_outage_says_what_it_lost(outage: str, why: str,
+                                                          caplog: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    b, b_settings = group(stream, "host-b")
+
+    async def scenario() -> None:
+        b.follow(admin_app(b_settings))
+        for value in (1, 2):
+            await change(a, a_settings, value)
+        await _until(lambda: b.cursor.value.applied == "2-0")
+        stream.down = True
+        await asyncio.sleep(0.05)
+        if outage == "trim":
+            stream.down = False
+            for value in (3, 4):
+                await change(a, a_settings, value)
+            stream.trim(3)  # 3-0 goes before b could read it
+        else:
+            stream.entries, stream.added, stream.down = [], 0, False
+            await change(a, a_settings, 9)
+        await _until(lambda: why in caplog.text, timeout_s=5.0)
+        await b.close()
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
 
 
 async def _until(done: Any, timeout_s: float = 2.0) -> None:
