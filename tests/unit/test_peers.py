@@ -332,3 +332,36 @@ def test_a_change_that_raises_here_is_logged_and_the_follower_goes_on(caplog: An
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert len(calls) == 2 and "applying entry 1-0 failed" in caplog.text
+
+
+def test_a_restarted_shard_zero_resumes_from_the_groups_cursor_file(tmp_path: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    plan = PeerPlan("redis://unused:6379/0", "test", 1000, "host-b", ZERO, 0, 0,
+                    tmp_path / "cursor.json")
+    (tmp_path / "cursor.json").write_bytes(peer_log.Cursor().to_json())  # as plan_group does
+    applied: list[int] = []
+
+    def recording() -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            settings: dict[str, int] = {}
+            await admin_app(settings)(scope, receive, send)
+            applied.extend(settings.values())
+        return app
+
+    async def scenario() -> None:
+        first = Peers(plan, TOKEN, stream)
+        first.follow(recording())
+        await change(a, a_settings, 1)
+        await _until(lambda: applied == [1])
+        await first.close()  # shard 0 dies; its successor reads the file
+        await change(a, a_settings, 2)
+        second = Peers(plan, TOKEN, stream)
+        second.follow(recording())
+        await _until(lambda: applied == [1, 2])
+        await asyncio.sleep(0.05)
+        await second.close()
+
+    asyncio.run(scenario())
+    assert applied == [1, 2]  # 1 was not applied twice
+    assert peer_log.Cursor.from_json((tmp_path / "cursor.json").read_bytes()).seq == 2
