@@ -24,6 +24,7 @@ __all__ = [
     "BatchingConfig",
     "BurstConfig",
     "ParityConfig",
+    "PeersConfig",
     "REDUNDANCY_MODES",
     "RedundancyConfig",
     "SchedulerConfig",
@@ -555,6 +556,18 @@ class Limits(_Frozen):
     max_connections: int = Field(1024, ge=1, description="open connections per listener")
 
 
+class PeersConfig(_Frozen):
+    """Frontends that share a Redis state store share their admin changes through a Redis
+    stream (README: Frontends on several hosts; runtime/peers.py)."""
+
+    namespace: str = Field(
+        "default", pattern=_NAME_PATTERN, description="frontends on one Redis with the same "
+        "namespace act as one server for admin changes; give each deployment its own")
+    max_changes: int = Field(
+        10_000, ge=100, le=10_000_000, description="the stream keeps about this many changes "
+        "(MAXLEN ~); a frontend that starts later does not see older ones (it logs so)")
+
+
 class Server(_Frozen):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
@@ -579,6 +592,9 @@ class Server(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     state_store: str = Field("memory", description="where selection state lives: memory, "
                              "sqlite:PATH or redis://HOST:PORT/DB")
+    peers: PeersConfig | None = Field(
+        PeersConfig(), description="with a Redis state_store, share admin changes with the "
+        "other frontends on it; null keeps each change on the frontend that took it")
     # ---- security (see the README's Security section) ----
     admin_token: SecretStr | None = Field(
         None, description="bearer token for /admin routes; default: $PARITYSERVE_ADMIN_TOKEN, "
@@ -613,6 +629,11 @@ class Server(_Frozen):
                            "and gRPC ports (SO_REUSEPORT); each owns its workers (README: "
                            "Sharded frontends)")
 
+    def shares_admin_changes(self) -> bool:
+        """True when admin changes go through the Redis stream to the other frontends."""
+        return self.peers is not None and self.state_store.strip().startswith(
+            ("redis://", "rediss://"))
+
     def grpc_listen_port(self) -> int | None:
         """The port to bind gRPC on (0: a free one), or None when gRPC is off."""
         if self.grpc_port == 0:
@@ -635,6 +656,11 @@ class Server(_Frozen):
                 "that reaches the worker port could read queries and forge answers")
         if (self.admin_port is not None) != (self.admin_host is not None):
             raise ValueError("admin_host and admin_port go together")
+        # Settings that would do nothing are a mistake (the default passes: a dump of a
+        # memory-store config holds it, and must load again).
+        if self.peers not in (None, PeersConfig()) and not self.shares_admin_changes():
+            raise ValueError("server.peers shares admin changes through Redis: it needs "
+                             "state_store: redis://HOST:PORT/DB (or remove server.peers)")
         if self.frontends > 1 and self.rpc_port != 0:
             raise ValueError(f"frontends: {self.frontends} needs rpc_port: 0: each frontend "
                              "shard owns its workers on a port of its own")

@@ -24,6 +24,7 @@ from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
 from parityserve.runtime.connection import uvicorn_settings
 from parityserve.runtime.http import create_admin_app, create_app
+from parityserve.runtime.peers import PeerPlan, Peers, plan_group
 from parityserve.runtime.shard_mesh import ShardMesh
 from parityserve.runtime.system import ServingSystem
 
@@ -136,7 +137,7 @@ async def _run(config: ServingConfig, system: ServingSystem,
                on_ready: Callable[[ServerUrls], None], install_signals: bool,
                stop: asyncio.Event | None = None, tune_gc: bool = False,
                token: ResolvedToken | None = None, base_dir: Path | None = None,
-               shard: ShardMesh | None = None) -> None:
+               shard: ShardMesh | None = None, peers: PeerPlan | None = None) -> None:
     stop = asyncio.Event() if stop is None else stop
     if install_signals:
         _stop_on_signals(stop)
@@ -148,8 +149,13 @@ async def _run(config: ServingConfig, system: ServingSystem,
     admin_sock = socks[1] if len(socks) > 1 else None
     policy = auth_policy(config, token)
     grpc_server: Any = None
+    stream: Peers | None = None
     try:
         grpc_server, grpc_url = _bind_grpc(config, system, policy, base_dir, reuse)
+        if shard is None:  # one process is its own group; a shard's parent planned the group
+            peers = await asyncio.to_thread(plan_group, config)
+        if peers is not None:
+            stream = Peers(peers, policy.token)
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         sources = SourcePolicy.for_server(s, system.base_dir)
@@ -159,20 +165,30 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if len(socks) > 1:
             apps.append(create_admin_app(system, metrics=system.metrics, auth=policy,
                                          max_body_bytes=s.max_body_bytes, sources=sources))
+        admin_app: Any = apps[-1]  # the app serving /admin (its own listener's, if any)
+        local = admin_app  # this process alone
         if shard is not None:  # public listeners act for all shards; the control port, that
             # the peers call, for this one alone
-            control = shard.local(apps[0], apps[1] if len(apps) > 1 else None)
-            apps = [shard.wrap(app) for app in apps] + [control]
+            local = shard.local(apps[0], apps[1] if len(apps) > 1 else None)
+            apps = [shard.wrap(app) for app in apps]
+        if stream is not None:  # outermost: a change is published once the shards all have it
+            apps[-1] = stream.wrap(apps[-1])  # the listener that serves /admin
+        if shard is not None:
+            apps.append(local)
             socks.append(_bind("127.0.0.1", shard.control_port, reuse_port=True))
         servers = [_uvicorn(app, config, base_dir, system.metrics.connection_refused)
                    for app in apps]
-        # A restarted shard replays the admin changes it missed through its control port (the
-        # last listener) before the public ones listen: the first connection the kernel hands
-        # it must already see what its peers see.
+        # The admin changes made before this process started are applied before the public
+        # listeners open, so that the first connection it takes sees what its peers see: the
+        # other hosts' from the stream (in-process), then, for a restarted shard, its own
+        # host's from the journal (through the control port, the last listener).
         public = len(servers) - 1 if shard is not None else len(servers)
+        if stream is not None:
+            await stream.replay(local)
         tasks = await _listen(servers[public:], socks[public:])
         if shard is not None:
             await shard.started()
+        _follow(stream, shard, admin_app)
         tasks = await _listen(servers[:public], socks[:public]) + tasks
         if tune_gc:
             _tune_gc_for_serving()
@@ -184,9 +200,22 @@ async def _run(config: ServingConfig, system: ServingSystem,
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace=1.0)  # answers in flight finish, new calls are refused
+        if stream is not None:
+            await stream.close()
         await system.close()
         for sock in socks:
             sock.close()
+
+
+def _follow(stream: Peers | None, shard: ShardMesh | None, admin_app: Any) -> None:
+    """One process per group applies the other hosts' admin changes: this one, or shard 0
+    through the mesh (so that its shards all get them) once every shard listens."""
+    if stream is None or (shard is not None and shard.index != 0):
+        return
+    if shard is None:
+        stream.follow(admin_app)
+    else:
+        stream.follow(shard.wrap(admin_app), shard.siblings_listening)
 
 
 async def _listen(servers: list[uvicorn.Server], socks: list[socket.socket]
@@ -264,12 +293,13 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path | None = None,
           on_ready: Callable[[ServerUrls], None] = lambda urls: None,
           log_dir: Path | None = None, token: ResolvedToken | None = None,
-          shard: ShardMesh | None = None) -> None:
+          shard: ShardMesh | None = None, peers: PeerPlan | None = None) -> None:
     """Serve until SIGINT/SIGTERM; workers are stopped before this returns.
 
     ``token``: the admin token already resolved (``parityserve start`` does so to say where
     it is); when None and the config requires one, it is resolved here. With
-    ``server.frontends`` > 1 this process supervises that many shards (runtime/shards.py).
+    ``server.frontends`` > 1 this process supervises that many shards (runtime/shards.py),
+    each called with its ``shard`` and its group's ``peers`` (runtime/peers.py).
     """
     token = token or resolve_admin_token(config, base_dir)
     if config.server.frontends > 1 and shard is None:
@@ -280,7 +310,7 @@ def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path
     system = ServingSystem(config, base_dir=base_dir, data_dir=data_dir, log_dir=log_dir)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_run(config, system, on_ready, install_signals=True, tune_gc=True,
-                        token=token, base_dir=base_dir, shard=shard))
+                        token=token, base_dir=base_dir, shard=shard, peers=peers))
 
 
 class RunningServer:

@@ -14,7 +14,8 @@ client cannot leave a change on one shard):
   control port, before its public listeners open (runtime/server.py).
   Why this channel and not the state store's pub/sub: it works with every store (memory and
   SQLite have no pub/sub), it reuses the admin routes' own validation and auth unchanged, and
-  the caller learns synchronously whether the peers applied the change.
+  the caller learns synchronously whether the peers applied the change. Across hosts, where
+  no loopback reaches, runtime/peers.py carries changes through a Redis stream instead.
 - **``/metrics`` aggregates** with a per-shard label: each shard's exposition is fetched over
   the control ports and every sample gets ``shard="i"``. Why not prometheus-client's
   multiprocess mode: it needs its directory set before the first import, gauges need a per-metric
@@ -35,7 +36,7 @@ import asyncio
 import base64
 import logging
 import os
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,18 +47,25 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from parityserve.runtime.asgi_calls import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    capture,
+    is_admin_change,
+    read_all,
+    send_plain,
+    status_of,
+    target_of,
+)
+
 __all__ = ["SHARD_HEADER", "ShardMesh", "merge_metrics", "merge_states"]
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 SHARD_HEADER = "x-parityserve-shard"
-_CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
 _FANOUT_TIMEOUT_S = 600.0  # a deploy waits for the peer's workers to load
 _PEEK_TIMEOUT_S = 5.0
 
@@ -111,6 +119,18 @@ class ShardMesh:
                 log.warning("shard %d: replaying %s %s got %s", self.index, entry["method"],
                             entry["path"], status)
 
+    async def siblings_listening(self) -> None:
+        """Until every other shard's control port answers. Shard 0 waits for this before it
+        applies other hosts' changes (runtime/peers.py): one fanned out to a shard that is
+        still starting would never reach it, as only a restarted shard reads the journal."""
+        waiting = [i for i in range(len(self.control_ports)) if i != self.index]
+        while waiting:
+            statuses = await asyncio.gather(*(self._call(i, "GET", "/v2/health/live", b"",
+                                                         _PEEK_TIMEOUT_S) for i in waiting))
+            waiting = [i for i, st in zip(waiting, statuses, strict=True) if st != 200]
+            if waiting:
+                await asyncio.sleep(0.2)
+
     async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
@@ -121,17 +141,15 @@ class ShardMesh:
             return await self._ready(app, scope, receive, send)
         if method == "GET" and path == "/admin/state":
             return await self._state(app, scope, send)
-        if method in _CHANGES and path.startswith("/admin/"):
+        if is_admin_change(scope):
             return await self._fan_out(app, scope, receive, send)
         return await app(scope, receive, send)
 
     async def _fan_out(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read_all(receive)
-        messages = await _capture(app, scope, body)
-        status = messages[0]["status"]
-        if 200 <= status < 300:
-            target = scope["path"] + (f"?{scope['query_string'].decode()}"
-                                      if scope.get("query_string") else "")
+        body = await read_all(receive)
+        messages = await capture(app, scope, body)
+        if 200 <= status_of(messages) < 300:
+            target = target_of(scope)
             failed = await self._broadcast(scope["method"], target, body)
             self._record(scope["method"], target, body)
             messages[0]["headers"] = [*messages[0].get("headers", ()),
@@ -176,7 +194,7 @@ class ShardMesh:
         return resp.status_code, resp.text
 
     async def _metrics(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        messages = await _capture(app, scope, b"")
+        messages = await capture(app, scope, b"")
         if messages[0]["status"] != 200:  # e.g. 401 under protect_metrics
             for message in messages:
                 await send(message)
@@ -188,10 +206,10 @@ class ShardMesh:
         texts = {self.index: own, **{i: text for i, (st, text) in zip(peers, answers, strict=True)
                                      if st == 200}}
         body = merge_metrics(texts, list(self.restarts))
-        await _send_plain(send, 200, body, messages[0].get("headers", ()))
+        await send_plain(send, 200, body, messages[0].get("headers", ()))
 
     async def _state(self, app: ASGIApp, scope: Scope, send: Send) -> None:
-        messages = await _capture(app, scope, b"")
+        messages = await capture(app, scope, b"")
         if messages[0]["status"] != 200:  # e.g. 401: the caller's token is checked here first
             for message in messages:
                 await send(message)
@@ -201,10 +219,10 @@ class ShardMesh:
         answers = await asyncio.gather(*(self._request(i, "GET", "/admin/state", b"",
                                                        _PEEK_TIMEOUT_S) for i in peers))
         body = orjson.dumps(merge_states(self.index, own, dict(zip(peers, answers, strict=True))))
-        await _send_plain(send, 200, body, messages[0].get("headers", ()))
+        await send_plain(send, 200, body, messages[0].get("headers", ()))
 
     async def _ready(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        messages = await _capture(app, scope, b"")
+        messages = await capture(app, scope, b"")
         peers = [i for i in range(len(self.control_ports)) if i != self.index]
         statuses = await asyncio.gather(*(self._call(i, "GET", "/v2/health/ready", b"",
                                                      _PEEK_TIMEOUT_S) for i in peers))
@@ -215,7 +233,7 @@ class ShardMesh:
             return
         body = orjson.dumps({"ready": False, "error": f"frontend shards {down} are not ready "
                              "(restarting or loading)", "code": "shards_not_ready"})
-        await _send_plain(send, 503, body, [(b"content-type", b"application/json")])
+        await send_plain(send, 503, body, [(b"content-type", b"application/json")])
 
 
 def merge_metrics(texts: dict[int, str], restarts: Sequence[int]) -> bytes:
@@ -286,39 +304,3 @@ def _tagged(send: Send, index: int) -> Send:
             message["headers"] = [*message.get("headers", ()), tag]
         await send(message)
     return tagging
-
-
-async def _read_all(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _capture(app: ASGIApp, scope: Scope, body: bytes) -> list[Message]:
-    """Run ``app`` on a buffered body; its response messages, the start message first."""
-    messages: list[Message] = []
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()  # a disconnect never comes: the body is complete
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def keep(message: Message) -> None:
-        messages.append(message)
-
-    await app(scope, receive, keep)
-    return messages
-
-
-async def _send_plain(send: Send, status: int, body: bytes,
-                      headers: Sequence[tuple[bytes, bytes]]) -> None:
-    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*kept, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})

@@ -11,8 +11,9 @@ A shard that dies is restarted here, logged, and counted in
 its TCP connections, so their clients see the connection reset (or closed) with no answer;
 its workers die with it (PR_SET_PDEATHSIG), so nothing it accepted is answered later or twice.
 Requests on the other shards' connections are untouched, and new connections go to the live
-shards. The new shard replays the admin journal before it listens on the public ports, so the
-first query it takes already sees every admin change its peers made.
+shards. The new shard replays the admin journal (and, with a Redis state store, the admin
+stream up to where its group started: runtime/peers.py) before it listens on the public
+ports, so the first query it takes already sees every admin change its peers made.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from parityserve.config import ServingConfig
 from parityserve.errors import ParityServeError
 from parityserve.runtime.auth import ResolvedToken
 from parityserve.runtime.health import STARTUP_TIMEOUT_S
+from parityserve.runtime.peers import PeerPlan, plan_group
 from parityserve.runtime.shard_mesh import ShardMesh
 
 __all__ = ["cores_warning", "serve_sharded"]
@@ -86,14 +88,15 @@ def _shard_config(config: ServingConfig, stack: contextlib.ExitStack, tmp: Path
 
 
 def _shard_main(serve: Callable[..., None], config: ServingConfig, mesh: ShardMesh,
-                paths: dict[str, Path | None], token: ResolvedToken | None, ready: Any) -> None:
+                peers: PeerPlan | None, paths: dict[str, Path | None],
+                token: ResolvedToken | None, ready: Any) -> None:
     """A shard's process: a whole frontend (``serve``, server.py's) that tells the parent
     when it serves. ``serve`` comes in as an argument so that this module need not import it."""
     def on_ready(urls: Any) -> None:
         ready.put((mesh.index, os.getpid(), urls, None))
     try:
         serve(config, base_dir=paths["base"], data_dir=paths["data"], log_dir=paths["log"],
-              token=token, shard=mesh, on_ready=on_ready)
+              token=token, shard=mesh, peers=peers, on_ready=on_ready)
     except BaseException as exc:
         ready.put((mesh.index, os.getpid(), None, f"{type(exc).__name__}: {exc}"))
         raise
@@ -103,9 +106,11 @@ class _Shards:
     """The parent's bookkeeping: start, watch, restart and stop the shard processes."""
 
     def __init__(self, serve: Callable[..., None], config: ServingConfig, mesh: ShardMesh,
-                 paths: dict[str, Path | None], token: ResolvedToken | None) -> None:
+                 peers: PeerPlan | None, paths: dict[str, Path | None],
+                 token: ResolvedToken | None) -> None:
         self.ctx, self.serve = mp.get_context("spawn"), serve
         self.config, self.mesh, self.paths, self.token = config, mesh, paths, token
+        self.peers = peers  # the group's plan for the admin stream (runtime/peers.py)
         self.restarts: Any = self.ctx.Array("i", len(mesh.control_ports))
         mesh.restarts = self.restarts
         self.ready: Any = self.ctx.Queue()
@@ -119,7 +124,8 @@ class _Shards:
         log_dir = self.paths["log"]
         paths = {**self.paths, "log": None if log_dir is None else log_dir / f"shard-{index}"}
         proc = self.ctx.Process(target=_shard_main, name=f"parityserve-frontend-{index}",
-                                args=(self.serve, self.config, mesh, paths, self.token, self.ready))
+                                args=(self.serve, self.config, mesh, self.peers, paths,
+                                      self.token, self.ready))
         proc.start()
         return proc
 
@@ -199,8 +205,11 @@ def serve_sharded(serve: Callable[..., None], config: ServingConfig, *, base_dir
         shard_config, control = _shard_config(config, stack, Path(tmp))
         mesh = ShardMesh(0, control, token.token if token else None, Path(tmp) / "admin.jsonl",
                          (), "https" if config.server.tls else "http")
-        shards = _Shards(serve, shard_config, mesh, {"base": base_dir, "data": data_dir,
-                                              "log": log_dir}, token)
+        # One origin and one starting point on the admin stream for all shards: each replays
+        # the stream up to it, so all begin from the same changes.
+        peers = plan_group(config, Path(tmp) / "peers-cursor.json")
+        shards = _Shards(serve, shard_config, mesh, peers, {"base": base_dir, "data": data_dir,
+                                                     "log": log_dir}, token)
         previous = {sig: signal.signal(sig, lambda *_: setattr(shards, "stopping", True))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from parityserve.client import Client
 from parityserve.config import parse_config
@@ -50,6 +56,35 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     yield make
     for server in started:
         server.stop()
+
+
+@contextlib.contextmanager
+def cli_server(folder: Path, config: dict, env: dict[str, str] | None = None
+               ) -> Iterator[tuple[str, Path]]:
+    """``parityserve start`` on ``config``, as a user runs it: (its URL, its stderr file).
+    It must stop cleanly on SIGTERM."""
+    (folder / "s.yaml").write_text(yaml.safe_dump(config))
+    err = folder / "stderr.txt"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from parityserve.cli import main; "
+             "sys.exit(main())", "start", "-c", str(folder / "s.yaml")],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        try:
+            yield _serving_url(proc), err
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+def _serving_url(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if match := re.search(r"serving on (http://\S+)", line):
+            return match.group(1)
+    raise AssertionError(f"server exited ({proc.wait()}) without serving")
 
 
 def model_state(client: Client, name: str) -> dict:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -19,8 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
-import yaml
-from conftest import wait_until
+from conftest import cli_server, wait_until
 from pydantic import ValidationError
 
 from parityserve.config import Server
@@ -49,7 +45,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory, grpc_port: int
                          # gRPC's alone, so that its batch counts are the gRPC test's
                          {"name": "grpc-noop", "source": "zoo:noop", "replicas": 1}],
               "applications": [BANDIT]}
-    with _started(tmp_path_factory.mktemp("shards"), config) as (url, err):
+    with cli_server(tmp_path_factory.mktemp("shards"), config) as (url, err):
         yield url, err
 
 
@@ -67,39 +63,11 @@ def sharded_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                          "admin_port": admin_port},
               "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}
     env = {**os.environ, "PARITYSERVE_ADMIN_TOKEN": TOKEN}
-    with _started(tmp_path_factory.mktemp("shards-admin"), config, env):
+    with cli_server(tmp_path_factory.mktemp("shards-admin"), config, env):
         yield f"http://127.0.0.1:{admin_port}"
 
 
 TOKEN = "shards-test-token-0123456789abcdef"
-
-
-@contextlib.contextmanager
-def _started(folder: Path, config: dict, env: dict[str, str] | None = None
-             ) -> Iterator[tuple[str, Path]]:
-    """``parityserve start`` on ``config``: (its URL, its stderr file)."""
-    (folder / "s.yaml").write_text(yaml.safe_dump(config))
-    err = folder / "stderr.txt"
-    with err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from parityserve.cli import main; "
-             "sys.exit(main())", "start", "-c", str(folder / "s.yaml")],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-        try:
-            yield _serving_url(proc), err
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0
-            assert proc.stdout is not None
-            proc.stdout.close()
-
-
-def _serving_url(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if match := re.search(r"serving on (http://\S+)", line):
-            return match.group(1)
-    raise AssertionError(f"server exited ({proc.wait()}) without serving")
 
 
 def _shard(url: str, path: str = "/admin/state") -> tuple[str, str, httpx.Response]:

@@ -166,3 +166,24 @@ def test_berrut_group_wait_reaches_the_scheduler() -> None:
     dep = _dep(replicas=3, redundancy={"mode": "systematic-berrut", "group_wait_ms": 12.5})
     assert mode_of(dep).group_wait_s == pytest.approx(0.0125)
     assert mode_of(_dep(replicas=3, redundancy={"mode": "berrut"})).group_wait_s == 0.0
+
+
+@pytest.mark.parametrize(("server", "shared"), [
+    ({}, False),  # memory: nothing to share through
+    ({"state_store": "sqlite:s.db"}, False),
+    ({"state_store": "redis://r:6379/0"}, True),  # on by default with Redis
+    ({"state_store": "redis://r:6379/0", "peers": None}, False),  # turned off
+    ({"state_store": "redis://r:6379/0", "peers": {"namespace": "prod"}}, True),
+])
+def test_admin_changes_are_shared_only_through_redis(server: dict, shared: bool) -> None:
+    assert parse_config({"server": server}).server.shares_admin_changes() is shared
+
+
+@pytest.mark.parametrize(("server", "message"), [
+    ({"peers": {"namespace": "prod"}}, "needs state_store: redis"),
+    ({"state_store": "redis://r/0", "peers": {"namespace": "a b"}}, "namespace"),
+    ({"state_store": "redis://r/0", "peers": {"max_changes": 10}}, "max_changes"),
+])
+def test_bad_peer_settings_name_the_problem(server: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"server": server})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,21 @@ def test_the_control_port_answers_its_state_alone(tmp_path: Path) -> None:
     asked: list[Any] = []
     resp = TestClient(_mesh(tmp_path, {}, asked).local(_app(), None)).get("/admin/state")
     assert resp.json() == OWN and asked == []
+
+
+def test_shard_zero_waits_until_every_sibling_listens(tmp_path: Path) -> None:
+    asked: list[Any] = []
+    answers = {1: (0, ""), 2: (200, "")}  # shard 1 still starting
+    mesh = _mesh(tmp_path, answers, asked)
+
+    async def scenario() -> int:
+        waiting = asyncio.create_task(mesh.siblings_listening())
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        answers[1] = (200, "")
+        await asyncio.wait_for(waiting, 2.0)
+        return sum(1 for peer, _m, _t in asked if peer == 2)
+
+    assert asyncio.run(scenario()) == 1  # a sibling that answered is not asked again
+    assert {(peer, target) for peer, _m, target in asked} == {(1, "/v2/health/live"),
+                                                             (2, "/v2/health/live")}
