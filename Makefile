@@ -59,6 +59,14 @@ BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf parit
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
+# The wrk-driven benchmarks install wrk (Debian's package) first.
+bench-frontend_wrk bench-frontend_shards: WRK_READY
+WRK_READY:
+	scripts/wrk.sh ensure
+.PHONY: WRK_READY bench-frontend_shards
+bench-frontend_shards: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks.frontend_shards $(ARGS)
+
 # A real plain install (no extras) in a throwaway venv: the server starts and answers a
 # prediction there. Not part of `make test`: it installs the serving dependencies afresh.
 PLAIN_VENV ?= .cache/plain-venv

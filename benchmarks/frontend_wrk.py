@@ -29,6 +29,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -430,6 +431,9 @@ def run_wrk(url: str, spec: dict[str, Any], lua: Path, connections: int, duratio
     command (``taskset -c CORE`` to pin it)."""
     env = {**os.environ, "WRK_BODIES": spec["file"], "WRK_PATH": "/" + url.split("/", 3)[3],
            "WRK_CTYPE": spec["ctype"], "WRK_HLEN": spec["hlen"]}
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: run scripts/wrk.sh ensure (Debian's package), "
+                         "or use make bench-frontend_wrk / bench-frontend_shards, which do")
     cmd = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "-s",
            str(lua), url]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
