@@ -90,6 +90,10 @@ def _start(nodes: int, cpus: float, temp_dir: str) -> tuple[Any, list[Any]]:
     import ray
     from ray.cluster_utils import Cluster
 
+    # Cluster.add_node writes the head's address to Ray's default temp dir (/tmp/ray),
+    # whatever temp_dir says, and fails on a machine where nothing has made that dir yet
+    address_file = Path(ray._private.utils.get_ray_address_file(None))
+    address_file.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(initialize_head=False)
     try:
         cluster.add_node(temp_dir=temp_dir, **_HEAD_ARGS)

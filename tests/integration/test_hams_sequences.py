@@ -213,11 +213,19 @@ def test_checkpoint_replay_recovers_by_replay_and_counts_its_conflicts(tmp_path:
         url, data = running.url, series(3)
         pid = graph_state(url)["operators"]["seq1"]["primary_pid"]
 
-        def kill_after_a_checkpoint() -> None:
-            wait_until(lambda: graph_state(url)["operators"]["seq1"]["since_checkpoint"] >= 2)
-            kill(pid)
+        killed: list[int] = []
 
-        replies = send_streams(url, data, {STEPS - 5: kill_after_a_checkpoint})
+        def kill_after_a_checkpoint() -> None:
+            # checked at each of stream 0's later steps, never waited for: while stream 0
+            # waited, the other streams could finish and no batch would come to count
+            ops = graph_state(url)["operators"]
+            if not killed and ops["seq1"]["since_checkpoint"] >= 2:
+                kill(pid)
+                killed.append(pid)
+
+        replies = send_streams(url, data, dict.fromkeys(range(STEPS // 2, STEPS - 2),
+                                                         kill_after_a_checkpoint))
+        assert killed, "never two batches past a checkpoint"
         assert sum(len(r) for r in replies.values()) == STEPS * len(STREAMS)
         state = graph_state(url)
         failover = state["failovers"][-1]
