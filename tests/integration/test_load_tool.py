@@ -43,7 +43,7 @@ def test_every_protocol_answers_without_errors_and_reports_the_split(served, pro
                        "--json", str(out_json), "--plot", str(tmp_path / "cdf.png")], capsys)
     report = json.loads(out_json.read_text())
     run = report["run"]
-    assert run["n"] == 150 and run["ok"] == 150 and run["errors"] == {}
+    assert (run["n"], run["ok"], run["errors"]) == (150, 150, {}), run  # say which errors
     assert run["goodput_rps"] > 0 and np.isfinite(run["p99_ms"])
     assert run["server_split"]["server_ms"] > 0 and (tmp_path / "cdf.png").stat().st_size > 0
     assert "us CPU per request" in printed and "in the server in all" in printed
