@@ -362,27 +362,13 @@ def _open_loop(url: str, data: Data, batch: int, rows_per_s: float, seconds: flo
                seed: int) -> dict[str, Any]:
     """Poisson arrivals of requests of ``batch`` rows; latency from each request's intended
     send time, so a queue that builds up is counted (no coordinated omission)."""
-    from parityserve.bench.loadgen import (
-        HttpSender,
-        json_sender,
-        poisson_schedule,
-        run_event_loop,
-        run_open_loop,
-    )
+    from parityserve.bench.loadgen import json_open_loop, poisson_schedule
 
     rate = rows_per_s / batch
     rng = np.random.default_rng(seed)
     schedule = poisson_schedule(rate, int(max(rate, MIN_REQUESTS_PER_S) * seconds), rng)
-    bodies = _encoded_bodies(data, batch, rng)
-
-    async def go() -> Any:
-        async with HttpSender(url, limit=256) as http:
-            send = json_sender(http, "/online/predict", bodies)
-            for i in range(20):  # warm-up, discarded
-                await send(i)
-            return await run_open_loop(send, schedule, rate_qps=rate, timeout_s=60)
-
-    result = run_event_loop(go())
+    (result,) = json_open_loop(url, "/online/predict", _encoded_bodies(data, batch, rng),
+                               [schedule], warmup=20)
     ok = result.latencies_s[result.ok]
     summary = latency_summary(ok.tolist(), int(ok.size) * batch, result.duration_s)
     lag = result.send_lag_s

@@ -52,14 +52,7 @@ from benchmarks.serf_analysis import (
     phased_schedule,
     relative_error,
 )
-from parityserve.bench.loadgen import (
-    HttpSender,
-    encode_bodies,
-    json_sender,
-    poisson_schedule,
-    run_event_loop,
-    run_open_loop,
-)
+from parityserve.bench.loadgen import encode_bodies, json_open_loop, poisson_schedule
 from parityserve.bench.report import command_line, markdown_table, write_results
 from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
@@ -296,17 +289,8 @@ def _open_loop(url: str, bodies: list[bytes], schedules: Sequence[np.ndarray], l
                ) -> list[Any]:
     """One open-loop run per schedule (send times in seconds), back to back, after a warm-up
     of ``WARMUP`` queries (which also lets a new configuration settle)."""
-    async def go() -> list[Any]:
-        async with HttpSender(url, limit=512) as http:
-            send = json_sender(http, f"/{MODEL_NAME}/predict", bodies)
-            for i in range(WARMUP):
-                await send(i)
-            return [await run_open_loop(send, schedule, progress=label,
-                                        rate_qps=schedule.size / max(float(schedule[-1]), 1e-9),
-                                        max_in_flight=10_000, timeout_s=120)
-                    for schedule in schedules]
-
-    return run_event_loop(go())
+    return json_open_loop(url, f"/{MODEL_NAME}/predict", bodies, schedules, warmup=WARMUP,
+                          limit=512, timeout_s=120, progress=label)
 
 
 def _accuracy(url: str, cases: Sequence[Case], bodies: list[bytes], args: argparse.Namespace,

@@ -31,6 +31,7 @@ __all__ = [
     "Send",
     "encode_bodies",
     "error_kind",
+    "json_open_loop",
     "json_sender",
     "poisson_schedule",
     "run_at_rates",
@@ -441,3 +442,22 @@ def json_sender(http: HttpSender, path: str, bodies: Sequence[bytes]) -> Send:
         return orjson.loads(raw)
 
     return send
+
+
+def json_open_loop(url: str, path: str, bodies: Sequence[bytes], schedules: Sequence[np.ndarray],
+                   *, warmup: int, limit: int = 256, timeout_s: float = 60.0,
+                   progress: bool | str = False) -> list[LoadResult]:
+    """POST ``bodies`` to ``url + path`` on each schedule (send offsets in seconds), back to
+    back on one connection pool, after ``warmup`` queries whose answers are discarded; each
+    run's offered rate is its schedule's own."""
+    async def go() -> list[LoadResult]:
+        async with HttpSender(url, limit=limit) as http:
+            send = json_sender(http, path, bodies)
+            for i in range(warmup):
+                await send(i)
+            return [await run_open_loop(send, schedule, progress=progress,
+                                        rate_qps=schedule.size / max(float(schedule[-1]), 1e-9),
+                                        max_in_flight=10_000, timeout_s=timeout_s)
+                    for schedule in schedules]
+
+    return run_event_loop(go())
