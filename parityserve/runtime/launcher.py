@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,6 +14,8 @@ from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.worker import WorkerSpec
 
 __all__ = ["LocalLauncher", "WorkerProcess", "spawn_worker_process"]
+
+log = logging.getLogger(__name__)
 
 
 def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
@@ -60,10 +63,19 @@ class WorkerProcess:
     def exit_code(self) -> int | None:
         return self.popen.poll()
 
-    def kill(self) -> None:
+    def kill(self, reap_s: float = 5.0) -> None:
+        """SIGKILL, and reap it if it goes within ``reap_s``. Never raises: the supervisor
+        kills from its periodic round, and a process that outlives SIGKILL (stuck in the
+        kernel, as a hung GPU driver call can be) must not stop the round and with it the
+        replacement of this replica and every later restart."""
         if self.popen.poll() is None:
             self.popen.kill()
-        self.popen.wait(timeout=5)
+        try:
+            self.popen.wait(timeout=reap_s)
+        except subprocess.TimeoutExpired:
+            log.warning("worker %s (pid %d) has not exited %.0f s after SIGKILL; its slot is "
+                        "relaunched anyway, and the process is reaped when it goes",
+                        self.spec.replica_id, self.pid, reap_s)
 
     def terminate(self, grace_s: float = 2.0) -> None:
         """SIGTERM, then SIGKILL after the grace period."""

@@ -59,7 +59,8 @@ class WorkerHandle(Protocol):
 
     def exit_code(self) -> int | None: ...
 
-    def kill(self) -> None: ...
+    def kill(self) -> None:
+        """End it now; never raises (it runs inside the supervisor's round)."""
 
     def terminate(self) -> None: ...
 
