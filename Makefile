@@ -59,8 +59,13 @@ BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf parit
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
-# The wrk-driven benchmarks install wrk (Debian's package) first.
+# The wrk-driven benchmarks install wrk (Debian's package) first, and frontend_wrk its
+# comparison server, LitServe (the compare extra; it adds only FastAPI to the venv).
 bench-frontend_wrk bench-frontend_shards: WRK_READY
+bench-frontend_wrk: LITSERVE_READY
+LITSERVE_READY: $(STAMP)
+	$(BIN)/python -c 'import litserve' 2>/dev/null || $(BIN)/pip install --quiet -e '.[compare]'
+.PHONY: LITSERVE_READY
 WRK_READY:
 	scripts/wrk.sh ensure
 .PHONY: WRK_READY bench-frontend_shards

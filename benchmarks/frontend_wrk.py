@@ -173,7 +173,8 @@ def _cases(args: argparse.Namespace) -> dict[str, Case]:
 def _systems(given: str) -> list[str]:
     systems = [s for s in given.split(",") if s]
     if "litserve" in systems and not _has("litserve"):
-        print("note: litserve is not installed (pip install litserve); skipped", file=sys.stderr)
+        print("note: litserve is not installed, so its rows are skipped: pip install -e "
+              "'.[compare]' (make bench-frontend_wrk does)", file=sys.stderr)
         systems.remove("litserve")
     return systems
 
