@@ -10,8 +10,6 @@ heartbeats stop (``timeout``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -20,7 +18,7 @@ from typing import Any
 
 from parityserve.runtime.hams_worker import OperatorSpec
 from parityserve.runtime.keys import ClientKeys, ServerKeys
-from parityserve.runtime.launcher import spawn_worker_process
+from parityserve.runtime.launcher import kill_and_reap, spawn_worker_process
 from parityserve.runtime.rpc import WorkerLink
 
 __all__ = ["Member", "MemberLauncher"]
@@ -50,10 +48,7 @@ class Member:
 
     def kill(self) -> None:
         """SIGKILL: a demoted or lost process gets no chance to send anything more."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=2)  # reaped: no zombie, no warning at exit
+        kill_and_reap(self.popen, reap_s=2)  # reaped: no zombie, no warning at exit
 
 
 class MemberLauncher:

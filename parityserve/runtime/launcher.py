@@ -13,7 +13,7 @@ from pathlib import Path
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.worker import WorkerSpec
 
-__all__ = ["LocalLauncher", "WorkerProcess", "spawn_worker_process"]
+__all__ = ["LocalLauncher", "WorkerProcess", "kill_and_reap", "spawn_worker_process"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,18 @@ def _log_file(log_dir: Path | None, name: str) -> int | None:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
+def kill_and_reap(popen: subprocess.Popen[bytes], reap_s: float) -> bool:
+    """SIGKILL ``popen`` if it still runs, and wait up to ``reap_s`` for its exit so that no
+    zombie is left. False when it has not gone by then; never raises."""
+    if popen.poll() is None:
+        popen.kill()
+    try:
+        popen.wait(timeout=reap_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 class WorkerProcess:
     """A handle on one local worker subprocess."""
 
@@ -68,11 +80,7 @@ class WorkerProcess:
         kills from its periodic round, and a process that outlives SIGKILL (stuck in the
         kernel, as a hung GPU driver call can be) must not stop the round and with it the
         replacement of this replica and every later restart."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        try:
-            self.popen.wait(timeout=reap_s)
-        except subprocess.TimeoutExpired:
+        if not kill_and_reap(self.popen, reap_s):
             log.warning("worker %s (pid %d) has not exited %.0f s after SIGKILL; its slot is "
                         "relaunched anyway, and the process is reaped when it goes",
                         self.spec.replica_id, self.pid, reap_s)
