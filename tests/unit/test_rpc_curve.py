@@ -26,7 +26,11 @@ def _dealer(ctx: zmq.Context, address: str, identity: bytes,
     return sock
 
 
-async def _until(predicate, timeout_s: float = 15.0) -> None:
+# How long a test waits for something to arrive before it fails (loaded CI machines are slow).
+WAIT_S = 15.0
+
+
+async def _until(predicate, timeout_s: float = WAIT_S) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
@@ -40,7 +44,7 @@ async def _reconnect_until_heard(peers: Peers, identity: bytes, keys: ClientKeys
     holds. If this one connects before the ROUTER has seen the previous holder's close
     (a race a loaded machine loses now and then), its messages never arrive: close it and
     connect again, as a worker that is never answered would."""
-    deadline = asyncio.get_running_loop().time() + 15.0
+    deadline = asyncio.get_running_loop().time() + WAIT_S
     while True:
         sock = peers.dealer(identity, keys)
         sock.send_multipart(wire.encode({"t": wire.HEARTBEAT}))
