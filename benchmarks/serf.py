@@ -39,6 +39,7 @@ import numpy as np
 from benchmarks import _cli
 from benchmarks.serf_analysis import (
     ABLATIONS,
+    IDLE_AWARE,
     Case,
     argmin_verdicts,
     batch_means_halfwidth,
@@ -47,12 +48,20 @@ from benchmarks.serf_analysis import (
     dynamic_verdicts,
     error_summary,
     fixed_policies,
+    idle_from_profile,
     lambda_max,
     phase_rates,
     phased_schedule,
+    predict_idle,
     relative_error,
 )
-from parityserve.bench.loadgen import encode_bodies, json_open_loop, poisson_schedule
+from parityserve.bench.loadgen import (
+    encode_bodies,
+    json_open_loop,
+    poisson_schedule,
+    run_event_loop,
+    run_open_loop,
+)
 from parityserve.bench.report import command_line, markdown_table, write_results
 from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
@@ -67,6 +76,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"source": "zoo:parm-mlp", "dataset": "mnist"},
 }
 DEFAULT_RESULTS = Path("benchmarks/results/serf")
+ROUTES = ("v2-binary", "clipper-json")
 MODEL_NAME = "serf"  # the deployment and application name in the bench's serving file
 WARMUP = 30  # queries sent after each reconfiguration, before a measured run
 DROP_FRACTION = 0.10  # the first 10% of each measured run is dropped (digest A4, step 4)
@@ -89,6 +99,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="queries per accuracy case (the issue asks for at least 2,000)")
     p.add_argument("--profile-requests", type=int, default=50,
                    help="timed requests per profiled (i, intra) tuple (at least 10)")
+    p.add_argument("--idle-requests", type=int, default=20,
+                   help="the profiler's idle part (beyond SERF: back-to-back service and "
+                        "the penalty after idle gaps, for the idle-aware model); 0 skips "
+                        "it, as the 2026-11-24 run did")
+    p.add_argument("--accuracy-route", choices=ROUTES, default="v2-binary",
+                   help="how the accuracy cases send queries: v2-binary (default), the "
+                        "route the profiler times, so the overhead it measured is the one "
+                        "the run pays; or clipper-json (/serf/predict, JSON), the route of "
+                        "the 2026-11-24 run and of the dynamic and tail parts")
     p.add_argument("--levels", type=int, default=10, help="load levels λ_k, k = 1..levels")
     p.add_argument("--oversubscribe", action=argparse.BooleanOptionalAction, default=True,
                    help="also c·intra > cores (c up to --max-c): a labelled extension that "
@@ -175,7 +194,7 @@ def _fingerprint(model: str, args: argparse.Namespace) -> dict[str, Any]:
     not change a run, so a full report can be put together from runs made one model at a
     time (each model has its own file)."""
     skip = {"models", "parts", "dynamic_models", "quick", "lead_in_seconds",
-            "tail_slo_ms"}  # in the key
+            "tail_slo_ms", "idle_requests", "accuracy_route"}  # in the keys they change
     return {"model": model, **{k: v for k, v in _settings(args).items() if k not in skip}}
 
 
@@ -210,7 +229,8 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
         overhead = {Config(int(m["c"]), int(m["intra"])): float(m.get("overhead_s", 0.0))
                     for m in profile["measurements"]}
         cases, skipped = build_cases(profiles, cores=cores, oversubscribe=args.oversubscribe,
-                                     levels=args.levels, overhead=overhead)
+                                     levels=args.levels, overhead=overhead,
+                                     idle=idle_from_profile(profile.get("idle")))
         report["skipped"] = skipped
         if "accuracy" in parts:
             report["idle"] = _idle_penalty(server.url, profile, bodies, args, saved)
@@ -253,7 +273,8 @@ class _Runs(RunFile):
 def _profile(url: str, name: str, args: argparse.Namespace, saved: _Runs) -> dict[str, Any]:
     """``parityserve profile --url`` against the bench's server: its profile file is the
     contract (``core/profiling.ProfileDocument``), and its wall time is SERF's cost."""
-    found = saved.get("profile")
+    key = "profile" if not args.idle_requests else f"profile-idle{args.idle_requests}"
+    found = saved.get(key)
     if found is not None:
         print(f"profile: reused ({found['wall_s']:.1f} s when measured)", flush=True)
         return found
@@ -261,7 +282,8 @@ def _profile(url: str, name: str, args: argparse.Namespace, saved: _Runs) -> dic
 
     out = _profile_file(name, args)
     argv = ["--url", url, "--model", MODEL_NAME, "--max-c", str(args.max_c), "--intra",
-            args.intra, "--requests", str(args.profile_requests), "-o", str(out)]
+            args.intra, "--requests", str(args.profile_requests), "-o", str(out),
+            "--idle-requests", str(args.idle_requests)]
     parser = argparse.ArgumentParser()
     profiler.add_arguments(parser)
     profiler.run(parser.parse_args(argv + (["--oversubscribe"] if args.oversubscribe else [])))
@@ -270,8 +292,9 @@ def _profile(url: str, name: str, args: argparse.Namespace, saved: _Runs) -> dic
            "runs": doc["runs"], "requests": doc["requests"], "file": out.name,
            "service_time": doc.get("service_time"),
            "measurements": [{k: v for k, v in m.items() if k != "samples_s"}
-                            for m in doc["measurements"]]}
-    saved.put("profile", row)
+                            for m in doc["measurements"]],
+           "idle": doc.get("idle"), "idle_wall_s": doc.get("idle_elapsed_s")}
+    saved.put(key, row)
     return row
 
 
@@ -296,20 +319,45 @@ def _open_loop(url: str, bodies: list[bytes], schedules: Sequence[np.ndarray], l
 def _accuracy(url: str, cases: Sequence[Case], bodies: list[bytes], args: argparse.Namespace,
               saved: _Runs) -> dict[str, Any]:
     ordered = sorted(cases, key=lambda case: (case.level, case.config))
-    todo = [case for case in ordered if saved.get(case.key) is None]
+    suffix = _route_suffix(args)
+    todo = [case for case in ordered if saved.get(case.key + suffix) is None]
     print(f"accuracy: {len(ordered)} cases ({len(ordered) - len(todo)} already measured)",
           flush=True)
     for case in todo:
         started = time.monotonic()
         _configure(url, case.config)
         rng = np.random.default_rng([args.seed, case.level, case.config.c, case.config.intra])
-        (result,) = _open_loop(url, bodies, [poisson_schedule(case.rate, args.queries, rng)],
+        result = _accuracy_run(url, bodies, poisson_schedule(case.rate, args.queries, rng),
                                f"c={case.config.c} intra={case.config.intra} "
-                               f"λ{case.level}={case.rate:.0f}/s")
-        saved.put(case.key, _case_row(case, result, time.monotonic() - started))
-    rows = [saved.rows[case.key] for case in ordered]
+                               f"λ{case.level}={case.rate:.0f}/s", args)
+        saved.put(case.key + suffix, _case_row(case, result, time.monotonic() - started))
+    rows = [saved.rows[case.key + suffix] for case in ordered]
     return {"rows": rows, "errors": _errors(rows), "verdicts": argmin_verdicts(rows),
             "exhaustive": {"runs": len(rows), "wall_s": sum(r["wall_s"] for r in rows)}}
+
+
+def _route_suffix(args: argparse.Namespace) -> str:
+    """Run keys of the accuracy part carry its route; the 2026-11-24 run's (JSON) have none."""
+    return "" if args.accuracy_route == "clipper-json" else f"-{args.accuracy_route}"
+
+
+def _accuracy_run(url: str, bodies: list[bytes], schedule: np.ndarray, label: str,
+                  args: argparse.Namespace) -> Any:
+    """One open-loop run of the accuracy part on ``--accuracy-route``, after ``WARMUP``."""
+    if args.accuracy_route == "clipper-json":
+        (result,) = _open_loop(url, bodies, [schedule], label)
+        return result
+    from parityserve.bench.load import v2_target
+
+    async def go() -> Any:
+        async with v2_target(url, MODEL_NAME, protocol="http-binary", timeout_s=120) as send:
+            for i in range(WARMUP):
+                await send(i)
+            return await run_open_loop(send, schedule, progress=label, max_in_flight=10_000,
+                                       timeout_s=120,
+                                       rate_qps=schedule.size / max(float(schedule[-1]), 1e-9))
+
+    return run_event_loop(go())
 
 
 IDLE_RATE, IDLE_QUERIES = 10.0, 150  # about 15 s of sparse arrivals: nothing ever queues
@@ -323,13 +371,14 @@ def _idle_penalty(url: str, profile: dict[str, Any], bodies: list[bytes],
     Why: a closed loop keeps every process awake, while sparse open-loop arrivals find the
     load generator, the frontend and the worker asleep; waking them is not queueing, so the
     model (fed by closed-loop profiles, as SERF's is) cannot see it."""
-    found = saved.get("idle")
+    key = "idle" + _route_suffix(args)
+    found = saved.get(key)
     if found is not None:
         return found
     _configure(url, Config(1, 1))
     rng = np.random.default_rng([args.seed, 99])
-    (result,) = _open_loop(url, bodies, [poisson_schedule(IDLE_RATE, IDLE_QUERIES, rng)],
-                           f"idle check {IDLE_RATE:g}/s")
+    result = _accuracy_run(url, bodies, poisson_schedule(IDLE_RATE, IDLE_QUERIES, rng),
+                           f"idle check {IDLE_RATE:g}/s", args)
     lat = result.latencies_s[result.ok]
     single = next(m for m in profile["measurements"] if m["c"] == 1 and m["intra"] == 1)
     expected_ms = (1.0 / float(single["mu"]) + float(single.get("overhead_s", 0.0))) * 1e3
@@ -337,7 +386,10 @@ def _idle_penalty(url: str, profile: dict[str, Any], bodies: list[bytes],
     row = {"rate": IDLE_RATE, "n": int(lat.size), "measured_ms": measured_ms,
            "profiled_ms": expected_ms, "penalty_ms": measured_ms - expected_ms,
            **percentiles(lat)}
-    saved.put("idle", row)
+    idle_inputs = idle_from_profile(profile.get("idle"))
+    if idle_inputs is not None:
+        row["idle_aware_ms"] = predict_idle(idle_inputs[1], IDLE_RATE, 1) * 1e3
+    saved.put(key, row)
     return row
 
 
@@ -354,7 +406,7 @@ def _case_row(case: Case, result: Any, wall_s: float) -> dict[str, Any]:
         "throughput_qps": result.throughput, **percentiles(lat), "wall_s": wall_s,
         "send_lag_p99_ms": float(np.percentile(result.send_lag_s, 99)) * 1e3
         if result.send_lag_s.size else math.nan}
-    for model in ABLATIONS:
+    for model in case.predicted_s:
         predicted_ms = case.predicted_s[model] * 1e3
         row[f"{model}_ms"] = predicted_ms
         row[f"{model}_error"] = relative_error(predicted_ms, measured_ms)
@@ -363,7 +415,13 @@ def _case_row(case: Case, result: Any, wall_s: float) -> dict[str, Any]:
 
 
 def _errors(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
-    return {model: error_summary([r[f"{model}_error"] for r in rows]) for model in ABLATIONS}
+    return {model: error_summary([r[f"{model}_error"] for r in rows])
+            for model in _models_in(rows)}
+
+
+def _models_in(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """SERF's model and the ablations, then the idle-aware one where the profile had it."""
+    return [*ABLATIONS, *([IDLE_AWARE] if rows and f"{IDLE_AWARE}_error" in rows[0] else [])]
 
 
 # ---- part 3: dynamic load ----
@@ -520,7 +578,7 @@ def _dynamic_markdown(dyn: dict[str, Any]) -> str:
 
 
 def _accuracy_markdown(acc: dict[str, Any], report: dict[str, Any]) -> str:
-    errors = [{"model": model, **acc["errors"][model]} for model in ABLATIONS]
+    errors = [{"model": model, **acc["errors"][model]} for model in acc["errors"]]
     pct = "{:.1%}".format  # noqa: P103 - a format callable, not a format string
     table = markdown_table(errors, [("model", "latency model", "s"), ("n", "cases", "d"),
                                     ("mean", "mean error", pct), ("p90", "p90", pct),
@@ -531,7 +589,10 @@ def _accuracy_markdown(acc: dict[str, Any], report: dict[str, Any]) -> str:
                  f"queries, nothing queues): mean {idle['measured_ms']:.2f} ms against "
                  f"{idle['profiled_ms']:.2f} ms profiled in a closed loop, a penalty of "
                  f"{idle['penalty_ms']:+.2f} ms that no queueing model fed by closed-loop "
-                 "profiles can predict.\n" if idle else "")
+                 "profiles can predict" + (
+                     f"; the idle-aware model ({IDLE_AWARE}, beyond SERF) predicts "
+                     f"{idle['idle_aware_ms']:.2f} ms" if "idle_aware_ms" in idle else "")
+                 + ".\n" if idle else "")
     return (f"Relative error of predicted mean latency, {len(acc['rows'])} cases "
             f"({len(report['skipped'])} skipped with ρ > 0.95):\n\n{table}\n\n"
             f"Best configuration found at {found} of {len(acc['verdicts'])} load levels "
@@ -546,8 +607,12 @@ def _cases_markdown(rows: Sequence[dict[str, Any]]) -> str:
             ("config", "config", "s"), ("rate", "λ /s", ".0f"), ("rho", "ρ", ".2f"),
             ("n", "n", "d"), ("measured_ms", "measured mean ms", ".2f"),
             ("halfwidth_ms", "± 95%", ".2f"), ("predicted_ms", "Eq. 13 ms", ".2f"),
-            ("md-interf_error", "error", pct), ("p50_ms", "p50", ".2f"),
-            ("p99_ms", "p99", ".2f"), ("p999_ms", "p99.9", ".2f")]) + "\n"
+            ("md-interf_error", "error", pct),
+            *([(f"{IDLE_AWARE}_ms", "idle-aware ms", ".2f"),
+               (f"{IDLE_AWARE}_error", "error", pct)] if IDLE_AWARE in _models_in(rows)
+              else []),
+            ("p50_ms", "p50", ".2f"), ("p99_ms", "p99", ".2f"),
+            ("p999_ms", "p99.9", ".2f")]) + "\n"
 
 
 def _plot_scatter(reports: dict[str, dict[str, Any]], path: Path) -> None:
@@ -558,11 +623,14 @@ def _plot_scatter(reports: dict[str, dict[str, Any]], path: Path) -> None:
         rows = (report.get("accuracy") or {}).get("rows") or []
         if rows:
             ax.scatter([r["measured_ms"] for r in rows], [r["predicted_ms"] for r in rows],
-                       s=10, label=name)
+                       s=10, label=f"{name}, Eq. 13")
+        if rows and IDLE_AWARE in _models_in(rows):
+            ax.scatter([r["measured_ms"] for r in rows], [r[f"{IDLE_AWARE}_ms"] for r in rows],
+                       s=10, marker="x", label=f"{name}, idle-aware (ours)")
     lo_hi = ax.get_xlim()
     ax.plot(lo_hi, lo_hi, color="grey", linewidth=0.8, label="predicted = measured")
     ax.set(xscale="log", yscale="log", xlabel="measured mean latency (ms)",
-           ylabel="predicted mean latency, Eq. 13 (ms)",
+           ylabel="predicted mean latency (ms)",
            title="SERF prediction accuracy on this machine")
     ax.legend(fontsize="small")
     _save(fig, ax, path)

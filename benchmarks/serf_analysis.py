@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from parityserve.core.idle_queueing import IdleCurve, IdleInputs, predict_idle_aware
 from parityserve.core.profiling import load_levels
 from parityserve.core.queueing import (
     Config,
@@ -33,6 +34,7 @@ from parityserve.core.queueing import (
 
 __all__ = [
     "ABLATIONS",
+    "IDLE_AWARE",
     "Case",
     "argmin_verdicts",
     "batch_means_halfwidth",
@@ -42,14 +44,19 @@ __all__ = [
     "dynamic_verdicts",
     "error_summary",
     "fixed_policies",
+    "idle_from_profile",
     "lambda_max",
     "phase_rates",
     "phased_schedule",
+    "predict_idle",
     "relative_error",
 ]
 
 # The latency models compared in the report: SERF's Eq. 13 first, then the ablations (Fig. 9).
 ABLATIONS: tuple[QueueModel, ...] = ("md-interf", "mm-interf", "md", "mm")
+# Our extension beside them (core/idle_queueing): Eq. 13 on back-to-back service rates plus
+# the measured penalty of starting after an idle gap. Reported where the profile measured it.
+IDLE_AWARE = "md-interf-idle"
 LEVELS = 10  # λ_k for k = 1..10, as the digest's procedure (A4, step 3)
 
 
@@ -77,15 +84,38 @@ def lambda_max(profiles: Mapping[int, Sequence[float]], configs: Sequence[Config
     return max(capacity(profiles, config) for config in configs)
 
 
+def idle_from_profile(idle: Mapping[str, Any] | None) -> dict[int, IdleInputs] | None:
+    """The idle-aware model's inputs per intra from a profile's ``idle`` section (written by
+    ``parityserve profile``), or None when the profile has none."""
+    if not idle:
+        return None
+    return {int(intra): IdleInputs(
+        tuple(float(r) for r in doc["busy_rates"]),
+        IdleCurve(tuple(doc["slot_curve"]["gaps_s"]), tuple(doc["slot_curve"]["extra_s"])),
+        IdleCurve(tuple(doc["overhead_curve"]["gaps_s"]),
+                  tuple(doc["overhead_curve"]["extra_s"])),
+        float(doc["overhead_s"])) for intra, doc in idle.items()}
+
+
+def predict_idle(inputs: IdleInputs, rate: float, c: int) -> float:
+    """The idle-aware mean latency of c slots at ``rate`` (seconds, with the time outside
+    the slot)."""
+    return predict_idle_aware(rate, inputs.busy_rates[:c], inputs.slot_curve,
+                              overhead_s=inputs.overhead_s,
+                              overhead_curve=inputs.overhead_curve).latency
+
+
 def build_cases(profiles: Mapping[int, Sequence[float]], *, cores: int, oversubscribe: bool,
                 levels: int = LEVELS, rho_max: float = 0.95,
-                overhead: Mapping[Config, float] | None = None
+                overhead: Mapping[Config, float] | None = None,
+                idle: Mapping[int, IdleInputs] | None = None
                 ) -> tuple[list[Case], list[dict[str, Any]]]:
     """Every stable (configuration, λ_k) with its predictions, and the skipped ones (why).
 
     ``overhead`` is each configuration's time outside the queue (the profiler's
     ``overhead_s``: the client's round trip beyond the server's slot time), added to every
-    model's prediction alike."""
+    model's prediction alike. With ``idle`` (per intra) the idle-aware model's prediction,
+    which carries its own time outside the slot, is added as ``IDLE_AWARE``."""
     configs = configurations(profiles, cores=cores, oversubscribe=oversubscribe)
     rates = load_levels(profiles, cores=cores, oversubscribe=oversubscribe, count=levels)
     cases: list[Case] = []
@@ -101,6 +131,8 @@ def build_cases(profiles: Mapping[int, Sequence[float]], *, cores: int, oversubs
             extra = (overhead or {}).get(config, 0.0)
             predicted = {model: predict_latency(rate, mu, model).latency + extra
                          for model in ABLATIONS}
+            if idle is not None and config.intra in idle:
+                predicted[IDLE_AWARE] = predict_idle(idle[config.intra], rate, config.c)
             cases.append(Case(config, k, rate, rho, predicted))
     return cases, skipped
 

@@ -15,6 +15,13 @@ round trip would understate the rate the slot turns over. From the profile,
 ``core/queueing`` predicts every configuration's mean latency (W plus the overhead) at every
 load and prints the best per load level (the reference table).
 
+Beyond SERF (``--idle-requests``, on by default with the server's service time): per thread
+count, each i once more with one request queued behind them (back-to-back service, no idle
+gap), and at c = 1 requests spaced by idle gaps of 2-50 ms. ``core/idle_queueing`` turns
+them into the idle-aware model, for a machine where a request that starts after its worker
+slept computes slower (this project's VM: ResNet-20 2.7 ms back to back, 4.7 ms after 10 ms
+asleep). It adds a few seconds; the report keeps its time apart (``idle_elapsed_s``).
+
 ``--exhaustive`` also measures what the model predicts: every configuration at every load
 level, each an open-loop Poisson run, and reports both searches' cost side by side.
 
@@ -31,13 +38,14 @@ parallelism and threads back as they were when it is done.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,7 @@ from parityserve.bench.loadgen import (
 from parityserve.bench.report import command_line, machine_info
 from parityserve.bench.stats import percentiles
 from parityserve.client import Client
+from parityserve.core.idle_queueing import Spaced, idle_inputs
 from parityserve.core.profiling import (
     SERVICE_TIMES,
     Cell,
@@ -108,6 +117,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "frontend measures it (dispatch to result), with the rest of the "
                            "round trip kept as overhead outside the queue; client: the whole "
                            "round trip. Server needs batches of one")
+    plan.add_argument("--idle-requests", type=int, default=20,
+                      help="beyond SERF: per thread count, also time each i with one more "
+                           "request queued (back-to-back service) and, at c = 1, this many "
+                           "requests after each idle gap in " + _gaps_text() + ", for the "
+                           "idle-aware model (core/idle_queueing); 0 skips it, and so does "
+                           "--service-time client (default 20)")
     plan.add_argument("--shape", help="one query's shape when the model declares none")
     plan.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     ex = p.add_argument_group("the exhaustive baseline")
@@ -153,6 +168,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.requests < 10:
         raise ConfigError(f"--requests must be at least 10 (got {args.requests}): a mean of "
                           "fewer is noise")
+    if args.idle_requests < 0:
+        raise ConfigError(f"--idle-requests must be 0 (skip) or more, got {args.idle_requests}")
     for name in ("warmup", "levels", "exhaustive_queries"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             raise ConfigError(f"--{name.replace('_', '-')} is too small: "
@@ -361,6 +378,10 @@ async def _searches(send: Send, client: Client, setup: _Setup,
               "levels": levels,
               "reference_table": [_row_doc(row, overheads(measurements)) for row in table],
               "command": command_line(), "machine": machine_info()}
+    if args.idle_requests and args.service_time == "server":  # it needs the slot times
+        idle_started = time.perf_counter()
+        report["idle"] = await _idle_profile(send, client, setup, measurements, args)
+        report["idle_elapsed_s"] = time.perf_counter() - idle_started
     if args.slo_p99_ms is not None:
         report["tail_aware"] = _tail_aware(measurements, levels, setup, args)
     if args.exhaustive:
@@ -392,6 +413,73 @@ async def _profile(send: Send, client: Client, setup: _Setup, args: argparse.Nam
     finally:
         _close(bar)
     return measurements, server_side, sent
+
+
+# Idle gaps the idle-aware profile times at c = 1: from a few round trips to the sparse
+# arrivals of a lightly loaded server, where the measured penalty levels off.
+IDLE_GAPS_S = (0.002, 0.005, 0.01, 0.02, 0.05)
+
+
+def _gaps_text() -> str:
+    return ", ".join(f"{g * 1e3:g}" for g in IDLE_GAPS_S) + " ms"
+
+
+async def _idle_profile(send: Send, client: Client, setup: _Setup,
+                        measurements: Sequence[Measurement], args: argparse.Namespace
+                        ) -> dict[str, Any]:
+    """Per thread count: the busy slot time of every profiled i (i + 1 in flight at c = i,
+    so a slot starts its next request as it frees) and, at c = 1, spaced runs (each request
+    sent a gap after the last answer). ``core/idle_queueing.idle_inputs`` turns them into
+    the idle-aware model's inputs; the raw means are kept beside them."""
+    intras = sorted({config.intra for config in setup.plan})
+    bar = _bar(args, len(setup.plan) + len(intras) * len(IDLE_GAPS_S), "idle profile")
+    doc: dict[str, Any] = {}
+    try:
+        for intra in intras:
+            busy = [await _busy_slot(send, client, setup.model, config, args, bar)
+                    for config in setup.plan if config.intra == intra]
+            apply_configuration(client, setup.model, Config(1, intra))
+            spaced = [await _spaced(send, client, setup.model, gap, args, bar)
+                      for gap in IDLE_GAPS_S]
+            closed = next(m for m in measurements if m.c == 1 and m.intra == intra)
+            inputs = idle_inputs(busy, closed.mean_s, closed.overhead_s, spaced)
+            doc[str(intra)] = {
+                "busy_slot_s": busy, "busy_rates": list(inputs.busy_rates),
+                "spaced": [asdict(run) for run in spaced], "overhead_s": inputs.overhead_s,
+                "slot_curve": asdict(inputs.slot_curve),
+                "overhead_curve": asdict(inputs.overhead_curve)}
+    finally:
+        _close(bar)
+    return doc
+
+
+async def _busy_slot(send: Send, client: Client, model: str, config: Config,
+                     args: argparse.Namespace, bar: Any) -> float:
+    apply_configuration(client, model, config)
+    await _closed(send, config.c + 1, args.warmup, args)
+    before = _server_totals(client, model)
+    await _closed(send, config.c + 1, args.idle_requests, args)
+    slot = _per_batch(before, _server_totals(client, model))["round_trip_mean_s"]
+    _advance(bar, f"busy i={config.c} intra={config.intra}")
+    if slot is None:
+        raise Unavailable(f"profiling {model!r}: no batches seen at c={config.c}")
+    return float(slot)
+
+
+async def _spaced(send: Send, client: Client, model: str, gap_s: float,
+                  args: argparse.Namespace, bar: Any) -> Spaced:
+    before = _server_totals(client, model)
+    latencies = []
+    for i in range(args.idle_requests):
+        await asyncio.sleep(gap_s)
+        sent = time.perf_counter()
+        await asyncio.wait_for(send(i), args.timeout)
+        latencies.append(time.perf_counter() - sent)
+    slot = _per_batch(before, _server_totals(client, model))["round_trip_mean_s"]
+    _advance(bar, f"idle gap {gap_s * 1e3:g} ms")
+    if slot is None:
+        raise Unavailable(f"profiling {model!r}: no batches seen after {gap_s * 1e3:g} ms gaps")
+    return Spaced(gap_s, float(slot), float(np.mean(latencies)))
 
 
 async def _closed(send: Send, c: int, requests: int, args: argparse.Namespace) -> LoadResult:
@@ -566,11 +654,23 @@ def render(report: dict[str, Any]) -> str:
               "   load /s   best (c, intra)   predicted mean ms"]
     lines += [f"{r['rate']:>10.1f}   ({r['best']['c']}, {r['best']['intra']}){'':>9} "
               f"{_ms(r['predicted_mean_s'])}" for r in report["reference_table"]]
+    if "idle" in report:
+        lines += ["", *_render_idle(report["idle"])]
     if "tail_aware" in report:
         lines += ["", *_render_tail(report["tail_aware"])]
     if "exhaustive" in report:
         lines += ["", *_render_costs(report["exhaustive"])]
     return "\n".join(lines)
+
+
+def _render_idle(idle: dict[str, Any]) -> list[str]:
+    lines = ["idle penalty (beyond SERF; core/idle_queueing): slot time back to back, and "
+             "after each idle gap at c = 1",
+             "  intra   busy ms   " + "   ".join(f"{g * 1e3:>4g} ms gap" for g in IDLE_GAPS_S)]
+    for intra, doc in idle.items():
+        cells = "   ".join(f"{run['slot_s'] * 1e3:>10.2f}" for run in doc["spaced"])
+        lines.append(f"  {intra:>5} {doc['busy_slot_s'][0] * 1e3:>9.2f}   {cells}")
+    return lines
 
 
 def _render_tail(tail: dict[str, Any]) -> list[str]:

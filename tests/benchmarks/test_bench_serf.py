@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from benchmarks.serf import _fingerprint, _route_suffix, build_parser
 from benchmarks.serf_analysis import (
     ABLATIONS,
+    IDLE_AWARE,
     argmin_verdicts,
     batch_means_halfwidth,
     build_cases,
@@ -17,9 +19,11 @@ from benchmarks.serf_analysis import (
     dynamic_verdicts,
     error_summary,
     fixed_policies,
+    idle_from_profile,
     lambda_max,
     phase_rates,
     phased_schedule,
+    predict_idle,
     relative_error,
 )
 from parityserve.core.queueing import Config, configurations
@@ -185,3 +189,34 @@ def test_phased_schedule_lead_in_comes_first_and_is_marked_unmeasured() -> None:
     assert np.all(lead < 5.0)
     assert np.all(times[phase == 0] >= 5.0) and np.all(times[phase == 1] >= 15.0)
     assert np.all(np.diff(times) >= 0)
+
+
+# The ``idle`` section of a profile, as ``parityserve profile`` writes it, for one thread:
+# back to back 2.5 ms (and 2.7 ms with two at once); +2 ms from 10 ms idle on.
+IDLE_SECTION = {"1": {"busy_rates": [400.0, 370.0], "overhead_s": 0.0005,
+                      "slot_curve": {"gaps_s": [0.0005, 0.01], "extra_s": [0.0002, 0.002]},
+                      "overhead_curve": {"gaps_s": [0.003, 0.02], "extra_s": [0.0, 0.0006]}}}
+
+
+def test_idle_aware_prediction_is_added_where_the_profile_measured_it() -> None:
+    idle = idle_from_profile(IDLE_SECTION)
+    assert idle is not None and idle_from_profile(None) is None and idle_from_profile({}) is None
+    cases, _ = build_cases(PROFILES, cores=2, oversubscribe=False, idle=idle)
+    with_idle = [c for c in cases if c.config.intra == 1]
+    assert with_idle and all(IDLE_AWARE in c.predicted_s for c in with_idle)
+    assert all(IDLE_AWARE not in c.predicted_s for c in cases if c.config.intra == 2)
+    # at the lowest level nearly every query starts on an idle slot: close to the whole
+    # penalty on top of back-to-back service, beyond Eq. 13's closed-loop prediction
+    low = min((c for c in with_idle if c.config == Config(1, 1)), key=lambda c: c.rate)
+    assert low.predicted_s[IDLE_AWARE] > low.predicted_s["md-interf"] + 0.001
+    assert predict_idle(idle[1], 1.0, 1) == pytest.approx(0.0025 + 0.002 + 0.0005 + 0.0006,
+                                                          rel=0.01)
+
+
+def test_route_and_idle_settings_go_in_the_keys_not_the_fingerprint() -> None:
+    """So the 2026-11-24 run (JSON route, no idle part) can still be reported with
+    ``--accuracy-route clipper-json --idle-requests 0``, beside a new run in the same file."""
+    new = build_parser().parse_args([])
+    old = build_parser().parse_args(["--accuracy-route", "clipper-json", "--idle-requests", "0"])
+    assert _fingerprint("resnet20", new) == _fingerprint("resnet20", old)
+    assert (_route_suffix(new), _route_suffix(old)) == ("-v2-binary", "")

@@ -41,7 +41,7 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
     out = tmp_path / "p.json"
     done = _cli("-c", str(config), "--model", "noop", *TINY, "--exhaustive", "--levels", "2",
                 "--exhaustive-queries", "20", "--slo-p99-ms", "1000", "--tail-queries", "300",
-                "-o", str(out))
+                "--idle-requests", "5", "-o", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     doc = ProfileDocument.from_dict(report)
@@ -67,6 +67,14 @@ def test_profile_from_a_yaml_with_the_exhaustive_baseline(tmp_path: Path) -> Non
         stable = [e["cores"] for e in row["candidates"] if e["p99_s"] is not None]
         assert len(row["candidates"]) == 3 and row["chosen"]["cores"] == min(stable)
     assert "tail-aware" in done.stdout
+    # beyond SERF: back-to-back slot times for every i, and spaced runs at c = 1, per intra
+    idle = report["idle"]
+    assert idle.keys() == {"1", "2"} and report["idle_elapsed_s"] > 0
+    assert [len(idle[k]["busy_slot_s"]) for k in ("1", "2")] == [2, 1]
+    assert [run["sleep_s"] for run in idle["1"]["spaced"]] == [0.002, 0.005, 0.01, 0.02, 0.05]
+    assert all(run["slot_s"] > 0 and run["client_s"] > run["slot_s"]
+               for run in idle["1"]["spaced"])
+    assert "idle penalty" in done.stdout
 
 
 def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None:
@@ -84,6 +92,7 @@ def test_profile_a_running_server_and_leave_it_as_it_was(tmp_path: Path) -> None
         assert [m.config for m in doc.measurements] == [Config(1, 1), Config(2, 1),
                                                         Config(1, 2)]
         assert doc.service_time == "client" and all(m.overhead_s == 0 for m in doc.measurements)
+        assert "idle" not in json.loads(out.read_text())  # it needs the server's slot times
         state = _noop(client)
         assert state["parallelism"] is None and state["threads"] == 1
         deadline = time.monotonic() + 10  # the replicas' heartbeats acknowledge it
@@ -106,6 +115,8 @@ def _noop(client: Client) -> dict[str, Any]:
      "--slo-p99-ms must be"),
     (["--url", "http://127.0.0.1:9", "--model", "noop", "--tail-queries", "10"],
      "--tail-queries must be at least 100"),
+    (["--url", "http://127.0.0.1:9", "--model", "noop", "--idle-requests", "-1"],
+     "--idle-requests must be 0"),
 ])
 def test_bad_arguments_are_clear_errors(args, message) -> None:
     done = _cli(*args, timeout_s=60)

@@ -12,7 +12,7 @@ departures do not stretch or shorten it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,3 +59,25 @@ def simulate_mean_latency(arrival_rate: float, service_rates: Sequence[float], *
     batch_means = kept[:usable].reshape(batches, -1).mean(axis=1)
     stderr = float(batch_means.std(ddof=1) / np.sqrt(batches))
     return SimulatedLatency(float(kept.mean()), stderr, len(kept))
+
+
+def fifo_latencies_idle(arrivals: np.ndarray, busy_times: Sequence[float],
+                        extra: Callable[[float], float]) -> np.ndarray:
+    """The same queue with idle penalties (core/idle_queueing.py): a request takes the
+    lowest-numbered free slot (the scheduler's pull order), and its service time is
+    ``busy_times[k-1]`` (k running at once, itself included) plus ``extra(gap)``, where gap
+    is how long that slot had been free when it started (0 straight after a departure; every
+    slot starts free since long ago)."""
+    c = len(busy_times)
+    free_at = [-1e9] * c  # when each slot last freed
+    latencies = np.empty(len(arrivals))
+    last_start = 0.0
+    for j, arrival in enumerate(arrivals.tolist()):
+        start = max(arrival, last_start, min(free_at))
+        slot = next(i for i in range(c) if free_at[i] <= start)
+        running = sum(1 for t in free_at if t > start)
+        departure = start + busy_times[running] + extra(start - free_at[slot])
+        free_at[slot] = departure
+        last_start = start
+        latencies[j] = departure - arrival
+    return latencies
