@@ -29,8 +29,10 @@ __all__ = [
     "FULL_LEVELS",
     "QUICK_LEVELS",
     "TARGETS",
+    "RHO_BANDS",
     "case_summary",
     "cold_plan",
+    "drift",
     "estimate_seconds",
     "fingerprint",
     "gap_summary",
@@ -50,6 +52,9 @@ CONFIGS: tuple[Config, ...] = (Config(1, 1), Config(2, 1), Config(1, 2), Config(
 FULL_LEVELS: tuple[int, ...] = (1, 3, 5, 7, 9)  # every other λ_k of serf's 10
 QUICK_LEVELS: tuple[int, ...] = (1, 5, 9)
 TARGETS: dict[str, float] = {"mean": 0.03, "p90": 0.08, "p95": 0.10}  # issue 18
+# Utilisation bands the summary is also split by: where near saturation a run's mean is
+# ruled by a few long busy periods, so no two runs agree, and below it they might.
+RHO_BANDS: tuple[tuple[float, float], ...] = ((0.0, 0.5), (0.5, 0.8), (0.8, 1.0))
 # Settings that do not change one measured run: which models, parts or repetitions an
 # invocation asks for, and the cold part's own settings (the key holds the case and the
 # repetition, so more repetitions or another subset extend a saved run file).
@@ -163,11 +168,17 @@ def case_summary(reps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def model_summary(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Over every case of a model: the oracle errors of all pairs and Eq. 13's errors
     against every repetition, each as mean, p90 and p95, with whether each meets the
-    issue's target."""
+    issue's target; and the same per utilisation band (ρ in (lo, hi])."""
     oracle = error_summary([e for case in cases for e in case["oracle_errors"]])
     eq13 = error_summary([e for case in cases for e in case["eq13_errors"]])
+    bands = []
+    for lo, hi in RHO_BANDS:
+        group = [case for case in cases if lo < float(case["rho"]) <= hi]
+        bands.append({"lo": lo, "hi": hi, "cases": len(group),
+                      "oracle": error_summary([e for c in group for e in c["oracle_errors"]]),
+                      "eq13": error_summary([e for c in group for e in c["eq13_errors"]])})
     return {"oracle": oracle, "eq13": eq13, "targets": dict(TARGETS),
-            "oracle_meets": meets(oracle), "eq13_meets": meets(eq13)}
+            "oracle_meets": meets(oracle), "eq13_meets": meets(eq13), "by_rho": bands}
 
 
 def meets(summary: Mapping[str, Any], targets: Mapping[str, float] = TARGETS
@@ -198,23 +209,44 @@ def cold_plan(gaps_ms: Sequence[float], calls_per_gap: int, per_visit: int,
     return plan
 
 
-def gap_summary(samples_s: Mapping[float, Sequence[float]],
-                slept_s: Mapping[float, Sequence[float]] | None = None
-                ) -> list[dict[str, Any]]:
-    """Per gap (ms, ascending): n, the median and mean time in ms, their ratios to the
-    smallest gap's (g = 0, back to back), and the mean time actually slept before."""
-    gaps = sorted(samples_s)
+def gap_summary(plan: Sequence[float], times_s: Sequence[float],
+                slept_s: Sequence[float] | None = None) -> list[dict[str, Any]]:
+    """Per gap (ms, ascending), from each call's gap, time and time slept before it (in
+    ``plan`` order): n, the median and mean time in ms, their ratios to the smallest gap's
+    (g = 0, back to back), and the mean time actually slept."""
+    slept = list(slept_s) if slept_s is not None else [math.nan] * len(plan)
     rows = []
-    for gap in gaps:
-        values = np.asarray(samples_s[gap], dtype=float) * 1e3
-        slept = np.asarray((slept_s or {}).get(gap, []), dtype=float) * 1e3
+    for gap in sorted(set(plan)):
+        picked = [i for i, g in enumerate(plan) if g == gap]
+        values = np.asarray([times_s[i] for i in picked], dtype=float) * 1e3
+        asleep = np.asarray([slept[i] for i in picked], dtype=float) * 1e3
         rows.append({"gap_ms": float(gap), "n": int(values.size),
-                     "median_ms": float(np.median(values)) if values.size else math.nan,
-                     "mean_ms": float(values.mean()) if values.size else math.nan,
-                     "slept_ms": float(slept.mean()) if slept.size else math.nan})
+                     "median_ms": float(np.median(values)),
+                     "mean_ms": float(values.mean()), "slept_ms": float(asleep.mean())})
     base = rows[0] if rows else {}
     for row in rows:
         for key in ("median", "mean"):
             ref = float(base[f"{key}_ms"])
             row[f"{key}_ratio"] = row[f"{key}_ms"] / ref if ref > 0 else math.nan
     return rows
+
+
+def drift(plan: Sequence[float], times_s: Sequence[float], gap: float = 0.0
+          ) -> dict[str, Any]:
+    """How the machine's own speed moves during a series: the median time (ms) of each visit
+    of ``gap`` (a run of consecutive calls after that gap, in ``plan`` order), and the
+    slowest visit over the fastest. Visits are seconds apart, so this is drift, not the
+    wake-up cost."""
+    medians: list[float] = []
+    block: list[float] = []
+    for i, (g, t) in enumerate(zip(plan, times_s, strict=True)):
+        if g == gap:
+            block.append(t)
+        if block and (g != gap or i == len(plan) - 1):
+            medians.append(float(np.median(block)) * 1e3)
+            block = []
+    if not medians:
+        return {"visits": 0, "visit_medians_ms": [], "min_ms": math.nan,
+                "max_ms": math.nan, "max_over_min": math.nan}
+    return {"visits": len(medians), "visit_medians_ms": medians, "min_ms": min(medians),
+            "max_ms": max(medians), "max_over_min": max(medians) / min(medians)}

@@ -17,6 +17,7 @@ from benchmarks.serf_noise_analysis import (
     TARGETS,
     case_summary,
     cold_plan,
+    drift,
     estimate_seconds,
     fingerprint,
     gap_summary,
@@ -192,9 +193,10 @@ def test_cold_plan_visits_every_gap_each_round_in_shuffled_order() -> None:
 
 
 def test_gap_summary_ratios_are_to_back_to_back() -> None:
-    samples = {10.0: [0.004, 0.005, 0.006], 0.0: [0.002, 0.002, 0.003]}
-    slept = {10.0: [0.0101] * 3, 0.0: [0.0] * 3}
-    rows = gap_summary(samples, slept)
+    plan = [10.0, 0.0, 10.0, 0.0, 0.0, 10.0]
+    times = [0.004, 0.002, 0.005, 0.002, 0.003, 0.006]
+    slept = [0.0101, 0.0, 0.0101, 0.0, 0.0, 0.0101]
+    rows = gap_summary(plan, times, slept)
     assert [r["gap_ms"] for r in rows] == [0.0, 10.0]
     assert rows[0]["median_ms"] == pytest.approx(2.0)
     assert rows[1]["median_ms"] == pytest.approx(5.0)
@@ -203,3 +205,30 @@ def test_gap_summary_ratios_are_to_back_to_back() -> None:
     assert rows[0]["median_ratio"] == pytest.approx(1.0)
     assert rows[1]["slept_ms"] == pytest.approx(10.1)
     assert rows[0]["n"] == 3
+
+
+def test_drift_is_per_visit_of_the_gap() -> None:
+    # visits of gap 0: [2, 2] ms, then [3, 3, 4] ms, then [2.5] ms at the very end
+    plan = [0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 5.0, 5.0, 0.0]
+    times = [0.002, 0.002, 0.009, 0.003, 0.003, 0.004, 0.009, 0.009, 0.0025]
+    moved = drift(plan, times)
+    assert moved["visits"] == 3
+    assert moved["visit_medians_ms"] == pytest.approx([2.0, 3.0, 2.5])
+    assert moved["max_over_min"] == pytest.approx(1.5)
+    assert drift(plan, times, gap=5.0)["visit_medians_ms"] == pytest.approx([9.0, 9.0])
+    assert drift([5.0], [0.009])["visits"] == 0
+
+
+def test_model_summary_splits_by_utilisation() -> None:
+    def case(rho: float, means: tuple[float, float]) -> dict[str, object]:
+        rows = [{**_row(m, r), "rho": rho} for r, m in enumerate(means)]
+        return case_summary(rows)
+
+    cases = [case(0.2, (5.0, 5.0)), case(0.6, (8.0, 10.0)), case(0.9, (40.0, 80.0))]
+    bands = model_summary(cases)["by_rho"]
+    assert [(b["lo"], b["hi"], b["cases"]) for b in bands] == [
+        (0.0, 0.5, 1), (0.5, 0.8, 1), (0.8, 1.0, 1)]
+    assert bands[0]["oracle"]["mean"] == 0.0
+    assert bands[1]["oracle"]["mean"] == pytest.approx((0.2 + 0.25) / 2)
+    assert bands[2]["oracle"]["mean"] == pytest.approx((0.5 + 1.0) / 2)
+    assert bands[2]["eq13"]["n"] == 2
