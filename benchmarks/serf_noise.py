@@ -19,11 +19,14 @@ impossible. Two measurements say how far a prediction can get here at all:
    loop profile only ever sees g = 0.
 
 Time on this machine (2 cores): ``--quick`` (ResNet-20, 2 repetitions of 400 queries, 3
-levels, 20 cold calls per gap) took 3.6 min. The full run is estimated from it at about
-35-40 min: ResNet-20 about 11 min and ResNet-56 about 25 min (3 repetitions of 2,000
-queries; the lowest load level, 2,000 queries at λ_1, dominates), plus about 1 min of
-profiles and cold calls. ``--models resnet20`` alone, then ``--resume --models resnet56``,
-splits it.
+levels, 20 cold calls per gap) took 1.7 and 2.9 min; each run costs its queries at λ plus
+0.34 s. The full run is estimated from that at about 40 min: ResNet-20 about 10 min and
+ResNet-56 about 28 min (3 repetitions of 2,000 queries; the lowest level, 2,000 queries at
+λ_1, dominates), plus about 2 min of server starts, profiles and cold calls. That is with
+profiles like the committed serf run's. The profile sets the rates, so one taken while the
+machine is slow (lower λ_max) makes every run longer: the first quick run's profile would
+make ResNet-20 alone 26 min. The estimate printed after each profile says how long that
+model will take; ``--models resnet20``, then ``--resume`` with both, splits the run.
 """
 
 from __future__ import annotations
@@ -478,6 +481,7 @@ def _plot_cold(cold: dict[str, Any], path: Path) -> None:
                 linestyle="--", linewidth=0.8, label=f"{name} mean")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=0.5)
+    ax.set_xlim(0.0, 1.3 * max(cold["gaps_ms"]))
     ax.set(xlabel="idle gap before the call (ms)", ylabel="time per call ÷ back-to-back",
            title="The cost of waking up: one call after an idle gap")
     ax.legend(fontsize="x-small")
