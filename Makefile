@@ -9,8 +9,9 @@ PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
-	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf bench-parity_curve \
-	bench-berrut_group_wait bench-ray_cluster bench-hams check-plain-install fuzz clean venv
+	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf bench-serf_noise \
+	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams check-plain-install \
+	fuzz clean venv
 
 venv: $(STAMP)
 
@@ -54,8 +55,8 @@ bench-overhead: $(BENCH_STAMP)
 	$(BIN)/parityserve bench overhead $(ARGS)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
-BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf parity_curve \
-	berrut_group_wait ray_cluster hams
+BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf serf_noise \
+	parity_curve berrut_group_wait ray_cluster hams
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 

@@ -68,7 +68,8 @@ from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.core.queueing import Config, configurations
 
-__all__ = ["MODELS", "add_arguments", "build_parser", "main", "run", "serving_config"]
+__all__ = ["MODELS", "add_arguments", "add_profile_arguments", "build_parser", "kept_latencies",
+           "main", "profile_cases", "run", "serving_config"]
 
 MODELS: dict[str, dict[str, Any]] = {
     "resnet20": {"source": "zoo:resnet20", "dataset": "cifar10"},
@@ -97,23 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tail-aware controller against queue-length at a p99 SLO)")
     p.add_argument("--queries", type=int, default=2000,
                    help="queries per accuracy case (the issue asks for at least 2,000)")
-    p.add_argument("--profile-requests", type=int, default=50,
-                   help="timed requests per profiled (i, intra) tuple (at least 10)")
-    p.add_argument("--idle-requests", type=int, default=20,
-                   help="the profiler's idle part (beyond SERF: back-to-back service and "
-                        "the penalty after idle gaps, for the idle-aware model); 0 skips "
-                        "it, as the 2026-11-24 run did")
-    p.add_argument("--accuracy-route", choices=ROUTES, default="v2-binary",
-                   help="how the accuracy cases send queries: v2-binary (default), the "
-                        "route the profiler times, so the overhead it measured is the one "
-                        "the run pays; or clipper-json (/serf/predict, JSON), the route of "
-                        "the 2026-11-24 run and of the dynamic and tail parts")
     p.add_argument("--levels", type=int, default=10, help="load levels λ_k, k = 1..levels")
-    p.add_argument("--oversubscribe", action=argparse.BooleanOptionalAction, default=True,
-                   help="also c·intra > cores (c up to --max-c): a labelled extension that "
-                        "shows interference clearly on 2 cores")
-    p.add_argument("--max-c", type=int, default=4, help="most requests at once profiled")
-    p.add_argument("--intra", default="1,2", help="intra-op thread counts profiled")
+    add_profile_arguments(p)
     p.add_argument("--phase-seconds", type=float, default=30.0,
                    help="length of each dynamic-load phase")
     p.add_argument("--dynamic-repeats", type=int, default=2,
@@ -140,6 +126,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where results and the resumable run files go (a --quick run: "
                         "serf-quick beside it)")
     p.set_defaults(func=run)
+
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the profiling step, of the configurations it spans and of the route
+    measured cases take (``_profile`` and ``_accuracy_run`` read them;
+    ``benchmarks.serf_noise`` profiles and measures the same way)."""
+    p.add_argument("--profile-requests", type=int, default=50,
+                   help="timed requests per profiled (i, intra) tuple (at least 10)")
+    p.add_argument("--oversubscribe", action=argparse.BooleanOptionalAction, default=True,
+                   help="also c·intra > cores (c up to --max-c): a labelled extension that "
+                        "shows interference clearly on 2 cores")
+    p.add_argument("--max-c", type=int, default=4, help="most requests at once profiled")
+    p.add_argument("--intra", default="1,2", help="intra-op thread counts profiled")
+    p.add_argument("--idle-requests", type=int, default=20,
+                   help="the profiler's idle part (beyond SERF: back-to-back service and "
+                        "the penalty after idle gaps, for the idle-aware model); 0 skips "
+                        "it, as the 2026-11-24 run did")
+    p.add_argument("--accuracy-route", choices=ROUTES, default="v2-binary",
+                   help="how the accuracy cases send queries: v2-binary (default), the "
+                        "route the profiler times, so the overhead it measured is the one "
+                        "the run pays; or clipper-json (/serf/predict, JSON), the route of "
+                        "the 2026-11-24 run and of the dynamic and tail parts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,13 +232,7 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
     with ServerProcess(config, data_dir=data_dir) as server:
         profile = _profile(server.url, name, args, saved)
         report["profile"] = profile
-        profiles = {int(k): v for k, v in profile["rates"].items()}
-        cores = int(profile["cores"])
-        overhead = {Config(int(m["c"]), int(m["intra"])): float(m.get("overhead_s", 0.0))
-                    for m in profile["measurements"]}
-        cases, skipped = build_cases(profiles, cores=cores, oversubscribe=args.oversubscribe,
-                                     levels=args.levels, overhead=overhead,
-                                     idle=idle_from_profile(profile.get("idle")))
+        profiles, cores, cases, skipped = profile_cases(profile, args)
         report["skipped"] = skipped
         if "accuracy" in parts:
             report["idle"] = _idle_penalty(server.url, profile, bodies, args, saved)
@@ -244,6 +246,21 @@ def _bench_model(name: str, args: argparse.Namespace, data_dir: Path) -> dict[st
                                        _phase_rates(profiles, cores, args), bodies, args,
                                        saved)
     return report
+
+
+def profile_cases(profile: dict[str, Any], args: argparse.Namespace
+                  ) -> tuple[dict[int, list[float]], int, list[Case], list[dict[str, Any]]]:
+    """From a saved profile: the rates per intra, the cores, and the accuracy cases at
+    ``args.levels`` load levels with the skipped ones (each prediction plus the profiled
+    overhead outside the queue, and the idle-aware one where the profile has its part)."""
+    profiles = {int(k): v for k, v in profile["rates"].items()}
+    cores = int(profile["cores"])
+    overhead = {Config(int(m["c"]), int(m["intra"])): float(m.get("overhead_s", 0.0))
+                for m in profile["measurements"]}
+    cases, skipped = build_cases(profiles, cores=cores, oversubscribe=args.oversubscribe,
+                                 levels=args.levels, overhead=overhead,
+                                 idle=idle_from_profile(profile.get("idle")))
+    return profiles, cores, cases, skipped
 
 
 def _inputs(dataset: str, data_dir: Path) -> np.ndarray:
@@ -393,10 +410,14 @@ def _idle_penalty(url: str, profile: dict[str, Any], bodies: list[bytes],
     return row
 
 
-def _case_row(case: Case, result: Any, wall_s: float) -> dict[str, Any]:
+def kept_latencies(result: Any) -> np.ndarray:
+    """A measured run's successful latencies (s) after dropping its first ``DROP_FRACTION``."""
     keep = int(result.n * DROP_FRACTION)
-    ok = result.ok[keep:]
-    lat = result.latencies_s[keep:][ok]
+    return np.asarray(result.latencies_s[keep:][result.ok[keep:]])
+
+
+def _case_row(case: Case, result: Any, wall_s: float) -> dict[str, Any]:
+    lat = kept_latencies(result)
     measured_ms = float(lat.mean() * 1e3) if lat.size else math.nan
     row: dict[str, Any] = {
         "config": f"c={case.config.c},intra={case.config.intra}", "c": case.config.c,
