@@ -220,3 +220,27 @@ def test_route_and_idle_settings_go_in_the_keys_not_the_fingerprint() -> None:
     old = build_parser().parse_args(["--accuracy-route", "clipper-json", "--idle-requests", "0"])
     assert _fingerprint("resnet20", new) == _fingerprint("resnet20", old)
     assert (_route_suffix(new), _route_suffix(old)) == ("-v2-binary", "")
+
+
+def test_case_row_keeps_the_generators_own_lateness_apart() -> None:
+    from collections import Counter
+
+    from benchmarks.serf import _case_row
+    from benchmarks.serf_analysis import Case
+    from parityserve.bench.loadgen import LoadResult
+
+    n = 100  # the first 10 are dropped; query 50 failed and is not counted
+    ok = np.ones(n, dtype=bool)
+    ok[50] = False
+    result = LoadResult(latencies_s=np.full(n, 0.010), ok=ok, results=[None] * n,
+                        errors=Counter({"HTTP 503": 1}), offered_rate=10.0, duration_s=10.0,
+                        send_lag_s=np.full(n, 0.002))
+    case = Case(Config(1, 1), 1, 10.0, 0.1, {"md-interf": 0.008, IDLE_AWARE: 0.010})
+    row = _case_row(case, result, 1.0)
+    assert row["n"] == 89 and row["errors"] == 1
+    assert row["measured_ms"] == pytest.approx(10.0)
+    assert row["send_lag_mean_ms"] == pytest.approx(2.0)
+    assert row["from_send_ms"] == pytest.approx(8.0)
+    assert row["md-interf_error"] == pytest.approx(0.2)
+    assert row["md-interf_error_from_send"] == pytest.approx(0.0)
+    assert row[f"{IDLE_AWARE}_error_from_send"] == pytest.approx(0.25)
