@@ -181,8 +181,12 @@ def model_summary(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         group = [case for case in cases if lo < float(case["rho"]) <= hi]
         bands.append({"lo": lo, "hi": hi, "cases": len(group),
                       "oracle": error_summary([e for c in group for e in c["oracle_errors"]]),
-                      "eq13": error_summary([e for c in group for e in c["eq13_errors"]])})
-    idle = ({"idle": error_summary([e for case in cases for e in case["idle_errors"]])}
+                      "eq13": error_summary([e for c in group for e in c["eq13_errors"]]),
+                      **({"idle": error_summary([e for c in group for e in c["idle_errors"]])}
+                         if all("idle_errors" in c for c in group) else {})})
+    idle = ({"idle": error_summary([e for case in cases for e in case["idle_errors"]]),
+             "idle_unstable": sum(1 for case in cases for e in case["idle_errors"]
+                                  if math.isinf(e))}
             if cases and all("idle_errors" in case for case in cases) else {})
     return {"oracle": oracle, "eq13": eq13, **idle, "targets": dict(TARGETS),
             "oracle_meets": meets(oracle), "eq13_meets": meets(eq13), "by_rho": bands}

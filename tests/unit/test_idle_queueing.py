@@ -106,6 +106,8 @@ def test_penalty_moves_the_prediction_where_eq13_cannot() -> None:
     sparse = predict_idle_aware(1.0, [mu], MEASURED_LIKE)
     assert sparse.latency == pytest.approx(BUSY_S + 0.002, rel=0.01)
     assert sparse.idle_start == pytest.approx(1.0, abs=0.01)
+    assert sparse.slot_extra == pytest.approx(0.002, rel=0.02)  # gaps of about a second
+    assert sparse.queue_latency == pytest.approx(sparse.latency - sparse.overhead)
     busy = predict_idle_aware(0.95 * mu, [mu], MEASURED_LIKE)
     assert busy.idle_start < 0.05
 

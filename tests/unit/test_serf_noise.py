@@ -232,3 +232,17 @@ def test_model_summary_splits_by_utilisation() -> None:
     assert bands[1]["oracle"]["mean"] == pytest.approx((0.2 + 0.25) / 2)
     assert bands[2]["oracle"]["mean"] == pytest.approx((0.5 + 1.0) / 2)
     assert bands[2]["eq13"]["n"] == 2
+
+
+def test_idle_aware_errors_sit_beside_eq13_and_unbounded_predictions_are_counted() -> None:
+    def with_idle(measured: float, rep: int, idle_ms: float) -> dict[str, object]:
+        return {**_row(measured, rep), "md-interf-idle_ms": idle_ms}
+
+    fitted = case_summary([with_idle(5.0, 0, 4.5), with_idle(4.0, 1, 4.5)])
+    assert fitted["idle_errors"] == pytest.approx([0.1, 0.125])
+    unbounded = case_summary([with_idle(5.0, 0, math.inf), with_idle(4.0, 1, math.inf)])
+    summary = model_summary([fitted, unbounded])
+    assert summary["idle"]["n"] == 2 and summary["idle_unstable"] == 2
+    assert summary["idle"]["mean"] == pytest.approx(0.1125)
+    assert summary["by_rho"][0]["idle"]["n"] == 2  # both are at ρ = 0.5
+    assert "idle" not in model_summary([case_summary([_row(5.0, 0), _row(4.0, 1)])])
