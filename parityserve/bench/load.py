@@ -432,9 +432,11 @@ def v2_target(url: str, model: str, *, protocol: str = "http-binary", shape: str
     profiler) that drive their own loops."""
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
-    argv = [url, "--model", model, "--protocol", protocol, "--timeout", str(timeout_s)]
-    argv += ["--shape", shape] if shape else []
-    argv += ["--token", token] if token else []
+    # "--flag=value": a value may begin with "-" (a urlsafe token does, one time in 64),
+    # which argparse would take for an option if it came as the next word.
+    argv = [url, f"--model={model}", f"--protocol={protocol}", f"--timeout={timeout_s}"]
+    argv += [f"--shape={shape}"] if shape else []
+    argv += [f"--token={token}"] if token else []
     return _target(parser.parse_args(argv))
 
 

@@ -258,3 +258,13 @@ def test_sample_rules_and_spread() -> None:
     assert stats.median_and_spread(v for v in (5.0,)) == (5.0, 5.0, 5.0)
     with pytest.raises(ValueError):
         stats.median_and_spread([])
+
+
+@pytest.mark.parametrize("token", ["-starts-with-a-dash", "plain", "--looks-like-a-flag"])
+def test_v2_target_takes_any_token_and_shape(token: str) -> None:
+    """A urlsafe admin token begins with "-" one time in 64; argparse must not read it as an
+    option (it did, and the profiler failed with 'expected one argument')."""
+    from parityserve.bench.load import v2_target
+
+    target = v2_target("http://127.0.0.1:9", "-model", token=token, shape="-1,4")
+    assert (target.args.token, target.args.model, target.args.shape) == (token, "-model", "-1,4")
