@@ -19,8 +19,9 @@ Beyond SERF (``--idle-requests``, on by default with the server's service time):
 count, each i once more with one request queued behind them (back-to-back service, no idle
 gap), and at c = 1 requests spaced by idle gaps of 2-50 ms. ``core/idle_queueing`` turns
 them into the idle-aware model, for a machine where a request that starts after its worker
-slept computes slower (this project's VM: ResNet-20 2.7 ms back to back, 4.7 ms after 10 ms
-asleep). It adds a few seconds; the report keeps its time apart (``idle_elapsed_s``).
+slept computes slower (this project's VM: a ResNet-20 call 1.2-1.3x its back-to-back time
+after 5-50 ms asleep, ``benchmarks/results/serf-noise``). It adds a few seconds; the report
+keeps its time apart (``idle_elapsed_s``).
 
 ``--exhaustive`` also measures what the model predicts: every configuration at every load
 level, each an open-loop Poisson run, and reports both searches' cost side by side.
@@ -458,7 +459,11 @@ async def _busy_slot(send: Send, client: Client, model: str, config: Config,
     apply_configuration(client, model, config)
     await _closed(send, config.c + 1, args.warmup, args)
     before = _server_totals(client, model)
-    await _closed(send, config.c + 1, args.idle_requests, args)
+    timed = await _closed(send, config.c + 1, args.idle_requests, args)
+    if not timed.ok.all():  # a failure has no service time; leaving it out would flatter
+        raise Unavailable(f"profiling {model!r}: {int((~timed.ok).sum())} of "
+                          f"{timed.ok.size} back-to-back requests failed at c={config.c}, "
+                          f"intra={config.intra} ({dict(timed.errors)})")
     slot = _per_batch(before, _server_totals(client, model))["round_trip_mean_s"]
     _advance(bar, f"busy i={config.c} intra={config.intra}")
     if slot is None:
@@ -473,7 +478,11 @@ async def _spaced(send: Send, client: Client, model: str, gap_s: float,
     for i in range(args.idle_requests):
         await asyncio.sleep(gap_s)
         sent = time.perf_counter()
-        await asyncio.wait_for(send(i), args.timeout)
+        try:
+            await asyncio.wait_for(send(i), args.timeout)
+        except Exception as exc:  # say which part failed, not a traceback from the sender
+            raise Unavailable(f"profiling {model!r}: a request after a {gap_s * 1e3:g} ms "
+                              f"idle gap failed: {type(exc).__name__}: {exc}") from exc
         latencies.append(time.perf_counter() - sent)
     slot = _per_batch(before, _server_totals(client, model))["round_trip_mean_s"]
     _advance(bar, f"idle gap {gap_s * 1e3:g} ms")

@@ -2,12 +2,13 @@
 been idle computes slower than one that follows another back to back. Our extension, beside
 the paper's Eq. 13 (``core/queueing``), never instead of it.
 
-Why it exists: on this project's 2-core VM a ResNet-20 forward pass takes about 2.7 ms when
-calls follow each other and about 4.7 ms after 10 ms of sleep, in one process with no server
-involved (``benchmarks/serf_noise.py``, part ``cold``). SERF profiles μ_i in a closed loop,
-where a server is never idle for long; sparse open-loop arrivals mostly find it idle. Eq. 13
-then under-predicts at low load, while under sustained load (back-to-back service) the
-closed-loop profile over-predicts. The model below takes both from measurements:
+Why it exists: on this project's 2-core VM the median ResNet-20 forward pass took 2.64 ms
+when calls followed each other and 3.2-3.4 ms (1.21-1.27x) after 5-50 ms of sleep, in one
+process with no server involved (``python -m benchmarks.serf_noise``, part ``cold``). SERF
+profiles μ_i in a closed loop, where a server is never idle for long; sparse open-loop arrivals
+mostly find it idle. Eq. 13 then under-predicts at low load, while under sustained load
+(back-to-back service) the closed-loop profile over-predicts. The model below takes both from
+measurements:
 
 * ``busy_rates``: μ_i^busy, the per-request rate with i running and one more queued, so
   each slot starts its next request as soon as it frees (no idle gap).
