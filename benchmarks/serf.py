@@ -56,11 +56,12 @@ from benchmarks.serf_analysis import (
     relative_error,
 )
 from parityserve.bench.loadgen import (
+    LoadResult,
     encode_bodies,
     json_open_loop,
     poisson_schedule,
     run_event_loop,
-    run_open_loop,
+    warm_open_loops,
 )
 from parityserve.bench.report import command_line, markdown_table, write_results
 from parityserve.bench.run_file import RunFile
@@ -360,22 +361,20 @@ def _route_suffix(args: argparse.Namespace) -> str:
 
 
 def _accuracy_run(url: str, bodies: list[bytes], schedule: np.ndarray, label: str,
-                  args: argparse.Namespace) -> Any:
+                  args: argparse.Namespace) -> LoadResult:
     """One open-loop run of the accuracy part on ``--accuracy-route``, after ``WARMUP``."""
     if args.accuracy_route == "clipper-json":
         (result,) = _open_loop(url, bodies, [schedule], label)
         return result
     from parityserve.bench.load import v2_target
 
-    async def go() -> Any:
+    async def go() -> list[LoadResult]:
         async with v2_target(url, MODEL_NAME, protocol="http-binary", timeout_s=120) as send:
-            for i in range(WARMUP):
-                await send(i)
-            return await run_open_loop(send, schedule, progress=label, max_in_flight=10_000,
-                                       timeout_s=120,
-                                       rate_qps=schedule.size / max(float(schedule[-1]), 1e-9))
+            return await warm_open_loops(send, [schedule], warmup=WARMUP, timeout_s=120,
+                                         progress=label)
 
-    return run_event_loop(go())
+    (result,) = run_event_loop(go())
+    return result
 
 
 IDLE_RATE, IDLE_QUERIES = 10.0, 150  # about 15 s of sparse arrivals: nothing ever queues

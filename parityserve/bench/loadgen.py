@@ -37,6 +37,7 @@ __all__ = [
     "run_at_rates",
     "run_event_loop",
     "run_open_loop",
+    "warm_open_loops",
 ]
 
 Send = Callable[[int], Awaitable[Any]]
@@ -452,12 +453,20 @@ def json_open_loop(url: str, path: str, bodies: Sequence[bytes], schedules: Sequ
     run's offered rate is its schedule's own."""
     async def go() -> list[LoadResult]:
         async with HttpSender(url, limit=limit) as http:
-            send = json_sender(http, path, bodies)
-            for i in range(warmup):
-                await send(i)
-            return [await run_open_loop(send, schedule, progress=progress,
-                                        rate_qps=schedule.size / max(float(schedule[-1]), 1e-9),
-                                        max_in_flight=10_000, timeout_s=timeout_s)
-                    for schedule in schedules]
+            return await warm_open_loops(json_sender(http, path, bodies), schedules,
+                                         warmup=warmup, timeout_s=timeout_s, progress=progress)
 
     return run_event_loop(go())
+
+
+async def warm_open_loops(send: Send, schedules: Sequence[np.ndarray], *, warmup: int,
+                          timeout_s: float = 60.0, progress: bool | str = False
+                          ) -> list[LoadResult]:
+    """``warmup`` queries one after another (answers discarded), then one open-loop run per
+    schedule, back to back on ``send``; each run's offered rate is its schedule's own."""
+    for i in range(warmup):
+        await send(i)
+    return [await run_open_loop(send, schedule, progress=progress,
+                                rate_qps=schedule.size / max(float(schedule[-1]), 1e-9),
+                                max_in_flight=10_000, timeout_s=timeout_s)
+            for schedule in schedules]

@@ -27,7 +27,7 @@ def test_public_names() -> None:
     assert sorted(loadgen.__all__) == [
         "HttpSender", "HttpStatusError", "LoadResult", "Send", "encode_bodies", "error_kind",
         "json_open_loop", "json_sender", "poisson_schedule", "run_at_rates", "run_event_loop",
-        "run_open_loop",
+        "run_open_loop", "warm_open_loops",
     ]
     assert sorted(stats.__all__) == [
         "PERCENTILES", "enough_samples", "median_and_spread", "min_samples", "percentiles",
