@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from parityserve.core.idle_queueing import IdleCurve, IdleInputs, predict_idle_aware
+from parityserve.core.idle_queueing import IdleInputs, predict_idle_aware
 from parityserve.core.profiling import load_levels
 from parityserve.core.queueing import (
     Config,
@@ -89,12 +89,7 @@ def idle_from_profile(idle: Mapping[str, Any] | None) -> dict[int, IdleInputs] |
     ``parityserve profile``), or None when the profile has none."""
     if not idle:
         return None
-    return {int(intra): IdleInputs(
-        tuple(float(r) for r in doc["busy_rates"]),
-        IdleCurve(tuple(doc["slot_curve"]["gaps_s"]), tuple(doc["slot_curve"]["extra_s"])),
-        IdleCurve(tuple(doc["overhead_curve"]["gaps_s"]),
-                  tuple(doc["overhead_curve"]["extra_s"])),
-        float(doc["overhead_s"])) for intra, doc in idle.items()}
+    return {int(intra): IdleInputs.from_dict(doc) for intra, doc in idle.items()}
 
 
 def predict_idle(inputs: IdleInputs, rate: float, c: int) -> float:

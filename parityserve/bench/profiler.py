@@ -444,11 +444,8 @@ async def _idle_profile(send: Send, client: Client, setup: _Setup,
                       for gap in IDLE_GAPS_S]
             closed = next(m for m in measurements if m.c == 1 and m.intra == intra)
             inputs = idle_inputs(busy, closed.mean_s, closed.overhead_s, spaced)
-            doc[str(intra)] = {
-                "busy_slot_s": busy, "busy_rates": list(inputs.busy_rates),
-                "spaced": [asdict(run) for run in spaced], "overhead_s": inputs.overhead_s,
-                "slot_curve": asdict(inputs.slot_curve),
-                "overhead_curve": asdict(inputs.overhead_curve)}
+            doc[str(intra)] = {"busy_slot_s": busy, "spaced": [asdict(run) for run in spaced],
+                               **inputs.to_dict()}
     finally:
         _close(bar)
     return doc

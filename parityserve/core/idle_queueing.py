@@ -37,8 +37,9 @@ Pure arithmetic: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from parityserve.core.queueing import Prediction, predict_latency
 
@@ -215,6 +216,21 @@ class IdleInputs:
     slot_curve: IdleCurve
     overhead_curve: IdleCurve
     overhead_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form a profile's ``idle`` section keeps per intra (``from_dict`` reads
+        it back; the profiler adds its raw measurements beside these keys)."""
+        return {"busy_rates": list(self.busy_rates), "overhead_s": self.overhead_s,
+                "slot_curve": asdict(self.slot_curve),
+                "overhead_curve": asdict(self.overhead_curve)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> IdleInputs:
+        def curve(part: Mapping[str, Any]) -> IdleCurve:
+            return IdleCurve(tuple(part["gaps_s"]), tuple(part["extra_s"]))
+
+        return cls(tuple(float(r) for r in doc["busy_rates"]), curve(doc["slot_curve"]),
+                   curve(doc["overhead_curve"]), float(doc["overhead_s"]))
 
 
 def idle_inputs(busy_slot_s: Sequence[float], closed_slot_s: float, closed_overhead_s: float,

@@ -14,7 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parityserve.core.idle_queueing import IdleCurve, Spaced, idle_inputs, predict_idle_aware
+from parityserve.core.idle_queueing import (
+    IdleCurve,
+    IdleInputs,
+    Spaced,
+    idle_inputs,
+    predict_idle_aware,
+)
 from parityserve.core.queueing import predict_latency
 from tests.unit.queue_des import fifo_latencies_idle
 
@@ -146,3 +152,8 @@ def test_inputs_drop_points_whose_gap_does_not_grow() -> None:
     assert len(got.slot_curve.gaps_s) == 2  # the closed loop's point and the first 10 ms run
     with pytest.raises(ValueError, match="busy slot"):
         idle_inputs([], 0.003, 0.0005, spaced)
+
+
+def test_inputs_round_trip_through_their_json_form() -> None:
+    got = idle_inputs([0.0027, 0.0030], 0.0030, 0.0005, [Spaced(0.005, 0.0040, 0.0047)])
+    assert IdleInputs.from_dict(got.to_dict()) == got
