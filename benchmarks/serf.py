@@ -412,14 +412,17 @@ def _idle_penalty(url: str, profile: dict[str, Any], bodies: list[bytes],
 
 def kept_latencies(result: Any) -> np.ndarray:
     """A measured run's successful latencies (s) after dropping its first ``DROP_FRACTION``."""
-    keep = int(result.n * DROP_FRACTION)
-    return np.asarray(result.latencies_s[keep:][result.ok[keep:]])
+    return _kept(result, result.latencies_s)
 
 
 def kept_send_lags(result: Any) -> np.ndarray:
     """The same queries' send lags (s): how late the generator itself started each send."""
+    return _kept(result, result.send_lag_s)
+
+
+def _kept(result: Any, per_query: np.ndarray) -> np.ndarray:
     keep = int(result.n * DROP_FRACTION)
-    return np.asarray(result.send_lag_s[keep:][result.ok[keep:]])
+    return np.asarray(per_query[keep:][result.ok[keep:]])
 
 
 def _case_row(case: Case, result: Any, wall_s: float) -> dict[str, Any]:

@@ -74,10 +74,14 @@ class IdleCurve:
         """No penalty at any gap."""
         return cls((1.0,), (0.0,))
 
+    def _pieces(self) -> list[tuple[float, float, float, float]]:
+        """(a, Δ(a), b, Δ(b)) of each linear piece, from (0, 0) to the last measured point."""
+        knots = ((0.0, 0.0), *zip(self.gaps_s, self.extra_s, strict=True))
+        return [(a, da, b, db) for (a, da), (b, db) in zip(knots, knots[1:], strict=False)]
+
     def at(self, gap_s: float) -> float:
         """Δ(gap) by the rule above."""
-        knots = ((0.0, 0.0), *zip(self.gaps_s, self.extra_s, strict=True))
-        for (a, da), (b, db) in zip(knots, knots[1:], strict=False):
+        for a, da, b, db in self._pieces():
             if gap_s <= b:
                 return da + (db - da) * (max(gap_s, a) - a) / (b - a)
         return self.extra_s[-1]
@@ -90,8 +94,7 @@ class IdleCurve:
         if rate == 0:
             return self.extra_s[-1], self.extra_s[-1] ** 2
         first = second = 0.0
-        knots = ((0.0, 0.0), *zip(self.gaps_s, self.extra_s, strict=True))
-        for (a, da), (b, db) in zip(knots, knots[1:], strict=False):
+        for a, da, b, db in self._pieces():
             slope = (db - da) / (b - a)
             alpha = da - slope * a  # Δ(g) = alpha + slope·g on [a, b]
             p, m1, m2 = _exp_piece(rate, a, b)
