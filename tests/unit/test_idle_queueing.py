@@ -157,3 +157,10 @@ def test_inputs_drop_points_whose_gap_does_not_grow() -> None:
 def test_inputs_round_trip_through_their_json_form() -> None:
     got = idle_inputs([0.0027, 0.0030], 0.0030, 0.0005, [Spaced(0.005, 0.0040, 0.0047)])
     assert IdleInputs.from_dict(got.to_dict()) == got
+
+
+def test_extras_that_would_make_a_first_service_negative_are_refused() -> None:
+    """1 ms of service and a measured extra of -10 ms: the curve and the busy rate cannot
+    both be right, and the model says so rather than predicting from them."""
+    with pytest.raises(ValueError, match="not consistent with the busy rate"):
+        predict_idle_aware(200.0, [1000.0], IdleCurve((0.001,), (-0.010,)))
