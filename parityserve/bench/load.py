@@ -39,6 +39,7 @@ from parityserve.bench.loadgen import (
     HttpSender,
     HttpStatusError,
     LoadResult,
+    collector_paused,
     encode_bodies,
     error_kind,
     poisson_schedule,
@@ -204,8 +205,6 @@ async def run_closed_loop(send: Send, concurrency: int, *, requests: int | None 
     ok: list[bool] = []
     errors: Counter[str] = Counter()
     counter = itertools.count()
-    start = time.perf_counter()
-    stop_at = start + duration_s if requests is None else math.inf
     bar = _bar(progress, requests)
 
     async def client() -> None:
@@ -223,11 +222,14 @@ async def run_closed_loop(send: Send, concurrency: int, *, requests: int | None 
                 bar.update()
 
     try:
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        with collector_paused():  # a generator's own pause is not the server's latency
+            start = time.perf_counter()
+            stop_at = start + duration_s if requests is None else math.inf
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+            duration = time.perf_counter() - start
     finally:
         if bar is not None:
             bar.close()
-    duration = time.perf_counter() - start
     return LoadResult(latencies_s=np.array(latencies), ok=np.array(ok, dtype=bool),
                       results=[], errors=errors, offered_rate=math.nan, duration_s=duration)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
 
@@ -25,7 +26,8 @@ from parityserve.errors import ConfigError
 
 def test_public_names() -> None:
     assert sorted(loadgen.__all__) == [
-        "HttpSender", "HttpStatusError", "LoadResult", "Send", "encode_bodies", "error_kind",
+        "HttpSender", "HttpStatusError", "LoadResult", "Send", "collector_paused",
+        "encode_bodies", "error_kind",
         "json_open_loop", "json_sender", "poisson_schedule", "run_at_rates", "run_event_loop",
         "run_open_loop", "warm_open_loops",
     ]
@@ -92,6 +94,49 @@ def test_latency_runs_from_the_intended_time_when_the_generator_is_late() -> Non
     for i in range(1, 5):
         # launched >= 60 ms after t=0, done 5 ms later; intended at i ms
         assert result.latencies_s[i] >= 0.065 - schedule[i] - 0.002
+
+
+def test_the_garbage_collector_is_off_while_a_run_is_timed_and_restored_after() -> None:
+    seen = []
+
+    async def send(i: int) -> int:
+        seen.append(gc.isenabled())
+        return i
+
+    assert gc.isenabled()
+    result = asyncio.run(run_open_loop(send, np.arange(3) * 0.001))
+    assert result.ok.all() and seen == [False, False, False] and gc.isenabled()
+    from parityserve.bench.load import run_closed_loop
+
+    seen.clear()
+    closed = asyncio.run(run_closed_loop(send, 2, requests=4))
+    assert closed.ok.all() and seen == [False] * 4 and gc.isenabled()
+
+
+def test_overlapping_pauses_restore_the_collector_once_the_last_ends() -> None:
+    with loadgen.collector_paused():
+        with loadgen.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer run is still timed
+    assert gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        with loadgen.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_failing_run_still_restores_the_collector() -> None:
+    async def boom(i: int) -> int:
+        raise RuntimeError("refused")
+
+    result = asyncio.run(run_open_loop(boom, np.arange(2) * 0.001))
+    assert result.errors == {"RuntimeError": 2} and gc.isenabled()
+    with pytest.raises(KeyError), loadgen.collector_paused():
+        raise KeyError("x")
+    assert gc.isenabled()
 
 
 def test_send_lag_is_recorded_and_spinning_sends_on_time() -> None:
