@@ -118,7 +118,7 @@ def _run(url: str, bodies: list[bytes], args: argparse.Namespace, variant: str,
     result = run_event_loop(go())
     lat = percentiles(result.latencies_s[result.ok])
     lag = percentiles(result.send_lag_s)
-    # only what paused the timed run: collector_paused's own collections come before and after
+    # only what paused the timed run, not the warm-up's collections
     inside = [(g, s) for g, t, s in pauses if window[0] <= t <= window[1]]
     gen2 = [s * 1e3 for g, s in inside if g == 2]
     return {"round": rnd + 1, "variant": variant, "n": int(result.ok.sum()),

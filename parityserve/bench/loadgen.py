@@ -245,8 +245,7 @@ async def run_open_loop(
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a run is timed, and a full collection
-    before and after.
+    """Python's cyclic garbage collector off while a run is timed.
 
     Why: a generator that stalls adds its stall to the latency of every query in flight, and
     reads as the server's tail. A full (generation 2) collection in the generator walks every
@@ -255,22 +254,21 @@ def collector_paused() -> Iterator[None]:
     in ``benchmarks/results/loadgen-gc/``), each 10,000-query run at 250 q/s had one or two,
     of 90-97 ms, and they *were* the run's p99.9: 81-115 ms with the collector on against
     43.7-44.2 ms paused, p50 34 ms in both, 3 interleaved rounds. The cost is memory: cycles
-    made during a run wait for the collection at its end (a by-hand run left 1,143 such
-    objects; its RSS grew 47 MB, mostly the results). Reference counting frees the rest.
+    made during a run wait for the first automatic collection after it (a by-hand run left
+    1,143 such objects; its RSS grew 47 MB, mostly the results). Reference counting frees
+    the rest at once. No collection is forced here: a caller that runs many short loops
+    (the demo's blocks, the test suite) would pay a full walk of its heap for each.
     """
     if _PAUSE.runs == 0:
         _PAUSE.was_enabled = gc.isenabled()
-        gc.collect()
         gc.disable()
     _PAUSE.runs += 1  # runs may overlap in one process: the last one out restores it
     try:
         yield
     finally:
         _PAUSE.runs -= 1
-        if _PAUSE.runs == 0:
-            if _PAUSE.was_enabled:
-                gc.enable()
-            gc.collect()
+        if _PAUSE.runs == 0 and _PAUSE.was_enabled:
+            gc.enable()
 
 
 @dataclass
