@@ -26,7 +26,10 @@ The experiment follows ParM section 6:
   lasts 0.7-1.4 s, and the next starts when it ends. ParM gives no figure for what a shuffle
   does to a query on a busy link, so while an instance is in one it adds
   ``--shuffle-delay-ms`` (our parameter, default 50) to each batch it serves, through the
-  real fault injection (``POST /admin/models/bench/faults``). The pairs are drawn from a
+  real fault injection (``POST /admin/models/bench/faults``): the same for every batch, or
+  with ``--shuffle-delay-distribution exponential`` drawn per batch with that mean.
+  ``benchmarks.parm_calibration`` sets the slowdown from ParM's own numbers for its
+  baseline, running the baseline alone (see there). The pairs are drawn from a
   fixed set of slots (the largest deployment's), so every mode sees the same per-slot
   timeline, seeded by (seed, repetition, rate);
 * **load:** open-loop Poisson, ``--queries`` per point (20,000 by default) and ``--repeats``
@@ -109,6 +112,7 @@ __all__ = [
     "plan_s",
     "run",
     "run_seed",
+    "shuffle_delay_words",
     "shuffle_events",
     "shuffle_horizon_s",
     "shuffle_transitions",
@@ -142,7 +146,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-gbps", type=float, default=1.5,
                    help="link speed a shuffle runs at (sets how long one lasts)")
     p.add_argument("--shuffle-delay-ms", type=float, default=50.0,
-                   help="added to each batch an instance serves while in a shuffle")
+                   help="added to each batch an instance serves while in a shuffle (the "
+                        "mean, with --shuffle-delay-distribution exponential)")
+    p.add_argument("--shuffle-delay-distribution", default="constant",
+                   choices=("constant", "exponential"),
+                   help="constant: every batch in a shuffle waits --shuffle-delay-ms; "
+                        "exponential: each batch draws its own wait, with that mean")
     p.add_argument("--reactive-ms", type=float, default=60.0,
                    help="reactive: re-issue a batch not answered after this long")
     p.add_argument("--berrut-group-wait-ms", type=float, default=0.0,
@@ -254,6 +263,14 @@ def shuffle_transitions(events: Sequence[tuple[float, float, tuple[int, int]]],
     return sorted(out, key=lambda x: (x[0], not x[2], x[1]))
 
 
+def shuffle_delay_words(shuffle: dict[str, Any]) -> str:
+    """What a shuffle does to each batch, for the report: the committed constant runs say
+    nothing of a distribution, so its absence means constant."""
+    if shuffle.get("delay_distribution", "constant") == "exponential":
+        return f"an exponential wait with mean {shuffle['delay_ms']:g} ms, drawn per batch,"
+    return f"{shuffle['delay_ms']:g} ms"
+
+
 def plan_s(cases: int, rates: Sequence[float], queries: int, repeats: int) -> float:
     """Estimated wall time: every (case, repetition, rate) point's load, one server start
     per case (its repetitions share it)."""
@@ -301,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
     slots = max(c.instances for c in cases)
     shuffle = {"concurrent": args.shuffles, "size_mb": [128, 256], "gbps": args.shuffle_gbps,
                "delay_ms": args.shuffle_delay_ms, "cluster_slots": slots}
+    if args.shuffle_delay_distribution != "constant":  # absent: the committed runs' constant
+        shuffle["delay_distribution"] = args.shuffle_delay_distribution
     fingerprint = {"profile": profile.label, "source": SOURCE, "queries": args.queries,
                    "shuffle": shuffle, "seed": args.seed, "deployed": args.deployed,
                    "reactive_ms": args.reactive_ms, "server": "one per case"}
@@ -369,7 +388,8 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
     events = shuffle_events(shuffle["cluster_slots"], shuffle["concurrent"], horizon,
                             shuffle["gbps"], np.random.default_rng(seed))
     transitions = shuffle_transitions(events, case.instances)
-    injector = _Injector(server.url, instance_names(case), transitions, shuffle["delay_ms"])
+    injector = _Injector(server.url, instance_names(case), transitions, shuffle["delay_ms"],
+                         shuffle.get("delay_distribution", "constant"))
     pid = _pid(server)
 
     async def go() -> tuple[LoadResult, float, float]:
@@ -493,7 +513,7 @@ emulated devices, not of any accelerator.
 
 {r['deployed']} deployed instances, batch size 1, cache off. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians; each run's values are in the JSON). The load ran {r['load_s'] / 60:.0f} min in all.{quick}
 
-**Background shuffles (ParM section 6.1):** {sh['concurrent']} shuffles at all times, each between two instances chosen at random among {sh['cluster_slots']} slots, 128-256 MB at {sh['gbps']:g} Gbps (0.7-1.4 s at 1.5 Gbps), the next starting when one ends. An instance in a shuffle adds {sh['delay_ms']:g} ms to each batch it serves (our parameter: ParM gives no per-query figure), set and cleared through the admin API. Slots a smaller deployment lacks are not hit, so every mode sees the same per-slot timeline. `reactive` re-issues after {r['reactive_ms']:g} ms.
+**Background shuffles (ParM section 6.1):** {sh['concurrent']} shuffles at all times, each between two instances chosen at random among {sh['cluster_slots']} slots, 128-256 MB at {sh['gbps']:g} Gbps (0.7-1.4 s at 1.5 Gbps), the next starting when one ends. An instance in a shuffle adds {shuffle_delay_words(sh)} to each batch it serves (our parameter: ParM gives no per-query figure), set and cleared through the admin API. Slots a smaller deployment lacks are not hit, so every mode sees the same per-slot timeline. `reactive` re-issues after {r['reactive_ms']:g} ms.
 
 Cases (resource-matched):
 

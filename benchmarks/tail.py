@@ -818,8 +818,9 @@ class _Injector:
     """Plays the burst transitions through the admin API from a thread, then clears all."""
 
     def __init__(self, url: str, names: list[str], transitions: list[tuple[float, int, bool]],
-                 delay_ms: float) -> None:
+                 delay_ms: float, distribution: str = "constant") -> None:
         self.url, self.names, self.transitions, self.delay_ms = url, names, transitions, delay_ms
+        self.distribution = distribution  # the fault's delay_distribution: constant, exponential
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="burst-injector", daemon=True)
         self.done = 0
@@ -847,7 +848,8 @@ class _Injector:
     def _set(self, client: Any, name: str, on: bool) -> None:
         try:
             if on:
-                client.set_faults("bench", name, delay_ms=self.delay_ms)
+                client.set_faults("bench", name, delay_ms=self.delay_ms,
+                                  delay_distribution=self.distribution)
             else:
                 client.set_faults("bench", name)
             self.done += 1

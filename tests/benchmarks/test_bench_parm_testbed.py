@@ -139,3 +139,24 @@ def test_a_tiny_run_writes_labelled_results(tmp_path: Path, data_dir: Path) -> N
         assert heading in md
     assert (tmp_path / "parm-testbed-latency.png").stat().st_size > 0
     assert list((tmp_path / "parm-testbed-runs").glob("parm-testbed-*.jsonl"))
+
+
+def test_the_report_says_which_slowdown_a_shuffle_applies() -> None:
+    # the committed runs' shuffle settings name no distribution: they were constant
+    assert tb.shuffle_delay_words({"delay_ms": 50.0}) == "50 ms"
+    words = tb.shuffle_delay_words({"delay_ms": 8.0, "delay_distribution": "exponential"})
+    assert words.startswith("an exponential wait with mean 8 ms, drawn per batch")
+
+
+def test_the_distribution_joins_the_fingerprint_only_when_not_constant(tmp_path: Path) -> None:
+    # A constant run keeps the committed runs' settings (and so their run file); an
+    # exponential one gets its own. --report-only measures nothing and finds no runs.
+    def run_file(*extra: str) -> str:
+        with pytest.raises(SystemExit, match="no saved runs") as info:
+            tb.run(tb.build_parser().parse_args(
+                ["--report-only", "--modes", "none", "--results-dir", str(tmp_path), *extra]))
+        return str(info.value)
+
+    constant = run_file()
+    assert constant == run_file("--shuffle-delay-distribution", "constant")
+    assert constant != run_file("--shuffle-delay-distribution", "exponential")
