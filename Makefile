@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
-	bench-simulate bench-frontend_wrk bench-parm_testbed bench-serf bench-serf_noise \
+	bench-simulate bench-frontend_wrk bench-parm_testbed bench-parm_calibration bench-serf bench-serf_noise \
 	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams check-plain-install \
 	fuzz clean venv
 
@@ -55,7 +55,7 @@ bench-overhead: $(BENCH_STAMP)
 	$(BIN)/parityserve bench overhead $(ARGS)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
-BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed serf serf_noise \
+BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed parm_calibration serf serf_noise \
 	parity_curve berrut_group_wait ray_cluster hams
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
