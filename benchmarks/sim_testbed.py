@@ -301,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"no testbed results at {path}: run python -m benchmarks.parm_testbed "
                          "(--quick) first, or give --testbed")
     testbed = orjson.loads(path.read_bytes())
+    distribution = testbed["shuffle"].get("delay_distribution", "constant")
+    if distribution != "constant":  # the windows below hold one delay each
+        raise SystemExit(f"{path}: the simulator replays a constant shuffle slowdown, and this "
+                         f"testbed drew a {distribution} one per batch")
     if args.quick:
         args.project_queries = min(args.project_queries, 4000)
     emulated = profile_named(str(testbed["profile"]))

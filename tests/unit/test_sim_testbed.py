@@ -155,3 +155,15 @@ def test_a_missing_testbed_file_is_a_clear_error(tmp_path) -> None:
 
     with pytest.raises(SystemExit, match="no testbed results at .*nope.json"):
         main(["--testbed", str(tmp_path / "nope.json"), "--results-dir", str(tmp_path)])
+
+
+def test_a_testbed_with_a_drawn_slowdown_is_refused_not_replayed_as_constant(tmp_path) -> None:
+    import json
+
+    from benchmarks.sim_testbed import main
+
+    testbed = tmp_path / "parm-testbed.json"
+    testbed.write_text(json.dumps({"shuffle": {"delay_ms": 8.0,
+                                               "delay_distribution": "exponential"}}))
+    with pytest.raises(SystemExit, match="replays a constant shuffle slowdown.*exponential"):
+        main(["--testbed", str(testbed), "--results-dir", str(tmp_path)])
