@@ -71,6 +71,7 @@ class _Worker:
         self.sock = sock
         self.served = 0
         self.last_rows = 1  # queries in the batch being served
+        self.plans_made = 0
         self.plan = self._make_plan(spec.faults)
         self.last_beat = 0.0
         self.running = True
@@ -83,7 +84,12 @@ class _Worker:
             return None
         spec = FaultSpec.from_mapping(faults)
         seed = spec.seed if spec.seed is not None else os.getpid()
-        return FaultPlan(spec, np.random.default_rng(seed), time.monotonic())
+        # Each plan this worker makes gets its own stream: seeded by the seed alone, every
+        # re-set of a fault (a testbed switches one on and off hundreds of times) replayed
+        # the very same draws, so the k-th batch of every window got the same delay.
+        self.plans_made += 1
+        rng = np.random.default_rng([seed, self.plans_made])
+        return FaultPlan(spec, rng, time.monotonic())
 
     def send(self, header: dict[str, Any], buffers: list[Any] | None = None) -> None:
         self.sock.send_multipart(wire.encode(header, buffers), copy=False)

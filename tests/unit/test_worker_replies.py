@@ -3,6 +3,7 @@ packer raises (a fake socket records what would be sent; no process)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -43,3 +44,23 @@ def test_unsendable_outputs_become_an_error_result(outputs: Any) -> None:
     assert isinstance(result, messages.Result)
     assert (result.bid, result.ok) == (9, False)
     assert "cannot be sent" in result.error
+
+
+def _delays(worker: _Worker, batches: int) -> list[float]:
+    plan = worker.plan
+    assert plan is not None
+    return [plan.next_batch(time.monotonic()).delay_s for _ in range(batches)]
+
+
+def test_a_fault_set_again_draws_new_delays_and_a_seed_still_reproduces_them() -> None:
+    faults = {"delay_ms": 10.0, "delay_distribution": "exponential", "seed": 5}
+    spec = WorkerSpec("m/v1/0#1-ab", "m", 1, "zoo:echo", faults=faults)
+    worker = _Worker(spec, _Model([0]), _Sock())
+    first = _delays(worker, 20)
+    worker.handle(wire.encode({"t": wire.FAULT, "spec": faults}))  # switched on again
+    second = _delays(worker, 20)
+    assert first != second  # a second window is not a replay of the first
+    again = _Worker(spec, _Model([0]), _Sock())
+    assert _delays(again, 20) == first  # the same seed, the same first window
+    again.handle(wire.encode({"t": wire.FAULT, "spec": faults}))
+    assert _delays(again, 20) == second
