@@ -557,6 +557,10 @@ EXAMPLES = (
      "go on from the runs an interrupted full run saved"),
     ("python -m benchmarks.parm_testbed --deployed 24 --ks 2",
      "ParM's CPU-cluster size, 24 + 12"),
+    ("python -m benchmarks.parm_testbed --modes equal-resources,parm --ks 2 --rates 150 "
+     "--shuffle-delay-ms 50",
+     "ParM k = 2 against its baseline at the slowdown benchmarks.parm_calibration set for "
+     "150 q/s"),
 )
 
 
