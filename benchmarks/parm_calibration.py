@@ -107,7 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true",
                    help="2,000 queries and two slowdowns per distribution: checks the "
-                        "harness in about 3 min; not a calibration to use")
+                        "harness (about 3 min estimated: 5 server starts, 10,000 queries); "
+                        "not a calibration to use")
     p.add_argument("--resume", action="store_true",
                    help="reuse the grid points an earlier run saved")
     p.set_defaults(func=run)
@@ -307,9 +308,9 @@ DESCRIPTION = ("Set the EMULATED testbed's shuffle slowdown from ParM's own sect
                "imply for its baseline (2.62). ParM itself is not run.")
 EXAMPLES = (
     ("python -m benchmarks.parm_calibration --data-dir ../shared/data",
-     "the calibration: 8 slowdowns and the floor, 10,000 queries each (about 9 min)"),
+     "the calibration: 8 slowdowns and the floor, 10,000 queries each (10 min on 2026-11-25)"),
     ("python -m benchmarks.parm_calibration --quick",
-     "check the harness: 4 slowdowns, 2,000 queries each (about 3 min)"),
+     "check the harness: 4 slowdowns, 2,000 queries each (about 3 min, estimated)"),
     ("python -m benchmarks.parm_calibration --exponential-ms 5,10,15,20 --resume",
      "a finer grid, reusing the points already measured"),
 )
