@@ -57,7 +57,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ __all__ = [
     "run",
     "run_seed",
     "shuffle_delay_words",
+    "shuffle_distribution",
     "shuffle_events",
     "shuffle_horizon_s",
     "shuffle_transitions",
@@ -263,10 +264,16 @@ def shuffle_transitions(events: Sequence[tuple[float, float, tuple[int, int]]],
     return sorted(out, key=lambda x: (x[0], not x[2], x[1]))
 
 
+def shuffle_distribution(shuffle: Mapping[str, Any]) -> str:
+    """How a run's shuffle slowdown was drawn: the committed constant runs say nothing of a
+    distribution (it joins the settings only when not constant), so its absence means
+    constant."""
+    return str(shuffle.get("delay_distribution", "constant"))
+
+
 def shuffle_delay_words(shuffle: dict[str, Any]) -> str:
-    """What a shuffle does to each batch, for the report: the committed constant runs say
-    nothing of a distribution, so its absence means constant."""
-    if shuffle.get("delay_distribution", "constant") == "exponential":
+    """What a shuffle does to each batch, for the report."""
+    if shuffle_distribution(shuffle) == "exponential":
         return f"an exponential wait with mean {shuffle['delay_ms']:g} ms, drawn per batch,"
     return f"{shuffle['delay_ms']:g} ms"
 
@@ -389,7 +396,7 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
                             shuffle["gbps"], np.random.default_rng(seed))
     transitions = shuffle_transitions(events, case.instances)
     injector = _Injector(server.url, instance_names(case), transitions, shuffle["delay_ms"],
-                         shuffle.get("delay_distribution", "constant"))
+                         shuffle_distribution(shuffle))
     pid = _pid(server)
 
     async def go() -> tuple[LoadResult, float, float]:

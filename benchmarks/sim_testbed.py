@@ -43,6 +43,7 @@ import orjson
 from benchmarks import _cli
 from benchmarks.parm_testbed import (
     run_seed,
+    shuffle_distribution,
     shuffle_events,
     shuffle_horizon_s,
     shuffle_transitions,
@@ -301,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"no testbed results at {path}: run python -m benchmarks.parm_testbed "
                          "(--quick) first, or give --testbed")
     testbed = orjson.loads(path.read_bytes())
-    distribution = testbed["shuffle"].get("delay_distribution", "constant")
+    distribution = shuffle_distribution(testbed["shuffle"])
     if distribution != "constant":  # the windows below hold one delay each
         raise SystemExit(f"{path}: the simulator replays a constant shuffle slowdown, and this "
                          f"testbed drew a {distribution} one per batch")
