@@ -55,6 +55,7 @@ __all__ = [
 PAPER_GAP_CUT = (2.6, 3.2)
 PAPER_P999_CUT = (0.38, 0.43)
 DEFAULT_GRID = {"constant": (10.0, 20.0, 30.0, 50.0), "exponential": (5.0, 10.0, 20.0, 40.0)}
+TESTBED_RATE = testbed.RATES[0]  # what parm_testbed runs without --rates
 QUICK_GRID = {"constant": (10.0, 50.0), "exponential": (5.0, 40.0)}
 
 
@@ -99,7 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which slowdown distributions to calibrate (comma list)")
     p.add_argument("--deployed", type=int, default=12,
                    help="deployed instances m; equal-resources runs m + m/2 (ParM: 12)")
-    p.add_argument("--rate", type=float, default=250.0, help="offered q/s (the testbed's)")
+    p.add_argument("--rate", type=float, default=TESTBED_RATE,
+                   help="offered q/s (the testbed's full-run rate by default)")
     p.add_argument("--shuffles", type=int, default=4,
                    help="concurrent shuffles: ParM's numbers above are for 4")
     p.add_argument("--queries", type=int, default=10_000, help="queries per point")
@@ -118,7 +120,7 @@ def _folder_name(args: argparse.Namespace) -> str:
     """``parm-calibration``, marked with the rate and shuffles where they differ from the
     testbed's defaults, and ``-quick`` for a harness check."""
     name = "parm-calibration"
-    if args.rate != 250.0:
+    if args.rate != TESTBED_RATE:
         name += f"-{args.rate:g}qps"
     if args.shuffles != 4:
         name += f"-{args.shuffles}-shuffles"
@@ -202,8 +204,8 @@ def floor_verdict(floor: dict[str, Any], target: float) -> str:
     return (f"**With no shuffles at all, the baseline's p99.9 / p50 is already {ratio:.2f}, "
             f"at or above the {target:.2f} that ParM's numbers imply for its baseline *with* "
             f"shuffles.** No slowdown can match ParM's baseline on this machine: its p99.9 "
-            f"is set by stalls of the shared frontend and load generator, which every copy "
-            f"of a query waits behind and no redundancy can remove.")
+            f"is this machine's own tail, which every copy of a query waits behind and no "
+            f"redundancy can remove.")
 
 
 def _with_headroom(row: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +239,7 @@ def _grid_point(args: argparse.Namespace, folder: Path, dist: str, delay: float,
 
 def _testbed_command(dist: str, delay: float, args: argparse.Namespace) -> str:
     deployed = f" --deployed {args.deployed}" if args.deployed != 12 else ""
-    rate = f" --rates {args.rate:g}" if args.rate != 250.0 else ""
+    rate = f" --rates {args.rate:g}" if args.rate != TESTBED_RATE else ""
     return (f"python -m benchmarks.parm_testbed --data-dir ../shared/data{deployed}{rate} "
             f"--shuffles {args.shuffles} --shuffle-delay-distribution {dist} "
             f"--shuffle-delay-ms {round(delay * 2) / 2:g}")
