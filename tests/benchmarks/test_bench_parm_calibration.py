@@ -80,3 +80,11 @@ def test_a_tiny_calibration_writes_its_table_and_the_testbed_command(
     assert (folder / "parm-calibration.png").stat().st_size > 0
     assert set(report["testbed_commands"]) == {d for d, v in report["picks"].items() if v}
     assert all("--rates 40 --shuffles 4" in c for c in report["testbed_commands"].values())
+
+
+def test_the_floor_verdict_says_when_the_machine_alone_is_past_the_target() -> None:
+    room = cal.floor_verdict({"tail_ratio": 1.36}, 2.62)
+    assert room.startswith("With no shuffles the baseline's p99.9 / p50 is 1.36, below")
+    none = cal.floor_verdict({"tail_ratio": 2.9}, 2.62)
+    assert "already 2.90" in none and "No slowdown can match ParM's baseline" in none
+    assert "already 2.62" in cal.floor_verdict({"tail_ratio": 2.62}, 2.62)  # at counts too
