@@ -54,9 +54,10 @@ __all__ = [
 # ParM section 6.2.1, GPU cluster, k = 2: the gap cut and the p99.9 cut (ranges over rates)
 PAPER_GAP_CUT = (2.6, 3.2)
 PAPER_P999_CUT = (0.38, 0.43)
-DEFAULT_GRID = {"constant": (10.0, 20.0, 30.0, 50.0), "exponential": (5.0, 10.0, 20.0, 40.0)}
+DEFAULT_GRID = {"constant": (10.0, 20.0, 30.0, 50.0), "exponential": (5.0, 10.0, 20.0, 40.0),
+                "pareto": (3.0, 5.0, 8.0)}
 TESTBED_RATE = testbed.RATES[0]  # what parm_testbed runs without --rates
-QUICK_GRID = {"constant": (10.0, 50.0), "exponential": (5.0, 40.0)}
+QUICK_GRID = {"constant": (10.0, 50.0), "exponential": (5.0, 40.0), "pareto": (3.0, 8.0)}
 
 
 def paper_tail_ratio(gap_cut: float, p999_cut: float) -> float:
@@ -96,8 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default {_grid_text(DEFAULT_GRID['constant'])})")
     p.add_argument("--exponential-ms", help="comma list: exponential means to try "
                    f"(default {_grid_text(DEFAULT_GRID['exponential'])})")
+    p.add_argument("--pareto-ms", help="comma list: heavy-tailed (Lomax) means to try "
+                   f"(default {_grid_text(DEFAULT_GRID['pareto'])})")
+    p.add_argument("--tail-index", type=float, default=2.0,
+                   help="pareto: the tail index a of P(wait > d) = (1 + d/s)^-a (> 1; "
+                        "smaller is heavier)")
     p.add_argument("--distributions", default="constant,exponential",
-                   help="which slowdown distributions to calibrate (comma list)")
+                   help="which slowdown distributions to calibrate (comma list of "
+                        f"{', '.join(DEFAULT_GRID)})")
     p.add_argument("--deployed", type=int, default=12,
                    help="deployed instances m; equal-resources runs m + m/2 (ParM: 12)")
     p.add_argument("--rate", type=float, default=TESTBED_RATE,
@@ -139,7 +146,10 @@ def _grid(args: argparse.Namespace) -> dict[str, tuple[float, ...]]:
         raise SystemExit(f"--distributions takes {', '.join(DEFAULT_GRID)}, got "
                          f"{args.distributions!r}")
     grid = {}
-    for dist, given in (("constant", args.constant_ms), ("exponential", args.exponential_ms)):
+    if "pareto" in chosen and not args.tail_index > 1:
+        raise SystemExit(f"--tail-index must be > 1 (a finite mean), got {args.tail_index:g}")
+    for dist, given in (("constant", args.constant_ms), ("exponential", args.exponential_ms),
+                        ("pareto", args.pareto_ms)):
         if dist not in chosen:
             continue
         try:
@@ -169,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             for dist, delays in grid.items() for delay in delays]
     picks = {}
     for dist in grid:
-        points = [(r["delay_ms"], r["tail_ratio"]) for r in rows if r["distribution"] == dist]
+        points = [(r["delay_ms"], r["tail_ratio"]) for r in rows
+                  if r["distribution"] == _dist_label(dist, args)]
         picks[dist] = crossing(points, middle)
     report = {"deployed": args.deployed, "rate": args.rate, "shuffles": args.shuffles,
               "queries_per_point": args.queries, "repeats": args.repeats, "quick": args.quick,
@@ -217,12 +228,14 @@ def _grid_point(args: argparse.Namespace, folder: Path, dist: str, delay: float,
     """One testbed run of equal-resources at this slowdown, read back from its report;
     ``shuffles=0`` is the floor (no shuffles, so the slowdown does nothing)."""
     shuffles = args.shuffles if shuffles is None else shuffles
-    out = folder / (f"{dist}-{delay:g}ms" if shuffles else "no-shuffles")
+    out = folder / (f"{_dist_name(dist, args)}-{delay:g}ms" if shuffles else "no-shuffles")
     argv = ["--modes", "equal-resources", "--ks", "2", "--deployed", str(args.deployed),
             "--rates", f"{args.rate:g}",
             "--queries", str(args.queries), "--repeats", str(args.repeats),
             "--shuffles", str(shuffles), "--shuffle-delay-ms", f"{delay:g}",
             "--shuffle-delay-distribution", dist, "--results-dir", str(out)]
+    if dist == "pareto":
+        argv += ["--shuffle-tail-index", f"{args.tail_index:g}"]
     if args.data_dir is not None:
         argv += ["--data-dir", str(args.data_dir)]
     if args.resume:
@@ -230,7 +243,8 @@ def _grid_point(args: argparse.Namespace, folder: Path, dist: str, delay: float,
     testbed.run(testbed.build_parser().parse_args(argv))
     report = orjson.loads((out / "parm-testbed.json").read_bytes())
     point = next(p for p in report["points"] if p["mode"] == "equal-resources")
-    return {"distribution": dist if shuffles else "no shuffles", "delay_ms": delay,
+    return {"distribution": _dist_label(dist, args) if shuffles else "no shuffles",
+            "delay_ms": delay,
             "shuffles": shuffles, "case": point["case"],
             "p50_ms": point["p50_ms"], "p99_ms": point["p99_ms"], "p999_ms": point["p999_ms"],
             "tail_ratio": point["p999_ms"] / point["p50_ms"], "n": point.get("n"),
@@ -242,7 +256,17 @@ def _testbed_command(dist: str, delay: float, args: argparse.Namespace) -> str:
     rate = f" --rates {args.rate:g}" if args.rate != TESTBED_RATE else ""
     return (f"python -m benchmarks.parm_testbed --data-dir ../shared/data{deployed}{rate} "
             f"--shuffles {args.shuffles} --shuffle-delay-distribution {dist} "
-            f"--shuffle-delay-ms {round(delay * 2) / 2:g}")
+            f"--shuffle-delay-ms {round(delay * 2) / 2:g}"
+            + (f" --shuffle-tail-index {args.tail_index:g}" if dist == "pareto" else ""))
+
+
+def _dist_name(dist: str, args: argparse.Namespace) -> str:
+    """A grid point's folder stem: pareto points carry their tail index."""
+    return f"pareto-a{args.tail_index:g}" if dist == "pareto" else dist
+
+
+def _dist_label(dist: str, args: argparse.Namespace) -> str:
+    return f"pareto (a = {args.tail_index:g})" if dist == "pareto" else dist
 
 
 _COLUMNS = [("distribution", "slowdown", "s"), ("delay_ms", "ms (mean)", "g"),

@@ -27,7 +27,8 @@ The experiment follows ParM section 6:
   does to a query on a busy link, so while an instance is in one it adds
   ``--shuffle-delay-ms`` (our parameter, default 50) to each batch it serves, through the
   real fault injection (``POST /admin/models/bench/faults``): the same for every batch, or
-  with ``--shuffle-delay-distribution exponential`` drawn per batch with that mean.
+  with ``--shuffle-delay-distribution exponential`` (or heavy-tailed ``pareto``, with
+  ``--shuffle-tail-index``) drawn per batch with that mean.
   ``benchmarks.parm_calibration`` sets the slowdown from ParM's own numbers for its
   baseline, running the baseline alone (see there). The pairs are drawn from a
   fixed set of slots (the largest deployment's), so every mode sees the same per-slot
@@ -114,6 +115,7 @@ __all__ = [
     "run_seed",
     "shuffle_delay_words",
     "shuffle_distribution",
+    "shuffle_faults",
     "shuffle_events",
     "shuffle_horizon_s",
     "shuffle_transitions",
@@ -150,9 +152,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="added to each batch an instance serves while in a shuffle (the "
                         "mean, with --shuffle-delay-distribution exponential)")
     p.add_argument("--shuffle-delay-distribution", default="constant",
-                   choices=("constant", "exponential"),
+                   choices=("constant", "exponential", "pareto"),
                    help="constant: every batch in a shuffle waits --shuffle-delay-ms; "
-                        "exponential: each batch draws its own wait, with that mean")
+                        "exponential: each batch draws its own wait, with that mean; "
+                        "pareto: the same, heavy-tailed (see --shuffle-tail-index)")
+    p.add_argument("--shuffle-tail-index", type=float, default=2.0,
+                   help="pareto only: the tail index a of P(wait > d) = (1 + d/s)^-a "
+                        "(> 1; smaller is heavier; the exponential is the a -> infinity "
+                        "limit)")
     p.add_argument("--reactive-ms", type=float, default=60.0,
                    help="reactive: re-issue a batch not answered after this long")
     p.add_argument("--berrut-group-wait-ms", type=float, default=0.0,
@@ -271,11 +278,24 @@ def shuffle_distribution(shuffle: Mapping[str, Any]) -> str:
     return str(shuffle.get("delay_distribution", "constant"))
 
 
-def shuffle_delay_words(shuffle: dict[str, Any]) -> str:
+def shuffle_delay_words(shuffle: Mapping[str, Any]) -> str:
     """What a shuffle does to each batch, for the report."""
-    if shuffle_distribution(shuffle) == "exponential":
+    distribution = shuffle_distribution(shuffle)
+    if distribution == "exponential":
         return f"an exponential wait with mean {shuffle['delay_ms']:g} ms, drawn per batch,"
+    if distribution == "pareto":
+        return (f"a heavy-tailed (Lomax, tail index {shuffle['tail_index']:g}) wait with mean "
+                f"{shuffle['delay_ms']:g} ms, drawn per batch,")
     return f"{shuffle['delay_ms']:g} ms"
+
+
+def shuffle_faults(shuffle: Mapping[str, Any]) -> dict[str, Any]:
+    """The fault settings an instance in a shuffle gets (``POST .../faults``)."""
+    faults: dict[str, Any] = {"delay_ms": shuffle["delay_ms"],
+                              "delay_distribution": shuffle_distribution(shuffle)}
+    if "tail_index" in shuffle:
+        faults["delay_tail_index"] = shuffle["tail_index"]
+    return faults
 
 
 def plan_s(cases: int, rates: Sequence[float], queries: int, repeats: int) -> float:
@@ -327,6 +347,11 @@ def run(args: argparse.Namespace) -> int:
                "delay_ms": args.shuffle_delay_ms, "cluster_slots": slots}
     if args.shuffle_delay_distribution != "constant":  # absent: the committed runs' constant
         shuffle["delay_distribution"] = args.shuffle_delay_distribution
+    if args.shuffle_delay_distribution == "pareto":
+        if not args.shuffle_tail_index > 1:
+            raise SystemExit(f"--shuffle-tail-index must be > 1 (a finite mean), got "
+                             f"{args.shuffle_tail_index:g}")
+        shuffle["tail_index"] = args.shuffle_tail_index
     fingerprint = {"profile": profile.label, "source": SOURCE, "queries": args.queries,
                    "shuffle": shuffle, "seed": args.seed, "deployed": args.deployed,
                    "reactive_ms": args.reactive_ms, "server": "one per case"}
@@ -395,8 +420,7 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
     events = shuffle_events(shuffle["cluster_slots"], shuffle["concurrent"], horizon,
                             shuffle["gbps"], np.random.default_rng(seed))
     transitions = shuffle_transitions(events, case.instances)
-    injector = _Injector(server.url, instance_names(case), transitions, shuffle["delay_ms"],
-                         shuffle_distribution(shuffle))
+    injector = _Injector(server.url, instance_names(case), transitions, shuffle_faults(shuffle))
     pid = _pid(server)
 
     async def go() -> tuple[LoadResult, float, float]:

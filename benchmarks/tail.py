@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -778,7 +778,8 @@ def _point(url: str, case: Case, bodies: list[bytes], rate: float, rep: int,
     events = pair_burst_events(burst["cluster_slots"], burst["every_ms"], horizon,
                                np.random.default_rng(seed))
     transitions = fault_transitions(events, burst["duration_ms"] / 1000.0, case.instances)
-    injector = _Injector(url, instance_names(case), transitions, burst["delay_ms"])
+    injector = _Injector(url, instance_names(case), transitions,
+                         {"delay_ms": burst["delay_ms"]})
 
     async def go() -> LoadResult:
         async with HttpSender(url, limit=256) as http:
@@ -818,9 +819,9 @@ class _Injector:
     """Plays the burst transitions through the admin API from a thread, then clears all."""
 
     def __init__(self, url: str, names: list[str], transitions: list[tuple[float, int, bool]],
-                 delay_ms: float, distribution: str = "constant") -> None:
-        self.url, self.names, self.transitions, self.delay_ms = url, names, transitions, delay_ms
-        self.distribution = distribution  # the fault's delay_distribution: constant, exponential
+                 faults: Mapping[str, Any]) -> None:
+        self.url, self.names, self.transitions = url, names, transitions
+        self.faults = dict(faults)  # what an instance gets while on (delay_ms, distribution...)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="burst-injector", daemon=True)
         self.done = 0
@@ -848,8 +849,7 @@ class _Injector:
     def _set(self, client: Any, name: str, on: bool) -> None:
         try:
             if on:
-                client.set_faults("bench", name, delay_ms=self.delay_ms,
-                                  delay_distribution=self.distribution)
+                client.set_faults("bench", name, **self.faults)
             else:
                 client.set_faults("bench", name)
             self.done += 1

@@ -77,7 +77,10 @@ class FaultConfig(_Frozen):
     """Worker-side fault injection for one replica (or all of a model's replicas)."""
 
     delay_ms: float = Field(0.0, ge=0, description="mean added delay per batch")
-    delay_distribution: Literal["constant", "exponential", "uniform"] = "constant"
+    delay_distribution: Literal["constant", "exponential", "uniform", "pareto"] = "constant"
+    delay_tail_index: float = Field(
+        2.0, gt=1, description="pareto only: the tail index a of P(delay > d) = "
+        "(1 + d/s)^-a, s set so the mean is delay_ms; smaller is heavier")
     burst: BurstConfig | None = None
     wrong_probability: float = Field(
         0.0, ge=0, le=1, description="chance each query of a batch is corrupted")

@@ -31,9 +31,10 @@ __all__ = [
     "FaultSpec",
     "FaultStats",
     "WrongKind",
+    "lomax_draw",
 ]
 
-DelayDistribution = Literal["constant", "exponential", "uniform"]
+DelayDistribution = Literal["constant", "exponential", "uniform", "pareto"]
 WrongKind = Literal["noise", "labels"]
 
 
@@ -79,6 +80,7 @@ class FaultSpec:
 
     delay_ms: float = 0.0
     delay_distribution: DelayDistribution = "constant"
+    delay_tail_index: float = 2.0
     burst: BurstSpec | None = None
     wrong_probability: float = 0.0
     wrong_kind: WrongKind = "noise"
@@ -90,6 +92,9 @@ class FaultSpec:
     def __post_init__(self) -> None:
         _require(self.delay_ms >= 0, f"delay_ms must be >= 0, got {self.delay_ms}")
         _check_choice("delay_distribution", self.delay_distribution, DelayDistribution)
+        a = self.delay_tail_index
+        _require(a > 1 and math.isfinite(a),
+                 f"delay_tail_index must be > 1 (a finite mean), got {a}")
         _check_choice("wrong_kind", self.wrong_kind, WrongKind)
         p = self.wrong_probability
         _require(0 <= p <= 1, f"wrong_probability must be in [0, 1], got {p}")
@@ -241,6 +246,8 @@ class FaultPlan:
             return mean
         if self.spec.delay_distribution == "exponential":
             return float(self._delay_rng.exponential(mean))
+        if self.spec.delay_distribution == "pareto":
+            return lomax_draw(self._delay_rng, mean, self.spec.delay_tail_index)
         return float(self._delay_rng.uniform(0.0, 2.0 * mean))
 
     def _burst_delay_ms(self, now: float) -> float:
@@ -252,6 +259,18 @@ class FaultPlan:
         if p == 0:  # the common, fault-free case draws nothing
             return np.zeros(n, dtype=bool)
         return self._corrupt_rng.random(n) < p
+
+
+def lomax_draw(rng: np.random.Generator, mean: float, tail_index: float) -> float:
+    """One heavy-tailed delay: Lomax (Pareto II, starting at 0), P(D > d) = (1 + d/s)^-a.
+
+    Why this shape: a delay from a congested link is mostly small with rare long ones
+    (queues in a shared switch, a retransmission timeout), a power-law tail; an exponential
+    one falls off far faster. The scale s = mean (a - 1) keeps the configured mean, so the
+    tail index alone sets how heavy the tail is: smaller is heavier, a <= 2 has no variance.
+    numpy's ``pareto`` draws exactly this with s = 1.
+    """
+    return float(mean * (tail_index - 1.0) * rng.pareto(tail_index))
 
 
 def _due(after: int | None, batch_number: int) -> bool:

@@ -51,8 +51,11 @@ def test_bad_grids_are_refused_with_the_flag_named() -> None:
     args = cal.build_parser().parse_args(["--constant-ms", "0,10"])
     with pytest.raises(SystemExit, match="must be > 0"):
         cal.run(args)
-    args = cal.build_parser().parse_args(["--distributions", "pareto"])
+    args = cal.build_parser().parse_args(["--distributions", "lognormal"])
     with pytest.raises(SystemExit, match="--distributions takes"):
+        cal.run(args)
+    args = cal.build_parser().parse_args(["--distributions", "pareto", "--tail-index", "0.9"])
+    with pytest.raises(SystemExit, match="--tail-index must be > 1"):
         cal.run(args)
 
 
@@ -60,26 +63,30 @@ def test_bad_grids_are_refused_with_the_flag_named() -> None:
 def test_a_tiny_calibration_writes_its_table_and_the_testbed_command(
         tmp_path: Path, data_dir: Path) -> None:
     code = cal.main(["--deployed", "2", "--rate", "40", "--queries", "150",
-                     "--distributions", "exponential", "--exponential-ms", "5,40",
+                     "--distributions", "exponential,pareto", "--exponential-ms", "5,40",
+                     "--pareto-ms", "5", "--tail-index", "2.5",
                      "--results-dir", str(tmp_path), "--data-dir", str(data_dir)])
     assert code == 0
     folder = tmp_path / "parm-calibration-40qps"  # the rate is not the testbed's 250 q/s
     report = json.loads((folder / "parm-calibration.json").read_text())
     assert report["floor"]["shuffles"] == 0 and report["floor"]["n"] == 150
     assert [(r["distribution"], r["delay_ms"]) for r in report["rows"]] == [
-        ("exponential", 5.0), ("exponential", 40.0)]
+        ("exponential", 5.0), ("exponential", 40.0), ("pareto (a = 2.5)", 5.0)]
     for row in report["rows"]:
         assert row["case"] == "equal-resources-3" and row["n"] == 150
         assert row["tail_ratio"] == pytest.approx(row["p999_ms"] / row["p50_ms"])
         testbed = json.loads((Path(row["folder"]) / "parm-testbed.json").read_text())
         # the admin API took every exponential switch (a refused setting counts an error)
         assert testbed["points"][0]["fault_errors"] == 0
-        assert testbed["shuffle"]["delay_distribution"] == "exponential"
+        assert testbed["shuffle"]["delay_distribution"] == row["distribution"].split()[0]
+    assert Path(report["rows"][-1]["folder"]).name == "pareto-a2.5-5ms"
     md = (folder / "parm-calibration.md").read_text()
     assert "ParM's own latency is not measured here" in md and "no shuffles" in md
     assert (folder / "parm-calibration.png").stat().st_size > 0
     assert set(report["testbed_commands"]) == {d for d, v in report["picks"].items() if v}
     assert all("--rates 40 --shuffles 4" in c for c in report["testbed_commands"].values())
+    assert all(("--shuffle-tail-index 2.5" in c) == (d == "pareto")
+               for d, c in report["testbed_commands"].items())
 
 
 def test_the_floor_verdict_says_when_the_machine_alone_is_past_the_target() -> None:

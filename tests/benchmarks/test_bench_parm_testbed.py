@@ -146,6 +146,19 @@ def test_the_report_says_which_slowdown_a_shuffle_applies() -> None:
     assert tb.shuffle_delay_words({"delay_ms": 50.0}) == "50 ms"
     words = tb.shuffle_delay_words({"delay_ms": 8.0, "delay_distribution": "exponential"})
     assert words.startswith("an exponential wait with mean 8 ms, drawn per batch")
+    heavy = {"delay_ms": 6.0, "delay_distribution": "pareto", "tail_index": 2.5}
+    assert "Lomax, tail index 2.5" in tb.shuffle_delay_words(heavy)
+    assert tb.shuffle_faults(heavy) == {"delay_ms": 6.0, "delay_distribution": "pareto",
+                                        "delay_tail_index": 2.5}
+    assert tb.shuffle_faults({"delay_ms": 50.0}) == {"delay_ms": 50.0,
+                                                     "delay_distribution": "constant"}
+
+
+def test_a_pareto_tail_index_must_leave_a_finite_mean(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="tail-index must be > 1"):
+        tb.run(tb.build_parser().parse_args(
+            ["--report-only", "--modes", "none", "--results-dir", str(tmp_path),
+             "--shuffle-delay-distribution", "pareto", "--shuffle-tail-index", "1"]))
 
 
 def test_the_distribution_joins_the_fingerprint_only_when_not_constant(tmp_path: Path) -> None:
@@ -160,3 +173,9 @@ def test_the_distribution_joins_the_fingerprint_only_when_not_constant(tmp_path:
     constant = run_file()
     assert constant == run_file("--shuffle-delay-distribution", "constant")
     assert constant != run_file("--shuffle-delay-distribution", "exponential")
+    pareto = run_file("--shuffle-delay-distribution", "pareto")
+    assert pareto not in (constant, run_file("--shuffle-delay-distribution", "exponential"))
+    assert pareto != run_file("--shuffle-delay-distribution", "pareto",
+                              "--shuffle-tail-index", "3")
+    # the tail index only means something to pareto: it leaves the others' files alone
+    assert constant == run_file("--shuffle-tail-index", "3")

@@ -27,7 +27,7 @@ def plan(seed: int = 0, start: float = 0.0, **spec: object) -> FaultPlan:
 def test_public_names() -> None:
     assert sorted(faults.__all__) == [
         "BurstSpec", "DelayDistribution", "FaultAction", "FaultPlan", "FaultSpec", "FaultStats",
-        "WrongKind"]
+        "WrongKind", "lomax_draw"]
 
 
 def test_core_does_not_import_config_or_pydantic() -> None:
@@ -71,7 +71,9 @@ def test_from_mapping_takes_a_full_model_dump() -> None:
         ({"burst": {"every_ms": 1, "duration_ms": 1}}, "burst"),
         ({"delay_ms": -1}, "delay_ms"),
         ({"delay_ms": "fast"}, "invalid fault settings"),
-        ({"delay_distribution": "pareto"}, "delay_distribution"),
+        ({"delay_distribution": "lognormal"}, "delay_distribution"),
+        ({"delay_distribution": "pareto", "delay_tail_index": 1.0}, "delay_tail_index"),
+        ({"delay_tail_index": float("inf")}, "delay_tail_index"),
         ({"wrong_kind": "lies"}, "wrong_kind"),
         ({"wrong_probability": 1.5}, "wrong_probability"),
         ({"noise_sigma": -0.1}, "noise_sigma"),
@@ -100,17 +102,31 @@ def test_constant_delay() -> None:
     assert p.statistics().delayed == 10
 
 
-@pytest.mark.parametrize("distribution", ["exponential", "uniform"])
+@pytest.mark.parametrize("distribution", ["exponential", "uniform", "pareto"])
 def test_random_delays_have_the_configured_mean(distribution: str) -> None:
-    p = plan(seed=1, delay_ms=10.0, delay_distribution=distribution)
+    p = plan(seed=1, delay_ms=10.0, delay_distribution=distribution, delay_tail_index=3.0)
     delays = np.array([p.next_batch(0.0).delay_s for _ in range(20_000)])
     assert delays.mean() == pytest.approx(0.010, rel=0.03)
     assert delays.min() >= 0.0
     if distribution == "uniform":
         assert delays.max() <= 0.020
         assert delays.std() == pytest.approx(0.020 / np.sqrt(12), rel=0.05)
+    elif distribution == "pareto":  # a = 3 here: a finite variance, so the mean settles
+        assert np.median(delays) == pytest.approx(0.020 * (2 ** (1 / 3) - 1), rel=0.05)
     else:
         assert delays.std() == pytest.approx(0.010, rel=0.05)
+
+
+def test_pareto_tail_follows_its_index() -> None:
+    """P(D > d) = (1 + d/s)^-a with s = mean (a - 1): a heavier tail than the exponential
+    with the same mean, which is the point of offering it."""
+    mean_ms, a = 10.0, 2.0
+    p = plan(seed=2, delay_ms=mean_ms, delay_distribution="pareto", delay_tail_index=a)
+    delays_ms = 1000 * np.array([p.next_batch(0.0).delay_s for _ in range(50_000)])
+    s = mean_ms * (a - 1)
+    for d in (10.0, 50.0, 100.0):
+        assert (delays_ms > d).mean() == pytest.approx((1 + d / s) ** -a, rel=0.15)
+    assert (delays_ms > 60.0).mean() > 5 * np.exp(-60.0 / mean_ms)
 
 
 @pytest.mark.parametrize("after", [0, 1, 3])
