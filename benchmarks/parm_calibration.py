@@ -329,9 +329,9 @@ def _plot(path: Path, report: dict[str, Any]) -> Path:
 # ---- python -m benchmarks.parm_calibration ---------------------------------------------------
 
 DESCRIPTION = ("Set the EMULATED testbed's shuffle slowdown from ParM's own section 6.2.1 "
-               "numbers: run equal-resources alone at a grid of slowdowns (constant and "
-               "exponential) and find where its p99.9 / p50 matches what ParM's numbers "
-               "imply for its baseline (2.62). ParM itself is not run.")
+               "numbers: run equal-resources alone at a grid of slowdowns (constant, "
+               "exponential or heavy-tailed pareto) and find where its p99.9 / p50 matches "
+               "what ParM's numbers imply for its baseline (2.62). ParM itself is not run.")
 EXAMPLES = (
     ("python -m benchmarks.parm_calibration --data-dir ../shared/data",
      "the calibration: 8 slowdowns and the floor, 10,000 queries each (10 min on 2026-11-25)"),
@@ -339,6 +339,9 @@ EXAMPLES = (
      "check the harness: 4 slowdowns, 2,000 queries each (about 3 min, estimated)"),
     ("python -m benchmarks.parm_calibration --exponential-ms 5,10,15,20 --resume",
      "a finer grid, reusing the points already measured"),
+    ("python -m benchmarks.parm_calibration --data-dir ../shared/data --rate 150 "
+     "--distributions pareto --tail-index 2",
+     "a heavy-tailed slowdown (Lomax, tail index 2): 3 means, about 5 min"),
 )
 
 

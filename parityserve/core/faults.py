@@ -31,6 +31,7 @@ __all__ = [
     "FaultSpec",
     "FaultStats",
     "WrongKind",
+    "draw_delay",
     "lomax_draw",
 ]
 
@@ -241,14 +242,9 @@ class FaultPlan:
         return FaultStats(self._batches, self._delayed, seen, self._corrupted_rows)
 
     def _base_delay_ms(self) -> float:
-        mean = self.spec.delay_ms
-        if mean == 0 or self.spec.delay_distribution == "constant":
-            return mean
-        if self.spec.delay_distribution == "exponential":
-            return float(self._delay_rng.exponential(mean))
-        if self.spec.delay_distribution == "pareto":
-            return lomax_draw(self._delay_rng, mean, self.spec.delay_tail_index)
-        return float(self._delay_rng.uniform(0.0, 2.0 * mean))
+        spec = self.spec
+        return draw_delay(self._delay_rng, spec.delay_ms, spec.delay_distribution,
+                          spec.delay_tail_index)
 
     def _burst_delay_ms(self, now: float) -> float:
         burst = self.spec.burst
@@ -259,6 +255,20 @@ class FaultPlan:
         if p == 0:  # the common, fault-free case draws nothing
             return np.zeros(n, dtype=bool)
         return self._corrupt_rng.random(n) < p
+
+
+def draw_delay(rng: np.random.Generator, mean: float, distribution: DelayDistribution,
+               tail_index: float = 2.0) -> float:
+    """One delay with this mean (any unit): what a fault adds to a batch, in the shape its
+    distribution names. A constant (or zero) delay draws nothing, so a constant plan's
+    random stream is untouched."""
+    if mean == 0 or distribution == "constant":
+        return mean
+    if distribution == "exponential":
+        return float(rng.exponential(mean))
+    if distribution == "pareto":
+        return lomax_draw(rng, mean, tail_index)
+    return float(rng.uniform(0.0, 2.0 * mean))
 
 
 def lomax_draw(rng: np.random.Generator, mean: float, tail_index: float) -> float:
