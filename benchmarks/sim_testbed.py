@@ -47,6 +47,7 @@ from benchmarks.parm_testbed import (
     shuffle_events,
     shuffle_horizon_s,
     shuffle_transitions,
+    testbed_cases,
 )
 from benchmarks.tail import Checkpoint, settings_key
 from parityserve.bench.loadgen import poisson_schedule
@@ -135,10 +136,12 @@ def testbed_inputs(testbed: Mapping[str, Any], instances: int, rate: float, rep:
 
 def sim_config(case: Mapping[str, Any], reactive_ms: float, overheads: Overheads,
                windows: Mapping[int, Sequence[tuple[float, float, float]]], *,
-               replicas: int | None = None) -> SimConfig:
+               replicas: int | None = None,
+               shuffle: Mapping[str, Any] | None = None) -> SimConfig:
     """The simulated deployment of a testbed case (``parm_testbed.testbed_cases``' fields),
     batch size 1, the testbed's 60-s SLO; ``replicas`` overrides its data replicas (the
-    projection's shards), the extra and parity instances scaled alike."""
+    projection's shards), the extra and parity instances scaled alike. ``shuffle`` (the
+    testbed's settings) says how a window's slowdown is drawn: constant, or per batch."""
     red, parity = dict(case.get("redundancy") or {}), dict(case.get("parity") or {})
     m = int(case["replicas"])
     scale = (replicas / m) if replicas else 1.0
@@ -158,6 +161,9 @@ def sim_config(case: Mapping[str, Any], reactive_ms: float, overheads: Overheads
         kw.update(K=int(red.get("K", 2)), S=int(red.get("S", 1)), E=int(red.get("E", 0)),
                   workers=red.get("workers"),
                   berrut_group_wait_s=float(red.get("group_wait_ms", 0.0)) / 1000)
+    if shuffle is not None:
+        kw.update(window_distribution=shuffle_distribution(shuffle),
+                  window_tail_index=float(shuffle.get("tail_index", 2.0)))
     return SimConfig(mode=mode, replicas=max(1, round(m * scale)), max_batch_size=1,
                      slo_s=60.0, delay_windows=windows,
                      frontend_query_cpu_s=overheads.cpu_ms / 1000,
@@ -302,10 +308,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"no testbed results at {path}: run python -m benchmarks.parm_testbed "
                          "(--quick) first, or give --testbed")
     testbed = orjson.loads(path.read_bytes())
-    distribution = shuffle_distribution(testbed["shuffle"])
-    if distribution != "constant":  # the windows below hold one delay each
-        raise SystemExit(f"{path}: the simulator replays a constant shuffle slowdown, and this "
-                         f"testbed drew a {distribution} one per batch")
     if args.quick:
         args.project_queries = min(args.project_queries, 4000)
     emulated = profile_named(str(testbed["profile"]))
@@ -357,6 +359,18 @@ def _cases(testbed: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(c["name"]): dict(c) for c in testbed["cases"]}
 
 
+def none_case(testbed: Mapping[str, Any]) -> dict[str, Any]:
+    """The testbed's ``none`` deployment, which the idle point runs: its own when it ran
+    one, else the one ``parm_testbed`` would have run at its size (a run of, say,
+    equal-resources and ParM alone is still calibrated on the same idle point)."""
+    ran = _cases(testbed).get("none")
+    if ran is not None:
+        return ran
+    (case,) = testbed_cases(["none"], [2], int(testbed["deployed"]),
+                            float(testbed["reactive_ms"]))
+    return dict(case.__dict__)
+
+
 def _point_cpu_ms(point: Mapping[str, Any], args: argparse.Namespace) -> float:
     if args.cpu_ms is not None:
         return float(args.cpu_ms)
@@ -367,7 +381,8 @@ def _replay(testbed: Mapping[str, Any], case: Mapping[str, Any], rate: float, re
             profile: ServiceProfile, overheads: Overheads, sim_seed: int) -> dict[str, Any]:
     """One testbed run replayed in the simulator: its arrivals, its shuffles."""
     arrivals, windows = testbed_inputs(testbed, int(case["instances"]), rate, rep)
-    config = sim_config(case, float(testbed["reactive_ms"]), overheads, windows)
+    config = sim_config(case, float(testbed["reactive_ms"]), overheads, windows,
+                        shuffle=testbed["shuffle"])
     result = simulate(config, profile, arrivals,
                       np.random.default_rng([int(testbed["seed"]), rep, int(rate), sim_seed]))
     s = result.summary()
@@ -415,7 +430,7 @@ def _calibrate_idle(testbed: Mapping[str, Any], idle: Mapping[str, Any],
     rate, n = float(idle["rate"]), int(idle["n"])
     arrivals = poisson_schedule(rate, n, np.random.default_rng(run_seed(int(testbed["seed"]),
                                                                         0, rate)))
-    case = _cases(testbed)["none"]
+    case = none_case(testbed)
     config = sim_config(case, float(testbed["reactive_ms"]), Overheads(cpu, 0.0, rpc), {})
     sim = simulate(config, profile, arrivals, np.random.default_rng([0, 1])).summary()
     latency = max(0.0, float(idle["p50_ms"]) - float(sim["p50_ms"]))
@@ -453,7 +468,7 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
     from parityserve.bench.serverproc import ServerProcess, write_config
     from parityserve.models.datasets import load_mnist, resolve_data_dir
 
-    case = Case(**_cases(testbed)["none"])
+    case = Case(**none_case(testbed))
     data_dir = resolve_data_dir(args.data_dir)
     x, _ = load_mnist("test", data_dir=data_dir)
     bodies = encode_bodies(list(x[::10][:1000]))
@@ -633,7 +648,7 @@ def _project_one(testbed: Mapping[str, Any], case: Mapping[str, Any], replicas: 
     windows = windows_from_transitions(shuffle_transitions(events, slots),
                                        float(sh["delay_ms"]) / 1000)
     config = sim_config(case, float(testbed["reactive_ms"]), overheads, windows,
-                        replicas=replicas)
+                        replicas=replicas, shuffle=sh)
     result = simulate(config, profile, arrivals, np.random.default_rng([slots, 2]),
                       warmup=queries // 10)
     s = result.summary()

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,7 @@ from parityserve.core.batching import AIMDController
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.deadline_queue import Entry
 from parityserve.core.emulation import ServiceProfile as EmulatedProfile
-from parityserve.core.faults import FaultPlan, FaultSpec
+from parityserve.core.faults import DelayDistribution, FaultPlan, FaultSpec, draw_delay
 from parityserve.core.scheduling import (
     DATA_POOL,
     MODES,
@@ -241,6 +241,11 @@ class SimConfig:
     # that starts inside a window takes ``delay_s`` longer (``bench tail``'s random pairs).
     delay_windows: Mapping[int, Sequence[tuple[float, float, float]]] = field(
         default_factory=dict)
+    # How a window's delay is drawn: constant adds delay_s to every batch; exponential and
+    # pareto draw each batch's own wait with mean delay_s, as the runtime's fault plans do
+    # (faults.draw_delay), so a replayed testbed run keeps its slowdown's shape.
+    window_distribution: DelayDistribution = "constant"
+    window_tail_index: float = 2.0  # pareto only: P(wait > d) = (1 + d/s)^-a
     # Instance slot -> the time it crashes: what it holds goes back to the queue, and it
     # is not restarted.
     crashes: Mapping[int, float] = field(default_factory=dict)
@@ -266,6 +271,16 @@ class SimConfig:
         for key in self.faults:
             if key != "all" and not (key.isascii() and key.isdigit()):
                 raise ConfigError(f"fault key {key!r} must be a replica index or 'all'")
+        self._check_windows()
+
+    def _check_windows(self) -> None:
+        known = get_args(DelayDistribution)
+        if self.window_distribution not in known:
+            raise ConfigError(f"unknown window_distribution {self.window_distribution!r}; "
+                              f"use one of {', '.join(known)}")
+        if self.window_distribution == "pareto" and not self.window_tail_index > 1:
+            raise ConfigError("window_tail_index must be > 1 (a finite mean), got "
+                              f"{self.window_tail_index}")
 
     def coded_tasks(self) -> int:
         """``config.RedundancyConfig.coded_tasks``."""
@@ -389,6 +404,8 @@ class Simulator:
         self.now = 0.0
         service_rng, fault_rng = rng.spawn(2)
         self._service_rng = service_rng
+        # Spawned after the first two, so runs without drawn windows keep their streams.
+        self._window_rng = rng.spawn(1)[0]
         self._events: list[tuple[float, int, Callable[[], None], _Timer | None]] = []
         self._seq = itertools.count()
         self.machine = Scheduler(Batching(config.max_batch_size, config.max_delay_s),
@@ -594,7 +611,8 @@ class Simulator:
             wait += instance.plan.next_batch(now).delay_s
         for start, end, delay in instance.windows:
             if start <= now < end:
-                wait += delay
+                wait += draw_delay(self._window_rng, delay, self.config.window_distribution,
+                                   self.config.window_tail_index)
                 break
 
         def arrived() -> None:

@@ -157,13 +157,24 @@ def test_a_missing_testbed_file_is_a_clear_error(tmp_path) -> None:
         main(["--testbed", str(tmp_path / "nope.json"), "--results-dir", str(tmp_path)])
 
 
-def test_a_testbed_with_a_drawn_slowdown_is_refused_not_replayed_as_constant(tmp_path) -> None:
-    import json
+@pytest.mark.parametrize(("shuffle", "drawn"), [
+    ({"delay_ms": 50.0}, ("constant", 2.0)),  # the committed constant runs name no distribution
+    ({"delay_ms": 10.5, "delay_distribution": "exponential"}, ("exponential", 2.0)),
+    ({"delay_ms": 3.5, "delay_distribution": "pareto", "tail_index": 3.0}, ("pareto", 3.0)),
+])
+def test_the_windows_are_drawn_as_the_testbed_drew_its_shuffle_slowdown(
+        shuffle: dict, drawn: tuple[str, float]) -> None:
+    case = next(c for c in tb.testbed_cases(["parm"], [2], 12, 60.0))
+    config = sim_config(case.__dict__, 60.0, Overheads(), {0: [(0.0, 1.0, 0.05)]},
+                        shuffle=shuffle)
+    assert (config.window_distribution, config.window_tail_index) == drawn
 
-    from benchmarks.sim_testbed import main
 
-    testbed = tmp_path / "parm-testbed.json"
-    testbed.write_text(json.dumps({"shuffle": {"delay_ms": 8.0,
-                                               "delay_distribution": "exponential"}}))
-    with pytest.raises(SystemExit, match="replays a constant shuffle slowdown.*exponential"):
-        main(["--testbed", str(testbed), "--results-dir", str(tmp_path)])
+def test_a_testbed_that_ran_no_none_case_is_calibrated_on_the_none_of_its_size() -> None:
+    from benchmarks.sim_testbed import none_case
+
+    ran = tb.testbed_cases(["none", "parm"], [2], 12, 60.0)
+    with_none = {"cases": [c.__dict__ for c in ran], "deployed": 12, "reactive_ms": 60.0}
+    without = {"cases": [c.__dict__ for c in ran[1:]], "deployed": 12, "reactive_ms": 60.0}
+    assert none_case(without) == none_case(with_none) == ran[0].__dict__
+    assert none_case({**without, "deployed": 24})["instances"] == 24

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from parityserve.core.emulation import ServiceProfile as EmulatedProfile
 from parityserve.core.faults import BurstSpec, FaultSpec
 from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
 from parityserve.errors import ConfigError
@@ -159,6 +160,55 @@ def test_delay_windows_slow_batches_that_start_inside_them() -> None:
     cfg = SimConfig(replicas=1, slo_s=1.0, delay_windows={0: [(0.010, 0.020, 0.030)]})
     result = _run(cfg, np.array([0.0, 0.015, 0.100]))
     np.testing.assert_allclose(result.latency_s, [0.005, 0.035, 0.005])
+
+
+def _window_waits(distribution: str, n: int = 4000, seed: int = 1, **kw: float) -> np.ndarray:
+    """What a window of mean 10 ms added to each of ``n`` lone batches (5 ms service, no
+    queueing: arrivals 1 s apart)."""
+    cfg = SimConfig(replicas=1, slo_s=100.0, window_distribution=distribution,
+                    delay_windows={0: [(0.0, float("inf"), 0.010)]}, **kw)
+    return _run(cfg, np.arange(n) * 1.0, seed=seed).latency_s - 0.005
+
+
+def test_a_windows_delay_is_drawn_per_batch_with_the_windows_mean() -> None:
+    constant = _window_waits("constant", n=50)
+    np.testing.assert_allclose(constant, 0.010)
+    exponential = _window_waits("exponential")
+    assert exponential.std() > 0.008  # each batch its own draw, not one per window
+    assert exponential.mean() == pytest.approx(0.010, rel=0.06)
+    assert np.median(exponential) == pytest.approx(0.010 * np.log(2), rel=0.08)
+    pareto = _window_waits("pareto", window_tail_index=3.0)
+    assert pareto.mean() == pytest.approx(0.010, rel=0.15)
+    # Heavier than the exponential of the same mean far out: P(D > 6 mean) is (1 + 6/2)^-3
+    # = 1.6% for Lomax with a = 3 against e^-6 = 0.25%.
+    assert (pareto > 0.060).mean() > 3 * (exponential > 0.060).mean()
+
+
+def test_drawn_windows_replay_with_the_seed_and_leave_other_streams_alone() -> None:
+    first, again = _window_waits("exponential", n=200), _window_waits("exponential", n=200)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, _window_waits("exponential", n=200, seed=2))
+    # The waits come from a stream of their own (the seed's third child), so the service
+    # times a run draws are the same whatever its windows draw.
+    profile = ServiceProfile.from_emulation(EmulatedProfile("t", 5.0, 0.0, source="t", cv=0.3))
+    arrivals = np.arange(300) * 1.0
+    windows = {0: [(0.0, float("inf"), 0.010)]}
+    constant = _run(SimConfig(replicas=1, slo_s=100.0, delay_windows=windows), arrivals,
+                    profile).latency_s
+    drawn = _run(SimConfig(replicas=1, slo_s=100.0, delay_windows=windows,
+                           window_distribution="exponential"), arrivals, profile).latency_s
+    stream = np.random.default_rng(1).spawn(3)[2]
+    expected = np.array([stream.exponential(0.010) for _ in arrivals])
+    np.testing.assert_allclose(drawn - constant + 0.010, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"window_distribution": "gamma"}, "unknown window_distribution 'gamma'"),
+    ({"window_distribution": "pareto", "window_tail_index": 1.0}, "window_tail_index must be > 1"),
+])
+def test_bad_window_settings_are_refused(settings: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        SimConfig(**settings)
 
 
 def test_host_cores_share_cpu_between_co_located_workers() -> None:
