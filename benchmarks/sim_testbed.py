@@ -161,9 +161,10 @@ def sim_config(case: Mapping[str, Any], reactive_ms: float, overheads: Overheads
         kw.update(K=int(red.get("K", 2)), S=int(red.get("S", 1)), E=int(red.get("E", 0)),
                   workers=red.get("workers"),
                   berrut_group_wait_s=float(red.get("group_wait_ms", 0.0)) / 1000)
-    if shuffle is not None:
-        kw.update(window_distribution=shuffle_distribution(shuffle),
-                  window_tail_index=float(shuffle.get("tail_index", 2.0)))
+    if shuffle is not None:  # a tail index is recorded only where it applies (pareto)
+        kw["window_distribution"] = shuffle_distribution(shuffle)
+        if "tail_index" in shuffle:
+            kw["window_tail_index"] = float(shuffle["tail_index"])
     return SimConfig(mode=mode, replicas=max(1, round(m * scale)), max_batch_size=1,
                      slo_s=60.0, delay_windows=windows,
                      frontend_query_cpu_s=overheads.cpu_ms / 1000,

@@ -31,6 +31,7 @@ __all__ = [
     "FaultSpec",
     "FaultStats",
     "WrongKind",
+    "check_delay_shape",
     "draw_delay",
     "lomax_draw",
 ]
@@ -92,10 +93,7 @@ class FaultSpec:
 
     def __post_init__(self) -> None:
         _require(self.delay_ms >= 0, f"delay_ms must be >= 0, got {self.delay_ms}")
-        _check_choice("delay_distribution", self.delay_distribution, DelayDistribution)
-        a = self.delay_tail_index
-        _require(a > 1 and math.isfinite(a),
-                 f"delay_tail_index must be > 1 (a finite mean), got {a}")
+        check_delay_shape(self.delay_distribution, self.delay_tail_index)
         _check_choice("wrong_kind", self.wrong_kind, WrongKind)
         p = self.wrong_probability
         _require(0 <= p <= 1, f"wrong_probability must be in [0, 1], got {p}")
@@ -255,6 +253,15 @@ class FaultPlan:
         if p == 0:  # the common, fault-free case draws nothing
             return np.zeros(n, dtype=bool)
         return self._corrupt_rng.random(n) < p
+
+
+def check_delay_shape(distribution: str, tail_index: float, *, prefix: str = "delay") -> None:
+    """Raise ConfigError unless ``distribution`` is a known DelayDistribution and
+    ``tail_index`` gives a finite mean: the one rule for what ``draw_delay`` may be asked,
+    for fault specs (``delay_*``) and the simulator's delay windows (``window_*``)."""
+    _check_choice(f"{prefix}_distribution", distribution, DelayDistribution)
+    _require(tail_index > 1 and math.isfinite(tail_index),
+             f"{prefix}_tail_index must be > 1 (a finite mean), got {tail_index}")
 
 
 def draw_delay(rng: np.random.Generator, mean: float, distribution: DelayDistribution,

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,13 @@ from parityserve.core.batching import AIMDController
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.deadline_queue import Entry
 from parityserve.core.emulation import ServiceProfile as EmulatedProfile
-from parityserve.core.faults import DelayDistribution, FaultPlan, FaultSpec, draw_delay
+from parityserve.core.faults import (
+    DelayDistribution,
+    FaultPlan,
+    FaultSpec,
+    check_delay_shape,
+    draw_delay,
+)
 from parityserve.core.scheduling import (
     DATA_POOL,
     MODES,
@@ -271,16 +277,7 @@ class SimConfig:
         for key in self.faults:
             if key != "all" and not (key.isascii() and key.isdigit()):
                 raise ConfigError(f"fault key {key!r} must be a replica index or 'all'")
-        self._check_windows()
-
-    def _check_windows(self) -> None:
-        known = get_args(DelayDistribution)
-        if self.window_distribution not in known:
-            raise ConfigError(f"unknown window_distribution {self.window_distribution!r}; "
-                              f"use one of {', '.join(known)}")
-        if self.window_distribution == "pareto" and not self.window_tail_index > 1:
-            raise ConfigError("window_tail_index must be > 1 (a finite mean), got "
-                              f"{self.window_tail_index}")
+        check_delay_shape(self.window_distribution, self.window_tail_index, prefix="window")
 
     def coded_tasks(self) -> int:
         """``config.RedundancyConfig.coded_tasks``."""

@@ -27,7 +27,7 @@ def plan(seed: int = 0, start: float = 0.0, **spec: object) -> FaultPlan:
 def test_public_names() -> None:
     assert sorted(faults.__all__) == [
         "BurstSpec", "DelayDistribution", "FaultAction", "FaultPlan", "FaultSpec", "FaultStats",
-        "WrongKind", "draw_delay", "lomax_draw"]
+        "WrongKind", "check_delay_shape", "draw_delay", "lomax_draw"]
 
 
 def test_core_does_not_import_config_or_pydantic() -> None:
