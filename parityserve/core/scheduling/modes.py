@@ -253,7 +253,7 @@ class Parm(Redundancy):
         core = _parm_core(run)
         task.group, task.slot = run, core.add(task.payload, self.host.now)
         run.entries[task.slot] = task.entries
-        run.tasks.append(task)
+        run.add_task(task)
         if core.full:
             self._close_open()
 
@@ -274,7 +274,7 @@ class Parm(Redundancy):
             task = self.host.new_task([], payload=payload, pool=parity_pool(j),
                                       kind=TaskKind.PARITY)
             task.group, task.slot = run, j
-            run.tasks.append(task)
+            run.add_task(task)
             self.push(task)
             self.host.emit(Redundant("parity"))
         self.host.pump()
@@ -392,7 +392,7 @@ class Berrut(Redundancy):
 
     def _add(self, run: GroupRun, task: Task, slot: int) -> None:
         task.group, task.slot = run, slot
-        run.tasks.append(task)
+        run.add_task(task)
         self.push(task)
 
     def on_output(self, batch: InflightBatch, outputs: Any) -> None:
