@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from parityserve.bench.serverproc import ServerProcess
 from parityserve.client import Client
 from parityserve.models.datasets import load_digits_split
 from parityserve.models.digits import train_digits_classifier
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -499,9 +499,7 @@ def test_worker_with_a_key_the_frontend_does_not_admit_is_refused(frontends, dep
 
 
 def test_worker_with_no_frontend_gives_up_after_the_join_timeout() -> None:
-    with socket.socket() as s:  # a port with nothing listening on it
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     result = run_cli("worker", "--connect", f"tcp://127.0.0.1:{port}", "--model", "echo",
                      "--source", "zoo:echo", "--join-timeout", "1", timeout_s=30)
     assert result.returncode == 2, result.stderr

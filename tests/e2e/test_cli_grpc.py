@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,11 @@ import pytest
 import tritonclient.grpc as tg
 import yaml
 
+from tests.ports import free_port
+
 PARITYSERVE = str(Path(sys.executable).with_name("parityserve"))
 CONFIG = {"server": {"http_port": 0},
           "models": [{"name": "echo", "source": "zoo:echo", "replicas": 1}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
@@ -55,7 +50,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_start_serves_grpc_on_the_port_asked_and_says_where(tmp_path) -> None:
-    port = _free_port()
+    port = free_port()
     proc, banner = _start(tmp_path, "--grpc-port", str(port))
     try:
         assert re.search(rf"V2 gRPC\s+127\.0\.0\.1:{port}", banner), banner

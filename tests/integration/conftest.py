@@ -70,21 +70,26 @@ def cli_server(folder: Path, config: dict, env: dict[str, str] | None = None
             [sys.executable, "-c", "import sys; from parityserve.cli import main; "
              "sys.exit(main())", "start", "-c", str(folder / "s.yaml")],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-        try:
-            yield _serving_url(proc), err
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0
-            assert proc.stdout is not None
-            proc.stdout.close()
+        with proc:  # closes its stdout on every path, so no unclosed pipe is left to GC
+            try:
+                yield _serving_url(proc, err), err
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(60)
+                assert code == 0, f"server exited {code} on SIGTERM: {_tail(err)}"
 
 
-def _serving_url(proc: subprocess.Popen[str]) -> str:
+def _serving_url(proc: subprocess.Popen[str], err: Path) -> str:
     assert proc.stdout is not None
     for line in proc.stdout:
         if match := re.search(r"serving on (http://\S+)", line):
             return match.group(1)
-    raise AssertionError(f"server exited ({proc.wait()}) without serving")
+    raise AssertionError(f"server exited ({proc.wait()}) without serving: {_tail(err)}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    """The last lines a server wrote to ``path``, for a failure's message."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def model_state(client: Client, name: str) -> dict:

@@ -6,7 +6,6 @@ import asyncio
 import importlib.util
 import os
 import selectors
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -69,11 +69,6 @@ def test_a_failing_model_is_a_500() -> None:
 # --- real server --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _wait_for_ready(proc: subprocess.Popen[str], timeout_s: float) -> None:
     assert proc.stdout is not None
@@ -92,7 +87,7 @@ def _wait_for_ready(proc: subprocess.Popen[str], timeout_s: float) -> None:
 
 @contextmanager
 def _baseline_server(*args: str) -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "parityserve.bench.baseline_app", *args, "--port", str(port)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
@@ -144,7 +139,7 @@ def test_zoo_noop_through_the_model_loader() -> None:
 def test_an_unknown_source_exits_with_an_error() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "parityserve.bench.baseline_app", "--source", "nosuch:thing",
-         "--port", str(_free_port())],
+         "--port", str(free_port())],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "cannot load" in proc.stderr

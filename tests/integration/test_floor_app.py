@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,14 @@ import numpy as np
 import pytest
 
 from parityserve.bench.probe import probe
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _start(*args: str) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "parityserve.bench.floor_app", *args, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

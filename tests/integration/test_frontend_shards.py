@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 
 from parityserve.config import Server
 from parityserve.runtime.shards import cores_warning
+from tests.ports import free_port
 
 INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 # Exp3 over two models that disagree on every input: noop answers class 0, echo answers its
@@ -32,7 +32,7 @@ BANDIT = {"name": "bandit", "models": ["noop", "echo"], "slo_ms": 3000, "default
 
 @pytest.fixture(scope="module")
 def grpc_port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +49,11 @@ def sharded(tmp_path_factory: pytest.TempPathFactory, grpc_port: int
         yield url, err
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def sharded_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Two shards with the admin API on a listener of its own, behind a token."""
-    admin_port = _free_port()
+    admin_port = free_port()
     config = {"server": {"http_port": 0, "frontends": 2, "admin_host": "127.0.0.1",
                          "admin_port": admin_port},
               "models": [{"name": "noop", "source": "zoo:noop", "replicas": 1}]}

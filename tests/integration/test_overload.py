@@ -7,36 +7,27 @@ the before/after counts): one ``zoo:echo`` replica slowed to 20 queries/s by an 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
 
 import httpx
 import numpy as np
 import pytest
 
+from benchmarks.diagnostics import overload as diagnostic
 from parityserve.runtime import v2
 
 pytestmark = pytest.mark.integration
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "diagnostics" / "overload.py"
 RSS_BOUND_MIB = 64  # frontend growth over 2,000 queries at 5x; measured ~5 MiB
 VECTOR = {"name": "input", "datatype": "FP32", "shape": [4]}
 
-
-def _scenario() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("overload_scenario", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.timeout(180)
 def test_five_times_capacity_sheds_with_retry_after_and_answers_every_query_once(
         tmp_path: Path) -> None:
-    report = _scenario().run(factor=5.0, duration_s=20.0, base_dir=tmp_path)
+    report = diagnostic.run(factor=5.0, duration_s=20.0, base_dir=tmp_path)
     counts = report["counts"]
     print(report)  # the counts, for the record (pytest -s)
     answers = {k: v for k, v in counts.items() if k != "sent"}

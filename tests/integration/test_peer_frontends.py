@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -19,6 +18,8 @@ import httpx
 import pytest
 import redis
 from conftest import cli_server, wait_until
+
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +32,7 @@ class RedisServer:
 
     def __init__(self, binary: str) -> None:
         self.binary = binary
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

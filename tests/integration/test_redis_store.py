@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from parityserve.errors import ConfigError, Unavailable
 from parityserve.runtime.state_store import RedisStore, open_store
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -173,14 +173,8 @@ def test_corrupt_state_reads_as_missing(
     assert store.get("app/u") == {"n": 1}
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_redis_is_a_quick_config_error() -> None:
-    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     started = time.monotonic()
     with pytest.raises(ConfigError, match=f"state store {url}: cannot reach Redis"):
         open_store(url)
@@ -191,7 +185,7 @@ def test_redis_going_away_later_is_unavailable(redis_url: str, namespace: str) -
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not on PATH (scripts/redis.sh ensure installs it)")
-    port = _closed_port()
+    port = free_port()
     proc = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:

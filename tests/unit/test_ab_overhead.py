@@ -3,21 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "diagnostics" / "ab_overhead.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ab_overhead", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks.diagnostics import ab_overhead as diagnostic
 
 
 def _point(system: str, rate: float | None, p50: float, qps: float) -> dict:
@@ -33,7 +23,7 @@ def test_points_take_the_lowest_finite_rate_and_the_saturation_row() -> None:
                         _point("parityserve", 400, 9, 400)],
              "peak": {"bare": _point("bare", None, 50, 3000),
                       "parityserve": _point("parityserve", None, 80, 1500)}}
-    found = _module()._points(model)
+    found = diagnostic._points(model)
     assert found["parityserve"] == {"rate": 100, "n": 2000, "p50_ms": 2.0, "p99_ms": 4.0,
                                     "p999_ms": 6.0, "peak_qps": 1500, "peak_n": 2000}
     assert found["bare"]["peak_qps"] == 3000 and found["bare"]["p50_ms"] == 1.0
@@ -47,7 +37,7 @@ def test_summary_is_the_median_of_rounds_and_the_after_over_before_ratio() -> No
 
     runs = {"before-0": run(1000, 2.0), "after-0": run(950, 2.2), "before-1": run(1100, 2.1),
             "after-1": run(1000, 2.0), "before-2": run(900, 5.0), "after-2": run(2000, 2.1)}
-    row = _module().summarise(runs, ["mlp"])["mlp/parityserve"]
+    row = diagnostic.summarise(runs, ["mlp"])["mlp/parityserve"]
     assert row["before_peak_qps"] == 1000 and row["after_peak_qps"] == 1000
     assert row["peak_ratio"] == pytest.approx(1.0)
     assert row["p50_ratio"] == pytest.approx(2.1 / 2.1)
@@ -55,5 +45,5 @@ def test_summary_is_the_median_of_rounds_and_the_after_over_before_ratio() -> No
 
 
 def test_a_tree_given_as_a_directory_is_used_as_is(tmp_path: Path) -> None:
-    with _module()._tree(str(tmp_path)) as tree:
+    with diagnostic._tree(str(tmp_path)) as tree:
         assert tree == tmp_path.resolve()

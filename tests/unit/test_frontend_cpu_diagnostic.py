@@ -3,23 +3,13 @@ its refusal to run --py-spy without py-spy."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "diagnostics" / "frontend_cpu.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("frontend_cpu", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks.diagnostics import frontend_cpu as diagnostic
 
 
 def test_split_counts_main_thread_samples_by_first_bucket(tmp_path: Path) -> None:
@@ -31,13 +21,13 @@ def test_split_counts_main_thread_samples_by_first_bucket(tmp_path: Path) -> Non
         f"{main};RequestResponseCycle.send (uvicorn/x.py:1) 1",
         "GarbageCollectorThread.run (zmq/utils/garbage.py:56) 90",  # another thread
     ]))
-    assert _module().split_samples(raw) == pytest.approx(
+    assert diagnostic.split_samples(raw) == pytest.approx(
         {"serving path (_Frontend.predict)": 0.6,
          "worker RPC (WorkerLink._receive_pass)": 0.3, "the rest": 0.1})
 
 
 def test_py_spy_missing_is_a_clear_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(_SCRIPT), "--py-spy", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, diagnostic.__file__, "--py-spy", "--out", str(tmp_path)],
                           capture_output=True, text=True, env={"PATH": str(tmp_path)},
                           timeout=60)
     assert done.returncode == 2

@@ -4,25 +4,16 @@ that is no checkout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "diagnostics" / "frontend_gc.py"
+from benchmarks.diagnostics import frontend_gc as diagnostic
 
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("frontend_gc", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+_ROOT = Path(__file__).parents[2]
 
 # A stand-in for the server: cycles made before the startup heap is frozen are not counted,
 # cycles made after it are.
@@ -48,7 +39,7 @@ def test_the_hook_records_the_serving_processes_passes_after_the_freeze(
         tmp_path: Path, role: str, expected: int) -> None:
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_module()._HOOK)
+    (hook / "sitecustomize.py").write_text(diagnostic._HOOK)
     log = tmp_path / "log"
     log.mkdir()
     subprocess.run([sys.executable, "-c", _PROGRAM, role], check=True,
@@ -62,13 +53,12 @@ def test_the_hook_records_the_serving_processes_passes_after_the_freeze(
 
 
 def test_a_run_of_code_from_outside_the_tree_is_refused(tmp_path: Path) -> None:
-    module = _module()
     tree = tmp_path / "checkout"
     inside = {"gen": 0, "ms": 1.0, "collected": 1, "code": f"{tree}/parityserve/__init__.py"}
-    module._check_code([inside], tree)
+    diagnostic._check_code([inside], tree)
     outside = {**inside, "code": "/site-packages/parityserve/__init__.py"}
     with pytest.raises(SystemExit, match="ran parityserve from .*site-packages"):
-        module._check_code([inside, outside], tree)
+        diagnostic._check_code([inside, outside], tree)
 
 
 def test_a_run_is_summarised_by_generation_pause_and_garbage_per_query() -> None:
@@ -76,18 +66,17 @@ def test_a_run_is_summarised_by_generation_pause_and_garbage_per_query() -> None
     passes = [{"gen": 0, "ms": 10.0, "collected": 12000}, {"gen": 0, "ms": 20.0,
                                                             "collected": 12000},
               {"gen": 1, "ms": 60.0, "collected": 14000}]
-    row = _module()._row("before", "parm", point, passes)
+    row = diagnostic._row("before", "parm", point, passes)
     assert row["passes"] == "2/1/0"
     assert (row["pause_ms_median"], row["pause_ms_max"], row["pause_ms_total"]) == (
         20.0, 60.0, 90.0)
     assert row["freed_per_query"] == pytest.approx(38.0)
-    assert _module()._row("after", "parm", point, [])["passes"] == "0/0/0"
+    assert diagnostic._row("after", "parm", point, [])["passes"] == "0/0/0"
 
 
 def test_a_tree_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
-    module = _module()
     with pytest.raises(SystemExit, match="give LABEL=DIR"):
-        module._tree(f"before={tmp_path}")
+        diagnostic._tree(f"before={tmp_path}")
     with pytest.raises(SystemExit, match="give LABEL=DIR"):
-        module._tree(str(_SCRIPT.parents[2]))  # no label
-    assert module._tree(f"here={_SCRIPT.parents[2]}") == ("here", _SCRIPT.parents[2])
+        diagnostic._tree(str(_ROOT))  # no label
+    assert diagnostic._tree(f"here={_ROOT}") == ("here", _ROOT)
