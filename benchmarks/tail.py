@@ -294,7 +294,8 @@ def burst_fraction(transitions: Sequence[tuple[float, int, bool]], horizon_s: fl
 
 
 _MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "throughput_qps", "rebuilt_fraction",
-            "send_lag_p99_ms")
+            "send_lag_p99_ms", "steal_share", "steal_stalls", "clean_share", "clean_p50_ms",
+            "clean_p99_ms", "clean_p999_ms")
 
 
 def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -303,7 +304,7 @@ def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("no rows to combine")
     out = dict(rows[0])
     for key in _MEDIANS:
-        values = [float(r[key]) for r in rows if key in r]
+        values = [float(r[key]) for r in rows if r.get(key) is not None]  # None: unmeasured
         if values:
             out[key] = float(np.median(values))
             out[f"{key}_runs"] = values
@@ -311,6 +312,8 @@ def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out.pop("recovered", None)
     out["errors"] = sum(int(r.get("errors", 0)) for r in rows)
     out["n"] = sum(int(r.get("n", 0)) for r in rows)
+    if any(r.get("clean_n") is not None for r in rows):
+        out["clean_n"] = sum(int(r.get("clean_n") or 0) for r in rows)
     out["repeats"] = len(rows)
     return out
 

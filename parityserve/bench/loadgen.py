@@ -84,6 +84,9 @@ class LoadResult:
     offered_rate: float
     duration_s: float
     send_lag_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # ``time.perf_counter()`` when schedule time 0 was: query i was meant to leave at
+    # ``started_at + schedule[i]`` (NaN where the run did not say).
+    started_at: float = math.nan
 
     @property
     def n(self) -> int:
@@ -294,6 +297,7 @@ def _result(rec: _Recorder, schedule: np.ndarray, start: float, rate_qps: float 
         offered_rate=float(rate_qps),
         duration_s=max(rec.last_done - start, 0.0),
         send_lag_s=rec.lags,
+        started_at=start,
     )
 
 

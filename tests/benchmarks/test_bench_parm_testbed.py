@@ -95,6 +95,22 @@ def test_the_target_line_says_met_or_missed_from_parm_k2() -> None:
     assert "not run" in tb.target_line([], 12)
 
 
+def test_the_steal_free_gaps_are_a_labelled_diagnostic_beside_the_target() -> None:
+    cases = tb.testbed_cases(["equal-resources", "parm"], (2,), 12, 60.0)
+    er, parm = (_point("equal-resources-18", 18, 150.0, 35, 93, 500.0),
+                _point("parm-k2", 18, 150.0, 35, 58, 600.0))
+    er.update(clean_p50_ms=34.0, clean_p99_ms=50.0, clean_p999_ms=80.0, clean_share=0.8)
+    parm.update(clean_p50_ms=34.0, clean_p99_ms=40.0, clean_p999_ms=46.0, clean_share=0.82)
+    rows = tb.steal_gap_rows([er, parm], cases)
+    assert rows[1]["gap_reduction"] == pytest.approx(46 / 12)
+    line = tb.steal_line(rows)
+    assert line is not None and line.startswith("Diagnostic, not the target")
+    assert "(82% of ParM k = 2's)" in line and "3.83x smaller" in line
+    # steal not measured (None, as on a host without the counter): no rows, no line
+    er["clean_p999_ms"] = parm["clean_p999_ms"] = None
+    assert tb.steal_gap_rows([er, parm], cases) == [] and tb.steal_line([]) is None
+
+
 def test_the_full_run_fits_the_issues_45_minutes_and_a_second_rate_does_not() -> None:
     cases = len(tb.testbed_cases(tb.MODES, (2, 4), 12, 60.0))
     full = tb.plan_s(cases, tb.RATES, 20_000, 3)
@@ -104,6 +120,21 @@ def test_the_full_run_fits_the_issues_45_minutes_and_a_second_rate_does_not() ->
     assert "within the 45-min budget" in tb.budget_line(full)
     two = tb.plan_s(cases, (175.0, 250.0), 20_000, 3)
     assert "over the 45-min budget by 48 min" in tb.budget_line(two)
+
+
+def test_repetitions_are_interleaved_when_that_fits_the_budget() -> None:
+    two = tb.testbed_cases(["equal-resources", "parm"], (2,), 12, 60.0)
+    assert tb.run_order("auto", 2, (150.0,), 20_000, 3) == "interleaved"  # +4 starts: fits
+    nine = len(tb.testbed_cases(tb.MODES, (2, 4), 12, 60.0))
+    assert tb.run_order("auto", nine, tb.RATES, 20_000, 3) == "grouped"  # 27 starts do not
+    assert tb.run_order("interleaved", nine, tb.RATES, 20_000, 3) == "interleaved"
+    assert tb.plan_s(2, (150.0,), 20_000, 3, interleaved=True) \
+        == pytest.approx(tb.plan_s(2, (150.0,), 20_000, 3) + 4 * 20)
+    plan = [(case.name, reps) for case, reps in tb.measure_plan(two, 3, "interleaved")]
+    assert plan == [("equal-resources-18", [0]), ("parm-k2", [0]), ("parm-k2", [1]),
+                    ("equal-resources-18", [1]), ("equal-resources-18", [2]), ("parm-k2", [2])]
+    grouped = [(case.name, reps) for case, reps in tb.measure_plan(two, 3, "grouped")]
+    assert grouped == [("equal-resources-18", [0, 1, 2]), ("parm-k2", [0, 1, 2])]
 
 
 def test_berrut_cases_carry_the_group_wait_only_when_asked() -> None:
@@ -133,8 +164,12 @@ def test_a_tiny_run_writes_labelled_results(tmp_path: Path, data_dir: Path) -> N
         assert p["p50_ms"] >= 28.0  # the profile's 30 ms service time was held
         assert p["frontend_cpu_us"] > 0
     assert report["points"][2]["rebuilt_fraction"] >= 0.0
+    for p in report["points"]:  # this VM has a steal counter: every point says what it lost
+        assert 0.0 <= p["steal_share"] <= 1.0 and p["steal_stalls"] >= 0
+        assert 0 <= p["clean_n"] <= p["n"]
     md = (tmp_path / "parm-testbed.md").read_text()
     for heading in ("# EMULATED accelerators", "## Latency (EMULATED accelerators)",
+                    "## Hypervisor steal: what the host took",
                     "## Cost (EMULATED accelerators)", "## Headline (EMULATED accelerators)"):
         assert heading in md
     assert (tmp_path / "parm-testbed-latency.png").stat().st_size > 0

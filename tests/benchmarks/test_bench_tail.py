@@ -136,6 +136,17 @@ def test_median_over_repeats_keeps_each_run() -> None:
         median_over_repeats([])
 
 
+def test_an_unmeasured_steal_is_left_out_of_the_medians_not_read_as_zero() -> None:
+    rows = [_row("x", 5, 1.0, 10.0, n=100, steal_share=share, clean_n=kept,
+                 clean_p999_ms=p999) for share, kept, p999 in
+            ((0.05, 90, 9.0), (None, None, None), (0.07, 80, 7.0))]
+    out = median_over_repeats(rows)
+    assert out["steal_share"] == pytest.approx(0.06) and out["steal_share_runs"] == [0.05, 0.07]
+    assert out["clean_p999_ms"] == 8.0 and out["clean_n"] == 170
+    bare = median_over_repeats([_row("x", 5, 1.0, 10.0, n=100)])
+    assert "steal_share" not in bare and "clean_n" not in bare
+
+
 def test_count_rebuilt_reads_the_flag() -> None:
     replies = [{"output": 1}, {"output": 2, "reconstructed": "parm-subtraction"}, None,
                {"reconstructed": "berrut"}]
