@@ -59,6 +59,7 @@ from benchmarks.frontend_cases import (  # noqa: E402
     load_case,
 )
 from benchmarks.frontend_wrk_report import summarise  # noqa: E402
+from parityserve.bench.steal import StealSampler  # noqa: E402
 
 __all__ = ["build_parser", "main", "run", "run_wrk", "summarise"]
 
@@ -411,13 +412,15 @@ def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
     """Warm up, then 64 connections (req/s, tail, CPU, mean batch), then one connection."""
     _wrk(url, spec, lua, 8, min(2.0, args.duration))
     batched = batches.read()  # first: the scrape's own CPU stays out of the figures
-    before = _cpu_ticks(pid)
-    loaded = _wrk(url, spec, lua, args.connections, args.duration)
-    after = _cpu_ticks(pid)
+    with StealSampler() as stolen:
+        before = _cpu_ticks(pid)
+        loaded = _wrk(url, spec, lua, args.connections, args.duration)
+        after = _cpu_ticks(pid)
     batching = _batching(batched, batches.read())
     single = _wrk(url, spec, lua, 1, max(2.0, args.duration / 2))
     return {**_rates(loaded), "p50_1conn_ms": single["p50_us"] / 1e3,
-            **_cpu_split(before, after, loaded["requests"]), **batching}
+            **_cpu_split(before, after, loaded["requests"]), **batching,
+            "steal_share": stolen.samples().share()}
 
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,
@@ -464,10 +467,11 @@ def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path
               "--protocol", "grpc", "--model", "noop", "--shape", "784", "--no-progress"]
     subprocess.run([*common, "--concurrency", "8", "--duration", "2"], check=True,
                    capture_output=True)  # warm up
-    before = _cpu_ticks(pid)
-    subprocess.run([*common, "--concurrency", str(args.connections), "--duration",
-                    str(args.duration), "--json", str(out)], check=True, capture_output=True)
-    after = _cpu_ticks(pid)
+    with StealSampler() as stolen:
+        before = _cpu_ticks(pid)
+        subprocess.run([*common, "--concurrency", str(args.connections), "--duration",
+                        str(args.duration), "--json", str(out)], check=True, capture_output=True)
+        after = _cpu_ticks(pid)
     loaded = json.loads(out.read_text())["run"]
     subprocess.run([*common, "--concurrency", "1", "--duration",
                     str(max(2.0, args.duration / 2)), "--json", str(out)], check=True,
@@ -478,7 +482,7 @@ def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path
             "p99_ms": loaded["p99_ms"], "p999_ms": loaded["p999_ms"],
             "p50_1conn_ms": single["p50_ms"], "client": "parityserve bench load",
             "client_cpu_us_per_request": loaded["tool_cpu_us_per_request"],
-            **_cpu_split(before, after, loaded["n"])}
+            **_cpu_split(before, after, loaded["n"]), "steal_share": stolen.samples().share()}
 
 
 # ---- CPU from /proc ----------------------------------------------------------------------

@@ -41,7 +41,8 @@ def _median_row(group: tuple[str, ...], runs: list[dict[str, Any]]) -> dict[str,
     for metric in _METRICS:
         row[metric] = statistics.median(r[metric] for r in runs)
     row["rps_rounds"] = [round(r["rps"]) for r in runs]
-    for metric in ("mean_batch", "model_calls"):  # absent where the server does not say
+    # absent where the server does not say (or, for steal, where the host has no counter)
+    for metric in ("mean_batch", "model_calls", "steal_share"):
         known = [r[metric] for r in runs if r.get(metric) is not None]
         row[metric] = statistics.median(known) if known else None
     return row
@@ -91,11 +92,14 @@ _INTRO = ("Medians over rounds (each round's req/s listed). `floor` is the bare 
           "queries per model call during the 64-connection run (median over rounds), from "
           "parityserve's "
           "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
-          "not say).")
+          "not say). CPU stolen: the share of this VM's CPU time its host took during the "
+          "64-connection run (`/proc/stat`, `parityserve.bench.steal`; median over rounds): "
+          "every process here stops while it happens, so a system measured in a spell of "
+          "steal reads slower for reasons of the host's.")
 _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs floor | vs LitServe "
            "| p50 1-conn ms | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | "
-           "worker us/req | mean batch @64 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "worker us/req | mean batch @64 | CPU stolen @64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -144,7 +148,7 @@ def _table_row(r: dict[str, Any]) -> str:
             f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
             f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
-            f"{_batch_cell(r)} |")
+            f"{_batch_cell(r)} | {_fmt(r.get('steal_share'), '.1%')} |")
 
 
 def _batch_cell(r: dict[str, Any]) -> str:

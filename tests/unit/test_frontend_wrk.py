@@ -43,6 +43,19 @@ def test_summary_takes_medians_and_ratios_to_bare_and_litserve() -> None:
     assert rows["parityserve", "grpc"]["vs_bare"] == pytest.approx(0.5)  # vs V2 binary
 
 
+def test_stolen_cpu_is_a_median_where_measured_and_a_dash_where_not() -> None:
+    points = {"0/noop/bare/v2-binary/distinct": {**_point(10000, 0.1), "steal_share": 0.01},
+              "1/noop/bare/v2-binary/distinct": {**_point(9000, 0.1), "steal_share": 0.05},
+              "2/noop/bare/v2-binary/distinct": {**_point(9500, 0.1), "steal_share": None},
+              "0/noop/parityserve/v2-binary/distinct": _point(6000, 0.3)}  # saved before
+    rows = {r["system"]: r for r in frontend_wrk.summarise(points)}
+    assert rows["bare"]["steal_share"] == pytest.approx(0.03)
+    assert rows["parityserve"]["steal_share"] is None
+    cells = {name: frontend_wrk_report._table_row(row).rstrip(" |").rsplit("| ", 1)[1]
+             for name, row in rows.items()}
+    assert cells == {"bare": "3.0%", "parityserve": "–"}
+
+
 def test_each_model_is_compared_with_its_own_baseline_and_the_target_judged() -> None:
     points = {"0/noop/bare/v2-binary/distinct": _point(10000, 0.1),
               "0/mlp/bare/v2-binary/distinct": _point(5000, 0.2),
