@@ -113,6 +113,7 @@ __all__ = [
     "main",
     "measure_plan",
     "plan_s",
+    "remaining_s",
     "run",
     "run_order",
     "run_seed",
@@ -330,6 +331,19 @@ def run_order(order: str, cases: int, rates: Sequence[float], queries: int,
     return "interleaved" if fits or repeats == 1 else "grouped"
 
 
+def remaining_s(cases: Sequence[Case], rates: Sequence[float], saved: Checkpoint,
+                repeats: int, order: str, queries: int) -> float:
+    """Estimated wall time of what a resumed run still has to measure: the unsaved points
+    and the server starts they need."""
+    points: list[float] = []
+    starts = 0
+    for case, reps in measure_plan(cases, repeats, order):
+        todo = [r for rep in reps for r in rates if saved.get(case.name, r, rep) is None]
+        points += todo
+        starts += bool(todo)
+    return estimate_runtime_s(points, queries, starts)
+
+
 def budget_line(estimate_s: float, budget_min: float = BUDGET_MIN) -> str:
     """The estimate against the issue's budget, in words."""
     minutes = estimate_s / 60
@@ -390,9 +404,11 @@ def run(args: argparse.Namespace) -> int:
                        resume=args.resume or args.report_only)
     estimate = plan_s(len(cases), rates, args.queries, args.repeats,
                       interleaved=order == "interleaved")
+    left = remaining_s(cases, rates, saved, args.repeats, order, args.queries)
+    resumed = f"; {left / 60:.0f} min of it left to measure" if left < estimate else ""
     print(f"== {profile.label}\n== ParM testbed: m = {args.deployed}, rates {rates} q/s, "
           f"{args.queries} queries x {args.repeats}, cases {[c.name for c in cases]}, "
-          f"repetitions {order}; {budget_line(estimate)} ==", flush=True)
+          f"repetitions {order}; {budget_line(estimate)}{resumed} ==", flush=True)
     started = time.monotonic()
     if not args.report_only:
         data_dir = resolve_data_dir(args.data_dir)

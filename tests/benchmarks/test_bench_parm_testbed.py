@@ -137,6 +137,17 @@ def test_repetitions_are_interleaved_when_that_fits_the_budget() -> None:
     assert grouped == [("equal-resources-18", [0, 1, 2]), ("parm-k2", [0, 1, 2])]
 
 
+def test_a_resumed_run_estimates_only_what_is_left(tmp_path: Path) -> None:
+    two = tb.testbed_cases(["equal-resources", "parm"], (2,), 12, 60.0)
+    saved = tb.Checkpoint(tmp_path / "runs.jsonl", {"settings": 1}, resume=False)
+    full = tb.remaining_s(two, (150.0,), saved, 3, "interleaved", 20_000)
+    assert full == pytest.approx(tb.plan_s(2, (150.0,), 20_000, 3, interleaved=True))
+    for rep in (0, 1):
+        saved.put({"case": "parm-k2", "rate": 150.0}, rep)
+    left = tb.remaining_s(two, (150.0,), saved, 3, "interleaved", 20_000)
+    assert left == pytest.approx(full - 2 * (20 + 20_000 / 150 + 3))
+
+
 def test_berrut_cases_carry_the_group_wait_only_when_asked() -> None:
     plain = {c.name: c for c in tb.testbed_cases(tb.MODES, (2,), 12, 60.0)}
     waited = {c.name: c for c in tb.testbed_cases(tb.MODES, (2,), 12, 60.0,
