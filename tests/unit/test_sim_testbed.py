@@ -21,6 +21,7 @@ from benchmarks.sim_testbed import (
     projection_limit,
     shard_plan,
     sim_config,
+    steal_free_line,
     verdict,
     windows_from_transitions,
 )
@@ -118,6 +119,20 @@ def test_verdict_counts_points_below_the_knee_and_not_the_fitted_p50() -> None:
     text = verdict([good, bad])
     assert "**missed**: 1 of 2" in text and "parm-k2" in text
     assert "nothing to validate" in verdict([past])
+
+
+def test_the_steal_free_answers_are_compared_beside_the_target_not_in_it() -> None:
+    stolen = _point(case="reactive", p99_ms=100.0, steal_share=0.04, clean_share=0.74,
+                    clean_p50_ms=32.0, clean_p99_ms=85.0)
+    row = compare_point(stolen, [_sim(32.0, 84.0)], None)
+    assert not row["within"]  # -16% against every answer: the target still says missed
+    assert row["clean_p99_error"] == pytest.approx(84 / 85 - 1) and row["clean_within"]
+    assert "**missed**: 0 of 1" in verdict([row])
+    line = steal_free_line([row])
+    assert line is not None and line.startswith("Diagnostic, not the target")
+    assert "1 of 1 points are within 10%" in line
+    unmeasured = compare_point(_point(), [_sim(32.0, 80.0)], None)  # an older testbed run
+    assert "clean_within" not in unmeasured and steal_free_line([unmeasured]) is None
 
 
 def test_frontends_needed_keeps_each_shard_under_the_cap() -> None:
