@@ -59,6 +59,7 @@ from benchmarks.frontend_cases import (  # noqa: E402
     load_case,
 )
 from benchmarks.frontend_wrk_report import summarise  # noqa: E402
+from parityserve.bench.ports import free_port  # noqa: E402
 from parityserve.bench.steal import StealSampler  # noqa: E402
 
 __all__ = ["build_parser", "main", "run", "run_wrk", "summarise"]
@@ -303,7 +304,7 @@ def _measure_system(system: str, round_: int, case: Case, args: argparse.Namespa
     if all(k in points for k in [*keys, *([grpc_key] if grpc_key else [])]):
         return  # measured before this run resumed
     print(f"== {case.name}, round {round_ + 1}: {system}", file=sys.stderr, flush=True)
-    port = _free_port()
+    port = free_port()
     proc, grpc_port = _start(system, port, case, where.work)
     try:
         for (route, kind), key in zip(wanted, keys, strict=True):
@@ -363,7 +364,7 @@ def _batching(before: tuple[float, float] | None, after: tuple[float, float] | N
 
 def _start(system: str, port: int, case: Case, work: Path
            ) -> tuple[subprocess.Popen[bytes], int]:
-    grpc_port = _free_port()
+    grpc_port = free_port()
     if system == "parityserve":
         config = work / f"{case.name}.yaml"
         config.write_text(json.dumps(case.parityserve_config(port, grpc_port)))
@@ -522,11 +523,6 @@ def _cpu_split(before: dict[str, int], after: dict[str, int], requests: int) -> 
     return {"frontend_cpu_us_per_request": (after["frontend"] - before["frontend"]) * per,
             "worker_cpu_us_per_request": (after["worker"] - before["worker"]) * per}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

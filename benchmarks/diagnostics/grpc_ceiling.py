@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from parityserve.bench.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/grpc-ceiling"
@@ -122,21 +123,15 @@ def _serve_sync_hop(port: int, threads: int = 64) -> None:
 
 
 # ---- the harness -------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start(variant: str, work: Path) -> tuple[subprocess.Popen[bytes], int]:
-    grpc_port = _free_port()
+    grpc_port = free_port()
     own_session = not variant.startswith("parityserve-shared-session")
     if variant.startswith("parityserve"):
         from benchmarks.frontend_cases import load_case
 
         config = work / "noop.yaml"
         config.write_text(json.dumps(load_case("noop", None).parityserve_config(
-            _free_port(), grpc_port)))
+            free_port(), grpc_port)))
         cmd = [str(Path(sys.executable).with_name("parityserve")), "start", "-c", str(config)]
     else:
         kind = "aio" if variant == "aio-bare" else "sync-hop"

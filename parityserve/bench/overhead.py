@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
 )
+from parityserve.bench.ports import free_port
 from parityserve.bench.probe import probe
 from parityserve.bench.report import Column, markdown_table, plot_latency_vs_load, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
@@ -343,7 +343,7 @@ class _AppProcess:
     """A baseline app (``baseline_app`` or ``floor_app``) in its own process, on a free port."""
 
     def __init__(self, module: str, source: str, weights: str | None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         cmd = [sys.executable, "-m", module, "--source", source, "--port", str(self.port),
                "--die-with-parent"]
         if weights:
@@ -369,12 +369,6 @@ class _AppProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- output ---------------------------------------------------------------------------------

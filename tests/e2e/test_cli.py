@@ -25,11 +25,11 @@ import pytest
 import tritonclient.http as triton
 import yaml
 
+from parityserve.bench.ports import free_port
 from parityserve.bench.serverproc import ServerProcess
 from parityserve.client import Client
 from parityserve.models.datasets import load_digits_split
 from parityserve.models.digits import train_digits_classifier
-from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as tg
 import yaml
 
-from tests.ports import free_port
+from parityserve.bench.ports import free_port
 
 PARITYSERVE = str(Path(sys.executable).with_name("parityserve"))
 CONFIG = {"server": {"http_port": 0},

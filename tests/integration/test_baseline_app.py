@@ -25,7 +25,7 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
 )
-from tests.ports import free_port
+from parityserve.bench.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
+from parityserve.bench.ports import free_port
 from parityserve.bench.probe import probe
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

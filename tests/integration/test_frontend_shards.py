@@ -18,9 +18,9 @@ import tritonclient.grpc as tg
 from conftest import cli_server, wait_until
 from pydantic import ValidationError
 
+from parityserve.bench.ports import free_port
 from parityserve.config import Server
 from parityserve.runtime.shards import cores_warning
-from tests.ports import free_port
 
 INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 # Exp3 over two models that disagree on every input: noop answers class 0, echo answers its

@@ -19,7 +19,7 @@ import pytest
 import redis
 from conftest import cli_server, wait_until
 
-from tests.ports import free_port
+from parityserve.bench.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from parityserve.bench.ports import free_port
 from parityserve.errors import ConfigError, Unavailable
 from parityserve.runtime.state_store import RedisStore, open_store
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""tests/ports.py: the ports test servers are started on stay out of the ephemeral range."""
+"""parityserve.bench.ports: the ports servers are started on stay out of the ephemeral range."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import ports
+from parityserve.bench import ports
 
 
 def test_a_free_port_is_bindable_and_below_the_ephemeral_range() -> None:

@@ -1,4 +1,4 @@
-"""Ports for the servers that tests start on a number they must know in advance.
+"""Ports for the servers that tests and benchmarks start on a number they must know first.
 
 A port from ``bind(("127.0.0.1", 0))`` is the kernel's *ephemeral* range: the one it hands
 to every outgoing connection. Between the probe closing it and the server under test binding
