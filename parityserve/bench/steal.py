@@ -3,9 +3,10 @@
 Why a benchmark needs it: on a shared VM the host sometimes runs another guest on our
 physical cores. Every process here stops at once, for 10-30 ms at a time, and no serving
 design can hide that (a redundant copy is frozen too). On the 2-core development VM, in the
-EMULATED ParM testbed with nothing slowed at 150 q/s, 5% of the CPU time was stolen this way,
-and every one of the 51 slowest answers in 10,000 (above p99.5) was in flight while it
-happened, against 17% of the typical ones. A tail measured here is partly the host's.
+EMULATED ParM testbed with nothing slowed at 150 q/s, in a spell when 3.3% of the CPU time was
+stolen, 88% of the answers above p99.5 had been in flight during a steal, against 8% of those
+under p50 (``benchmarks/diagnostics/steal_tail.py``, ``benchmarks/results/steal-tail/``).
+A tail measured here is partly the host's.
 
 ``StealSampler`` reads Linux's cumulative counters (``/proc/stat``, first line: the ``steal``
 field, in USER_HZ ticks of 10 ms) every few milliseconds in a thread, so a run can say how
