@@ -35,13 +35,13 @@ from benchmarks.frontend_wrk import (  # noqa: E402
     _LUA,
     _cpu_split,
     _cpu_ticks,
-    _free_port,
     _rates,
     _stop,
     _wait_listening,
     _write_bodies,
     run_wrk,
 )
+from parityserve.bench.ports import free_port  # noqa: E402
 
 __all__ = ["build_parser", "main", "run", "summarise"]
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _point(case: Case, frontends: int, spec: dict[str, Any], work: Path,
            args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     config = work / f"{case.name}.yaml"
     config.write_text(json.dumps(case.parityserve_config(port, 0)))  # gRPC off
     tool = str(Path(sys.executable).with_name("parityserve"))

@@ -55,7 +55,7 @@ import yaml  # noqa: E402
 
 from benchmarks import _cli  # noqa: E402
 from benchmarks.frontend_cases import ROOT, default_data_dir  # noqa: E402
-from benchmarks.frontend_wrk import _free_port, _stop, _wait_listening  # noqa: E402
+from benchmarks.frontend_wrk import _stop, _wait_listening  # noqa: E402
 from benchmarks.hams_analysis import (  # noqa: E402
     ConsistencyOracle,
     latency_summary,
@@ -66,6 +66,7 @@ from benchmarks.hams_analysis import (  # noqa: E402
     render_markdown,
 )
 from benchmarks.hams_history import AuditedHistory, replay_check  # noqa: E402
+from parityserve.bench.ports import free_port  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
@@ -133,7 +134,7 @@ class Server:
     """``parityserve start`` on one mode's config, in its own process group."""
 
     def __init__(self, config: dict[str, Any], folder: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.name = config["graphs"][0]["name"]
         path = folder / f"hams-{self.port}.yaml"
         path.write_text(yaml.safe_dump(config))

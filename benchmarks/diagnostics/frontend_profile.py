@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import frontend_wrk as fw  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir, load_case  # noqa: E402
+from parityserve.bench.ports import free_port  # noqa: E402
 
 
 def main() -> int:
@@ -51,7 +52,7 @@ def main() -> int:
         lua = work / "bodies.lua"
         lua.write_text(fw._LUA)
         spec = fw._write_bodies(work, case)[f"{args.route}/distinct"]
-        port = fw._free_port()
+        port = free_port()
         proc, _ = fw._start("parityserve", port, case, work)
         try:
             url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', args.route, case)}"
