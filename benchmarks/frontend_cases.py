@@ -26,6 +26,10 @@ __all__ = ["BODIES", "LITSERVE_BATCH_TIMEOUT_S", "MAX_BATCH", "MODELS", "Case",
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("noop", "mlp")
+# parityserve as it ships (no batching delay: a query leaves as soon as a replica is free),
+# and with the batching delay a throughput-minded deployment sets (``batching.max_delay_ms``,
+# Triton's max_queue_delay): a partial batch waits up to that long for more queries.
+PARITYSERVE_SYSTEMS = {"parityserve": 0.0, "parityserve-batched": 2.0}
 MAX_BATCH = 64  # parityserve's default batching.max_batch_size, given to every system
 BODIES = 2000  # distinct bodies per route
 LITSERVE_BATCH_TIMEOUT_S = 0.001  # LitServe busy-polls its queue with 0; 1 ms is its floor
@@ -56,7 +60,7 @@ class Case:
         return _NOOP_ROUTES if self.name == "noop" else _MLP_ROUTES
 
     def has_grpc(self, system: str) -> bool:
-        return system == "parityserve" and self.name == "noop"
+        return system in PARITYSERVE_SYSTEMS and self.name == "noop"
 
     def app_args(self, system: str) -> list[str]:
         """``frontend_apps.py`` flags after ``SYSTEM --port N``."""
@@ -65,7 +69,8 @@ class Case:
         args = ["--model", "mlp", "--weights", str(self.weights), "--max-batch", str(MAX_BATCH)]
         return args + (["--batch-run", self.bare_batch_run] if system == "bare" else [])
 
-    def parityserve_config(self, http_port: int, grpc_port: int) -> dict[str, Any]:
+    def parityserve_config(self, http_port: int, grpc_port: int,
+                           max_delay_ms: float = 0.0) -> dict[str, Any]:
         # The cache is off: the 2,000 distinct bodies repeat every 2,000 requests, and with the
         # cache on (the default) all but the first pass would be cache hits that never reach
         # the worker. Every request here takes the whole dispatch path.
@@ -73,8 +78,9 @@ class Case:
                                   "cache_bytes": 0}
         model: dict[str, Any] = {"name": self.name, "source": "zoo:noop", "replicas": 1}
         if self.name == "mlp":
-            model.update(source="zoo:parm-mlp", weights=str(self.weights),
-                         batching={"max_batch_size": MAX_BATCH})
+            model.update(source="zoo:parm-mlp", weights=str(self.weights))
+        if self.name == "mlp" or max_delay_ms:
+            model["batching"] = {"max_batch_size": MAX_BATCH, "max_delay_ms": max_delay_ms}
         return {"server": server, "models": [model],
                 "applications": [{"name": "app", "models": [self.name], "slo_ms": 1000}]}
 

@@ -5,8 +5,10 @@ Each server is pinned to core 1 (``taskset -c 1``; its worker processes inherit 
 for the p50 of an unloaded server. Systems, interleaved in every round: ``bare`` (Starlette
 calling the model in-process, with the same decoding: the ceiling), ``floor`` (the bare app
 plus one CURVE round trip per batch to a parityserve worker process: what any design with
-models in worker processes pays on the same core), ``litserve`` (when installed) and
-``parityserve`` (one replica). CPU per request is read from /proc for the
+models in worker processes pays on the same core), ``litserve`` (when installed),
+``parityserve`` (one replica, as it ships: no batching delay) and ``parityserve-batched`` (the
+same with ``batching.max_delay_ms: 2``, the setting a throughput-minded deployment makes, as
+Triton users set max_queue_delay). CPU per request is read from /proc for the
 server process and, separately, its workers. Two models (``--models``, see
 ``frontend_cases.py``):
 
@@ -53,6 +55,7 @@ from benchmarks.frontend_cases import (  # noqa: E402
     LITSERVE_BATCH_TIMEOUT_S,
     MAX_BATCH,
     MODELS,
+    PARITYSERVE_SYSTEMS,
     ROOT,
     Case,
     default_data_dir,
@@ -65,7 +68,7 @@ from parityserve.bench.steal import StealSampler  # noqa: E402
 __all__ = ["build_parser", "main", "run", "run_wrk", "summarise"]
 
 SERVER_CORE, CLIENT_CORE = "1", "0"
-DEFAULT_SYSTEMS = "bare,floor,litserve,parityserve"
+DEFAULT_SYSTEMS = "bare,floor,litserve,parityserve,parityserve-batched"
 _TICK = os.sysconf("SC_CLK_TCK")
 _LUA = r"""
 local bodies = {}
@@ -114,7 +117,8 @@ EXAMPLES = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(MODELS), help="comma list of noop, mlp")
     p.add_argument("--systems", default=DEFAULT_SYSTEMS,
-                   help="comma list of bare, floor, litserve, parityserve")
+                   help="comma list of bare, floor, litserve, parityserve, "
+                        "parityserve-batched (parityserve with batching.max_delay_ms 2)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians reported")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     p.add_argument("--connections", type=int, default=64)
@@ -172,8 +176,14 @@ def _cases(args: argparse.Namespace) -> dict[str, Case]:
     return {n: load_case(n, data_dir, args.bare_batch_run) for n in names}
 
 
+KNOWN_SYSTEMS = ("bare", "floor", "litserve", *PARITYSERVE_SYSTEMS)
+
+
 def _systems(given: str) -> list[str]:
     systems = [s for s in given.split(",") if s]
+    unknown = [s for s in systems if s not in KNOWN_SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown --systems {unknown}; choose from {', '.join(KNOWN_SYSTEMS)}")
     if "litserve" in systems and not _has("litserve"):
         print("note: litserve is not installed, so its rows are skipped: pip install -e "
               "'.[compare]' (make bench-frontend_wrk does)", file=sys.stderr)
@@ -331,7 +341,7 @@ class _BatchCounter:
         import httpx
 
         try:
-            if self.system == "parityserve":
+            if self.system in PARITYSERVE_SYSTEMS:
                 return _histogram(httpx.get(self.base + "/metrics", timeout=5).text,
                                   "parityserve_batch_size")
             if self.system in ("bare", "floor"):
@@ -365,9 +375,10 @@ def _batching(before: tuple[float, float] | None, after: tuple[float, float] | N
 def _start(system: str, port: int, case: Case, work: Path
            ) -> tuple[subprocess.Popen[bytes], int]:
     grpc_port = free_port()
-    if system == "parityserve":
+    if system in PARITYSERVE_SYSTEMS:
         config = work / f"{case.name}.yaml"
-        config.write_text(json.dumps(case.parityserve_config(port, grpc_port)))
+        config.write_text(json.dumps(case.parityserve_config(
+            port, grpc_port, max_delay_ms=PARITYSERVE_SYSTEMS[system])))
         cmd = [str(Path(sys.executable).with_name("parityserve")), "start", "-c", str(config)]
         health = f"http://127.0.0.1:{port}/v2/health/ready"
     else:

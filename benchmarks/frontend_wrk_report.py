@@ -52,13 +52,13 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """The MLP target, judged per route on parityserve's median against the bare app's."""
     out = []
     for r in rows:
-        if r["model"] != "mlp" or r["system"] != "parityserve":
+        if r["model"] != "mlp" or not r["system"].startswith("parityserve"):
             continue
         if r["vs_bare"] is None:
             out.append(f"mlp {r['route']}: no bare row in this run, target not judged")
             continue
         met = "met" if r["vs_bare"] >= MLP_TARGET else "missed"
-        line = (f"mlp {r['route']}: parityserve {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
+        line = (f"mlp {r['route']}: {r['system']} {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
                 f"of the bare app's {r['rps'] / r['vs_bare']:.0f} (target >= "
                 f"{MLP_TARGET:.0%}): **{met}**")
         if r.get("vs_floor") is not None:
@@ -66,7 +66,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             line += (f". The floor (the bare app with the same batcher plus one worker-process "
                      f"round trip per batch, and nothing else) reaches {floor:.0f} req/s, "
                      f"{floor * r['vs_bare'] / r['rps']:.0%} of the bare app: no design with "
-                     f"the model in a worker process does better on this core; parityserve "
+                     f"the model in a worker process does better on this core; {r['system']} "
                      f"is {r['vs_floor']:.0%} of the floor")
         out.append(line)
     return out
@@ -131,13 +131,17 @@ _NOTES = {
              "back (with the default cache on, the bodies would be cache hits after their "
              "first pass; see the model calls). gRPC is measured "
              "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
-             "app's V2 binary route."),
+             "app's V2 binary route. `parityserve-batched` is the same server with "
+             "`batching.max_delay_ms: 2`: a partial batch waits up to 2 ms for more queries "
+             "(fewer, larger worker round trips under load, at up to 2 ms more latency; its "
+             "1-connection p50 shows the price)."),
     "mlp": ("{bodies:,} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "
             "binary). Every system batches up to {max_batch_size} queries per model call: "
             "parityserve with AIMD adaptive batching (one replica, cache off so every query "
             "runs the model), the bare app with an in-process batcher that takes the queries "
             "that arrived while the model ran (batches run {bare_batch_run}), LitServe with "
-            "max_batch_size {max_batch_size} and batch_timeout {litserve_batch_timeout_s} s."),
+            "max_batch_size {max_batch_size} and batch_timeout {litserve_batch_timeout_s} s; "
+            "`parityserve-batched` lets a partial batch wait up to 2 ms for more."),
 }
 
 
@@ -180,7 +184,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 _COLOURS = {"bare": "grey", "floor": "silver", "litserve": "tab:orange",
-            "parityserve": "tab:blue"}
+            "parityserve": "tab:blue", "parityserve-batched": "tab:cyan"}
 
 
 def _panel(ax: Any, model: str, rows: list[dict[str, Any]]) -> None:

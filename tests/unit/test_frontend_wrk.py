@@ -109,11 +109,32 @@ def test_the_mlp_deployment_batches_like_the_baselines_with_the_cache_off() -> N
     assert config["server"]["cache_bytes"] == 0
     model = config["models"][0]
     assert model["source"] == "zoo:parm-mlp" and model["replicas"] == 1
-    assert model["batching"] == {"max_batch_size": frontend_cases.MAX_BATCH}
+    assert model["batching"] == {"max_batch_size": frontend_cases.MAX_BATCH,
+                                 "max_delay_ms": 0.0}
     assert case.app_args("bare")[-2:] == ["--batch-run", "thread"]
     assert "--batch-run" not in case.app_args("litserve")
     assert case.routes("parityserve") == ("clipper-json", "v2-binary")
     assert not case.has_grpc("parityserve")
+
+
+def test_the_batched_system_is_the_shipped_server_with_a_batching_delay() -> None:
+    case = frontend_cases.load_case("noop", None)
+    shipped = case.parityserve_config(8000, 8001)
+    assert "batching" not in shipped["models"][0]  # the no-op runs with the defaults
+    delay = frontend_cases.PARITYSERVE_SYSTEMS["parityserve-batched"]
+    batched = case.parityserve_config(8000, 8001, max_delay_ms=delay)
+    assert batched["models"][0]["batching"] == {"max_batch_size": frontend_cases.MAX_BATCH,
+                                                "max_delay_ms": 2.0}
+    assert {k: v for k, v in batched.items() if k != "models"} == {
+        k: v for k, v in shipped.items() if k != "models"}
+    assert case.has_grpc("parityserve-batched") and case.has_grpc("parityserve")
+    assert case.routes("parityserve-batched") == case.routes("parityserve")
+
+
+def test_an_unknown_system_is_refused_with_the_choices() -> None:
+    with pytest.raises(SystemExit, match="unknown --systems \\['parityserv'\\].*"
+                                         "parityserve-batched"):
+        frontend_wrk._systems("bare,parityserv")
 
 
 def test_mean_batch_from_the_histogram_before_and_after_the_run() -> None:
