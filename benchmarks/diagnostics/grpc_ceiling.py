@@ -18,8 +18,13 @@ interleaved round by round and the report gives medians. The variants:
 * with ``--worker-nice N`` (root; writes ``/proc/PID/autogroup``), also
   ``parityserve-own-session-worker-nice-N``: the last, with its worker's autogroup at nice N.
   Inside an autogroup a plain ``renice`` changes nothing, which is why the autogroup's is set.
+* ``parityserve-own-session-worker-sched-batch``: the own-session server with every thread of
+  its worker moved to ``SCHED_BATCH`` (``chrt -b``; no root needed). Unlike a nice, that keeps
+  the worker's share of the CPU; it only stops the worker's wake-ups from preempting the
+  frontend.
 
-Writes ``benchmarks/results/grpc-ceiling/grpc-ceiling.{json,md}``. Needs a 2-core Linux box
+Writes ``benchmarks/results/grpc-ceiling/NAME.{json,md}`` (``--name``, default
+``grpc-ceiling``). Needs a 2-core Linux box
 (``taskset``) and the bench extra.
 """
 
@@ -42,7 +47,7 @@ from parityserve.bench.ports import free_port
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/grpc-ceiling"
 VARIANTS = ("aio-bare", "sync-hop-64", "parityserve-shared-session",
-            "parityserve-own-session")
+            "parityserve-own-session", "parityserve-own-session-worker-sched-batch")
 SERVER_CORE, CLIENT_CORE = "1", "0"
 
 
@@ -164,14 +169,24 @@ def _ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -
     raise SystemExit(f"no gRPC answer on port {port} within {timeout_s:g} s")
 
 
-def _nice_workers(server_pid: int, nice: int) -> None:
-    """Set the autogroup nice of ``server_pid``'s worker processes (each its own session)."""
+def _workers(server_pid: int) -> list[str]:
     found = subprocess.run(["pgrep", "-P", str(server_pid), "-f", "runtime.worker"],
                            capture_output=True, text=True).stdout.split()
     if not found:
         raise SystemExit("no worker process found under the server")
-    for pid in found:
+    return found
+
+
+def _nice_workers(server_pid: int, nice: int) -> None:
+    """Set the autogroup nice of ``server_pid``'s worker processes (each its own session)."""
+    for pid in _workers(server_pid):
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
+def _batch_workers(server_pid: int) -> None:
+    """Every thread of ``server_pid``'s worker processes to SCHED_BATCH."""
+    for pid in _workers(server_pid):
+        subprocess.run(["chrt", "-b", "-a", "-p", "0", pid], check=True, capture_output=True)
 
 
 def measure(variant: str, seconds: float) -> dict[str, Any]:
@@ -182,6 +197,8 @@ def measure(variant: str, seconds: float) -> dict[str, Any]:
             _ready(port, proc)
             if "-worker-nice-" in variant:
                 _nice_workers(proc.pid, int(variant.rsplit("-", 1)[1]))
+            if variant.endswith("-sched-batch"):
+                _batch_workers(proc.pid)
             _load(port, 8, 2.0, None)  # warm-up
             _load(port, 64, seconds, work / "run.json")
             run = json.loads((work / "run.json").read_text())["run"]
@@ -218,6 +235,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--worker-nice", type=int, help="also the own-session server with its "
                         "worker's autogroup at this nice (root)")
+    parser.add_argument("--variants", help="comma list of the variants to run (default: all)")
+    parser.add_argument("--name", default="grpc-ceiling",
+                        help="results file stem under benchmarks/results/grpc-ceiling/ (a "
+                             "subset of variants should not overwrite the full table)")
     parser.add_argument("--serve", choices=("aio", "sync-hop"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -228,14 +249,19 @@ def main() -> int:
     from parityserve.bench.report import machine_info
 
     info = machine_info()
-    variants = list(VARIANTS)
-    nice = ""
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    flags = f" --variants {args.variants}" if args.variants else ""
+    if args.name != "grpc-ceiling":
+        flags += f" --name {args.name}"
     if args.worker_nice is not None:
         variants.append(f"parityserve-own-session-worker-nice-{args.worker_nice}")
-        nice = f" --worker-nice {args.worker_nice}"
+        flags += f" --worker-nice {args.worker_nice}"
     state: dict[str, Any] = {
         "command": "python benchmarks/diagnostics/grpc_ceiling.py "
-                   f"--rounds {args.rounds} --seconds {args.seconds:g}{nice}",
+                   f"--rounds {args.rounds} --seconds {args.seconds:g}{flags}",
         "machine": f"{info.get('cpu_model')}, {info.get('cpu_count')} cores, "
                    f"{info.get('date')}",
         "runs": {v: [] for v in variants}}
@@ -244,8 +270,8 @@ def main() -> int:
             print(f"round {round_ + 1}: {variant}", file=sys.stderr, flush=True)
             state["runs"][variant].append(measure(variant, args.seconds))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "grpc-ceiling.json").write_text(json.dumps(state, indent=2))
-    (OUT / "grpc-ceiling.md").write_text(report(state))
+    (OUT / f"{args.name}.json").write_text(json.dumps(state, indent=2))
+    (OUT / f"{args.name}.md").write_text(report(state))
     print(report(state))
     return 0
 
