@@ -86,13 +86,12 @@ from benchmarks.tail import (
     settings_key,
 )
 from parityserve.bench.loadgen import (
-    HttpSender,
     LoadResult,
     encode_bodies,
-    json_sender,
     poisson_schedule,
     run_event_loop,
     run_open_loop,
+    warmed_json_sender,
 )
 from parityserve.bench.report import (
     markdown_table,
@@ -482,10 +481,8 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
     schedule = poisson_schedule(rate, args.queries, np.random.default_rng(seed))
 
     async def go() -> tuple[LoadResult, float, float]:
-        async with HttpSender(server.url, limit=256) as http:
-            send = json_sender(http, "/bench/predict", bodies)
-            for i in range(100):  # warm-up, no shuffles
-                await send(i)
+        async with warmed_json_sender(server.url, "/bench/predict", bodies,
+                                      warmup=100) as send:  # the warm-up: no shuffles yet
             cpu0, injector_t0 = _cpu_s(pid), time.monotonic()
             injector.start()
             try:

@@ -491,11 +491,10 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
     from benchmarks.parm_testbed import testbed_config
     from benchmarks.tail import Case
     from parityserve.bench.loadgen import (
-        HttpSender,
         encode_bodies,
-        json_sender,
         run_event_loop,
         run_open_loop,
+        warmed_json_sender,
     )
     from parityserve.bench.serverproc import ServerProcess, write_config
     from parityserve.models.datasets import load_mnist, resolve_data_dir
@@ -517,10 +516,8 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
         async def go() -> tuple[Any, list[Any], float]:
             from benchmarks.parm_testbed import _cpu_s
 
-            async with HttpSender(server.url, limit=64) as http:
-                send = json_sender(http, "/bench/predict", bodies)
-                for i in range(100):
-                    await send(i)
+            async with warmed_json_sender(server.url, "/bench/predict", bodies, warmup=100,
+                                          limit=64) as send:
                 before, cpu0 = _replicas(server.url), _cpu_s(pid)
                 result = await run_open_loop(send, schedule, progress=f"idle {rate:g} q/s",
                                              rate_qps=rate, timeout_s=60)

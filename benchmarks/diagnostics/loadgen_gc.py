@@ -31,12 +31,11 @@ from benchmarks import parm_testbed as tb  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir  # noqa: E402
 from parityserve.bench import loadgen  # noqa: E402
 from parityserve.bench.loadgen import (  # noqa: E402
-    HttpSender,
     encode_bodies,
-    json_sender,
     poisson_schedule,
     run_event_loop,
     run_open_loop,
+    warmed_json_sender,
 )
 from parityserve.bench.report import markdown_table, write_results  # noqa: E402
 from parityserve.bench.serverproc import ServerProcess, write_config  # noqa: E402
@@ -101,10 +100,7 @@ def _run(url: str, bodies: list[bytes], args: argparse.Namespace, variant: str,
         return wrapped
 
     async def go() -> loadgen.LoadResult:
-        async with HttpSender(url, limit=256) as http:
-            send = json_sender(http, "/bench/predict", bodies)
-            for i in range(100):
-                await send(i)
+        async with warmed_json_sender(url, "/bench/predict", bodies, warmup=100) as send:
             schedule = poisson_schedule(args.rate, args.queries,
                                         np.random.default_rng([rnd, 7]))
             gc.callbacks.append(watch)

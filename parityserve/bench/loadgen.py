@@ -16,7 +16,15 @@ import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,6 +49,8 @@ __all__ = [
     "run_event_loop",
     "run_open_loop",
     "warm_open_loops",
+    "warm_up",
+    "warmed_json_sender",
 ]
 
 Send = Callable[[int], Awaitable[Any]]
@@ -490,6 +500,25 @@ def json_sender(http: HttpSender, path: str, bodies: Sequence[bytes]) -> Send:
     return send
 
 
+@contextlib.asynccontextmanager
+async def warmed_json_sender(url: str, path: str, bodies: Sequence[bytes], *, warmup: int,
+                             limit: int = 256) -> AsyncIterator[Send]:
+    """A ``json_sender`` for ``url + path`` on its own connection pool, handed over after
+    ``warmup`` queries (see ``warm_up``), so that whatever the caller measures next starts
+    warm."""
+    async with HttpSender(url, limit=limit) as http:
+        send = json_sender(http, path, bodies)
+        await warm_up(send, warmup)
+        yield send
+
+
+async def warm_up(send: Send, n: int) -> None:
+    """``n`` queries one after another, answers discarded: the connections are open and the
+    server's first batches (imports, allocations, the AIMD ramp) are past before timing."""
+    for i in range(n):
+        await send(i)
+
+
 def json_open_loop(url: str, path: str, bodies: Sequence[bytes], schedules: Sequence[np.ndarray],
                    *, warmup: int, limit: int = 256, timeout_s: float = 60.0,
                    progress: bool | str = False) -> list[LoadResult]:
@@ -497,9 +526,9 @@ def json_open_loop(url: str, path: str, bodies: Sequence[bytes], schedules: Sequ
     back on one connection pool, after ``warmup`` queries whose answers are discarded; each
     run's offered rate is its schedule's own."""
     async def go() -> list[LoadResult]:
-        async with HttpSender(url, limit=limit) as http:
-            return await warm_open_loops(json_sender(http, path, bodies), schedules,
-                                         warmup=warmup, timeout_s=timeout_s, progress=progress)
+        async with warmed_json_sender(url, path, bodies, warmup=warmup, limit=limit) as send:
+            return await warm_open_loops(send, schedules, warmup=0, timeout_s=timeout_s,
+                                         progress=progress)
 
     return run_event_loop(go())
 
@@ -509,8 +538,7 @@ async def warm_open_loops(send: Send, schedules: Sequence[np.ndarray], *, warmup
                           ) -> list[LoadResult]:
     """``warmup`` queries one after another (answers discarded), then one open-loop run per
     schedule, back to back on ``send``; each run's offered rate is its schedule's own."""
-    for i in range(warmup):
-        await send(i)
+    await warm_up(send, warmup)
     return [await run_open_loop(send, schedule, progress=progress,
                                 rate_qps=schedule.size / max(float(schedule[-1]), 1e-9),
                                 max_in_flight=10_000, timeout_s=timeout_s)

@@ -8,6 +8,7 @@ import math
 import time
 
 import numpy as np
+import orjson
 import pytest
 
 from parityserve.bench import loadgen, stats
@@ -29,7 +30,7 @@ def test_public_names() -> None:
         "HttpSender", "HttpStatusError", "LoadResult", "Send", "collector_paused",
         "encode_bodies", "error_kind",
         "json_open_loop", "json_sender", "poisson_schedule", "run_at_rates", "run_event_loop",
-        "run_open_loop", "warm_open_loops",
+        "run_open_loop", "warm_open_loops", "warm_up", "warmed_json_sender",
     ]
     assert sorted(stats.__all__) == [
         "PERCENTILES", "enough_samples", "median_and_spread", "min_samples", "percentiles",
@@ -266,6 +267,39 @@ async def _post_through(client: str) -> tuple[str, list[object], dict[str, int]]
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def _warmed_then_measured() -> tuple[list[int], list[object]]:
+    """What the echo server saw, in order, and what the measured run got back."""
+    seen: list[int] = []
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        original_read = reader.readexactly
+
+        async def read(n: int) -> bytes:
+            body = await original_read(n)
+            seen.append(orjson.loads(body)["input"])
+            return body
+        reader.readexactly = read  # type: ignore[method-assign]
+        await _http_echo(reader, writer)
+
+    server = await asyncio.start_server(counting, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with loadgen.warmed_json_sender(f"http://127.0.0.1:{port}", "/a/predict",
+                                              encode_bodies([10, 11, 12]), warmup=4) as send:
+            assert seen == [10, 11, 12, 10]  # the warm-up ran, one after another, before
+            result = await run_open_loop(send, np.zeros(2))
+        return seen, [r["input"] for r in result.results]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_warmed_sender_is_handed_over_after_its_warm_up_queries() -> None:
+    seen, answers = asyncio.run(_warmed_then_measured())
+    assert seen[:4] == [10, 11, 12, 10]
+    assert sorted(answers) == [10, 11]  # the measured run starts again at query 0
 
 
 @pytest.mark.parametrize("client", ["aiohttp", "httpx"])
