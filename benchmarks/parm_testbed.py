@@ -58,7 +58,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +174,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="interleaved: repetition 1 of every case, then repetition 2 in "
                         "reverse order, ..., a fresh server each (a slow spell of the host "
                         "then hits every case alike); grouped: one server per case for all "
-                        "its repetitions (fewer starts); auto (default): interleaved when "
-                        "that fits the 45-min budget")
+                        "its repetitions (fewer starts); auto (default): with --resume or "
+                        "--report-only the saved run's order, else interleaved when that "
+                        "fits the 45-min budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true",
@@ -330,6 +331,17 @@ def run_order(order: str, cases: int, rates: Sequence[float], queries: int,
     return "interleaved" if fits or repeats == 1 else "grouped"
 
 
+def resumed_order(order: str, resuming: bool, saved: Callable[[str], bool]) -> str | None:
+    """With ``--order auto`` on a resume, the order of the run being resumed (``saved(o)``:
+    whether a run file for order ``o`` exists), interleaved first; None when there is none
+    or the order was named. The order is part of a run's settings, so without this a resume
+    that adds cases (and so no longer fits the budget interleaved) would start a new run
+    file grouped instead of going on with the saved one."""
+    if order != "auto" or not resuming:
+        return None
+    return next((o for o in ("interleaved", "grouped") if saved(o)), None)
+
+
 def remaining_s(cases: Sequence[Case], rates: Sequence[float], saved: Checkpoint,
                 repeats: int, order: str, queries: int) -> float:
     """Estimated wall time of what a resumed run still has to measure: the unsaved points
@@ -391,16 +403,23 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--shuffle-tail-index must be > 1 (a finite mean), got "
                              f"{args.shuffle_tail_index:g}")
         shuffle["tail_index"] = args.shuffle_tail_index
-    order = run_order(args.order, len(cases), rates, args.queries, args.repeats)
-    fingerprint = {"profile": profile.label, "source": SOURCE, "queries": args.queries,
-                   "shuffle": shuffle, "seed": args.seed, "deployed": args.deployed,
-                   "reactive_ms": args.reactive_ms, "server": _SERVER_WORDS[order]}
+    settings = {"profile": profile.label, "source": SOURCE, "queries": args.queries,
+                "shuffle": shuffle, "seed": args.seed, "deployed": args.deployed,
+                "reactive_ms": args.reactive_ms}
     if args.berrut_group_wait_ms:
-        fingerprint["berrut_group_wait_ms"] = args.berrut_group_wait_ms
+        settings["berrut_group_wait_ms"] = args.berrut_group_wait_ms
     name = "parm-testbed-quick" if args.quick else "parm-testbed"
     folder = args.results_dir / (".work" if args.quick else "parm-testbed-runs")
-    saved = Checkpoint(folder / f"{name}-{settings_key(fingerprint)}.jsonl", fingerprint,
-                       resume=args.resume or args.report_only)
+
+    def run_file(order: str) -> tuple[Path, dict[str, Any]]:
+        fingerprint = {**settings, "server": _SERVER_WORDS[order]}
+        return folder / f"{name}-{settings_key(fingerprint)}.jsonl", fingerprint
+
+    resuming = args.resume or args.report_only
+    order = resumed_order(args.order, resuming, lambda o: run_file(o)[0].exists()) or run_order(
+        args.order, len(cases), rates, args.queries, args.repeats)
+    path, fingerprint = run_file(order)
+    saved = Checkpoint(path, fingerprint, resume=resuming)
     estimate = plan_s(len(cases), rates, args.queries, args.repeats,
                       interleaved=order == "interleaved")
     left = remaining_s(cases, rates, saved, args.repeats, order, args.queries)

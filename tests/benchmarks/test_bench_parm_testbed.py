@@ -225,3 +225,34 @@ def test_the_distribution_joins_the_fingerprint_only_when_not_constant(tmp_path:
                               "--shuffle-tail-index", "3")
     # the tail index only means something to pareto: it leaves the others' files alone
     assert constant == run_file("--shuffle-tail-index", "3")
+
+
+def test_auto_order_goes_on_with_the_saved_run_when_resuming() -> None:
+    only_interleaved = {"interleaved"}.__contains__
+    assert tb.resumed_order("auto", True, only_interleaved) == "interleaved"
+    assert tb.resumed_order("auto", True, {"grouped"}.__contains__) == "grouped"
+    assert tb.resumed_order("auto", True, {"grouped", "interleaved"}.__contains__) \
+        == "interleaved"
+    assert tb.resumed_order("auto", True, set().__contains__) is None  # nothing saved yet
+    assert tb.resumed_order("auto", False, only_interleaved) is None  # a fresh run
+    assert tb.resumed_order("grouped", True, only_interleaved) is None  # named: obeyed
+
+
+def test_a_report_of_more_cases_finds_the_interleaved_run_without_naming_it(
+        tmp_path: Path) -> None:
+    # The committed 5-shuffle run was interleaved; its nine cases no longer fit the budget
+    # interleaved, so ``auto`` alone would look for a grouped run file and find none.
+    source = Path(__file__).parents[2] / (
+        "benchmarks/results/parm-testbed-calibrated-pareto-150qps-5-shuffles")
+    runs = tmp_path / "parm-testbed-runs"
+    runs.mkdir()
+    for saved in (source / "parm-testbed-runs").glob("*.jsonl"):
+        (runs / saved.name).write_bytes(saved.read_bytes())
+    code = tb.main(["--report-only", "--modes", ",".join(tb.MODES), "--ks", "2,4",
+                    "--rates", "150", "--shuffles", "5", "--shuffle-delay-distribution",
+                    "pareto", "--shuffle-delay-ms", "3.5", "--shuffle-tail-index", "2",
+                    "--results-dir", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "parm-testbed.json").read_text())
+    assert report["order"] == "interleaved"
+    assert len(report["points"]) == 9 and not report["missing"]
