@@ -23,7 +23,10 @@ def test_an_interrupt_during_startup_stops_the_server(monkeypatch, tmp_path: Pat
         return real_popen([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
 
     monkeypatch.setattr(serverproc.subprocess, "Popen", a_server_that_never_gets_ready)
-    server = serverproc.ServerProcess(tmp_path / "serving.yaml", startup_timeout_s=60)
+    server = serverproc.ServerProcess(tmp_path / "serving.yaml", startup_timeout_s=20)
+    # Ctrl-C as a terminal delivers it, whatever SIGINT handler an earlier test in this
+    # process left behind (one clean-clone CI run saw no KeyboardInterrupt at all here).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -31,5 +34,8 @@ def test_an_interrupt_during_startup_stops_the_server(monkeypatch, tmp_path: Pat
             pytest.fail("__enter__ returned although the server never printed its URL")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert before is signal.default_int_handler, (
+        f"an earlier test left SIGINT handled by {before!r} instead of Python's default")
     assert server.proc is not None
     assert server.proc.poll() is not None, "the half-started server outlived the interrupt"
