@@ -24,8 +24,9 @@ def test_an_interrupt_during_startup_stops_the_server(monkeypatch, tmp_path: Pat
 
     monkeypatch.setattr(serverproc.subprocess, "Popen", a_server_that_never_gets_ready)
     server = serverproc.ServerProcess(tmp_path / "serving.yaml", startup_timeout_s=20)
-    # Ctrl-C as a terminal delivers it, whatever SIGINT handler an earlier test in this
-    # process left behind (one clean-clone CI run saw no KeyboardInterrupt at all here).
+    # Ctrl-C as a terminal delivers it, whatever this process inherited: a test run started
+    # in the background by a non-interactive shell (`make test &`) starts with SIGINT
+    # ignored (POSIX), Python then leaves it ignored, and no KeyboardInterrupt would come.
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
@@ -35,7 +36,5 @@ def test_an_interrupt_during_startup_stops_the_server(monkeypatch, tmp_path: Pat
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, before)
-    assert before is signal.default_int_handler, (
-        f"an earlier test left SIGINT handled by {before!r} instead of Python's default")
     assert server.proc is not None
     assert server.proc.poll() is not None, "the half-started server outlived the interrupt"
