@@ -21,15 +21,16 @@ import numpy as np
 
 from parityserve.errors import DataError
 
-__all__ = ["BODIES", "LITSERVE_BATCH_TIMEOUT_S", "MAX_BATCH", "MODELS", "Case",
-           "default_data_dir", "load_case"]
+__all__ = ["BATCHED_DELAY_MS", "BODIES", "LITSERVE_BATCH_TIMEOUT_S", "MAX_BATCH", "MODELS",
+           "PARITYSERVE_SYSTEMS", "Case", "default_data_dir", "load_case"]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("noop", "mlp")
 # parityserve as it ships (no batching delay: a query leaves as soon as a replica is free),
 # and with the batching delay a throughput-minded deployment sets (``batching.max_delay_ms``,
 # Triton's max_queue_delay): a partial batch waits up to that long for more queries.
-PARITYSERVE_SYSTEMS = {"parityserve": 0.0, "parityserve-batched": 2.0}
+BATCHED_DELAY_MS = 2.0
+PARITYSERVE_SYSTEMS = {"parityserve": 0.0, "parityserve-batched": BATCHED_DELAY_MS}
 MAX_BATCH = 64  # parityserve's default batching.max_batch_size, given to every system
 BODIES = 2000  # distinct bodies per route
 LITSERVE_BATCH_TIMEOUT_S = 0.001  # LitServe busy-polls its queue with 0; 1 ms is its floor

@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/frontend_wrk
 from benchmarks import _cli  # noqa: E402
 from benchmarks import frontend_wrk_report as report  # noqa: E402
 from benchmarks.frontend_cases import (  # noqa: E402
+    BATCHED_DELAY_MS,
     BODIES,
     LITSERVE_BATCH_TIMEOUT_S,
     MAX_BATCH,
@@ -118,7 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(MODELS), help="comma list of noop, mlp")
     p.add_argument("--systems", default=DEFAULT_SYSTEMS,
                    help="comma list of bare, floor, litserve, parityserve, "
-                        "parityserve-batched (parityserve with batching.max_delay_ms 2)")
+                        "parityserve-batched (parityserve with batching.max_delay_ms "
+                        f"{BATCHED_DELAY_MS:g})")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians reported")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     p.add_argument("--connections", type=int, default=64)
@@ -533,7 +535,6 @@ def _cpu_split(before: dict[str, int], after: dict[str, int], requests: int) -> 
     per = 1e6 / _TICK / max(requests, 1)
     return {"frontend_cpu_us_per_request": (after["frontend"] - before["frontend"]) * per,
             "worker_cpu_us_per_request": (after["worker"] - before["worker"]) * per}
-
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.frontend_cases import BATCHED_DELAY_MS, PARITYSERVE_SYSTEMS
+
 __all__ = ["MLP_TARGET", "markdown", "plot", "summarise", "verdicts"]
 
 MLP_TARGET = 0.9  # issue 17: MLP throughput >= 90% of the bare app with the same batching
@@ -52,7 +54,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """The MLP target, judged per route on parityserve's median against the bare app's."""
     out = []
     for r in rows:
-        if r["model"] != "mlp" or not r["system"].startswith("parityserve"):
+        if r["model"] != "mlp" or r["system"] not in PARITYSERVE_SYSTEMS:
             continue
         if r["vs_bare"] is None:
             out.append(f"mlp {r['route']}: no bare row in this run, target not judged")
@@ -132,16 +134,18 @@ _NOTES = {
              "first pass; see the model calls). gRPC is measured "
              "with `parityserve bench load` (wrk speaks only HTTP) and compared with the bare "
              "app's V2 binary route. `parityserve-batched` is the same server with "
-             "`batching.max_delay_ms: 2`: a partial batch waits up to 2 ms for more queries "
-             "(fewer, larger worker round trips under load, at up to 2 ms more latency; its "
-             "1-connection p50 shows the price)."),
+             f"`batching.max_delay_ms: {BATCHED_DELAY_MS:g}`: a partial batch waits up to "
+             f"{BATCHED_DELAY_MS:g} ms for more queries (fewer, larger worker round trips "
+             f"under load, at up to {BATCHED_DELAY_MS:g} ms more latency; its 1-connection "
+             "p50 shows the price)."),
     "mlp": ("{bodies:,} distinct MNIST test images as 784-float bodies (Clipper JSON, V2 "
             "binary). Every system batches up to {max_batch_size} queries per model call: "
             "parityserve with AIMD adaptive batching (one replica, cache off so every query "
             "runs the model), the bare app with an in-process batcher that takes the queries "
             "that arrived while the model ran (batches run {bare_batch_run}), LitServe with "
             "max_batch_size {max_batch_size} and batch_timeout {litserve_batch_timeout_s} s; "
-            "`parityserve-batched` lets a partial batch wait up to 2 ms for more."),
+            f"`parityserve-batched` lets a partial batch wait up to {BATCHED_DELAY_MS:g} ms "
+            "for more."),
 }
 
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import frontend_wrk as fw  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir, load_case  # noqa: E402
+from benchmarks.frontend_wrk_report import _fmt  # noqa: E402
 from parityserve.bench.ports import free_port  # noqa: E402
 from parityserve.bench.report import machine_info  # noqa: E402
 
@@ -98,9 +99,10 @@ def report(state: dict[str, Any]) -> str:
                                                  "worker_cpu_us_per_request", "mean_batch",
                                                  "p50_1conn_ms")}
             lines.append(f"| {route} | {tree} | {rps:,.0f} | {[round(r['rps']) for r in runs]} "
-                         f"| {rps / base:.3f} | {_fmt(med['frontend_cpu_us_per_request'], 0)} | "
-                         f"{_fmt(med['worker_cpu_us_per_request'], 0)} | "
-                         f"{_fmt(med['mean_batch'], 1)} | {_fmt(med['p50_1conn_ms'], 3)} |")
+                         f"| {rps / base:.3f} | "
+                         f"{_fmt(med['frontend_cpu_us_per_request'], ',.0f')} | "
+                         f"{_fmt(med['worker_cpu_us_per_request'], ',.0f')} | "
+                         f"{_fmt(med['mean_batch'], '.1f')} | {_fmt(med['p50_1conn_ms'], '.3f')} |")
     lines += ["", f"Machine: {state['machine']}", ""]
     return "\n".join(lines)
 
@@ -108,10 +110,6 @@ def report(state: dict[str, Any]) -> str:
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
-
-
-def _fmt(value: float | None, digits: int) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
 
 
 def main() -> int:

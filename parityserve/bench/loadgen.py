@@ -526,9 +526,9 @@ def json_open_loop(url: str, path: str, bodies: Sequence[bytes], schedules: Sequ
     back on one connection pool, after ``warmup`` queries whose answers are discarded; each
     run's offered rate is its schedule's own."""
     async def go() -> list[LoadResult]:
-        async with warmed_json_sender(url, path, bodies, warmup=warmup, limit=limit) as send:
-            return await warm_open_loops(send, schedules, warmup=0, timeout_s=timeout_s,
-                                         progress=progress)
+        async with HttpSender(url, limit=limit) as http:
+            return await warm_open_loops(json_sender(http, path, bodies), schedules,
+                                         warmup=warmup, timeout_s=timeout_s, progress=progress)
 
     return run_event_loop(go())
 
