@@ -107,7 +107,7 @@ DESCRIPTION = ("Throughput, latency and CPU per request under wrk, one core for 
                "parityserve, on a no-op model and the MNIST MLP with batching (issue 17).")
 EXAMPLES = (
     ("python -m benchmarks.frontend_wrk --data-dir ../shared/data",
-     "both models, 2 rounds x 10 s per point (about 20 min)"),
+     "both models, 2 rounds x 10 s per point (about 25 min)"),
     ("python -m benchmarks.frontend_wrk --models mlp --quick --data-dir ../shared/data",
      "check the MLP harness: 1 round x 3 s (about 2 min)"),
     ("python -m benchmarks.frontend_wrk --models noop --systems bare,parityserve",
