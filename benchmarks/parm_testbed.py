@@ -93,6 +93,12 @@ from parityserve.bench.loadgen import (
     run_open_loop,
     warmed_json_sender,
 )
+from parityserve.bench.replica_timing import (
+    Snapshot,
+    replica_state,
+    transport_ms_per_task,
+    worker_hold_ms,
+)
 from parityserve.bench.report import (
     markdown_table,
     plot_latency_vs_load,
@@ -499,9 +505,12 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
 
     schedule = poisson_schedule(rate, args.queries, np.random.default_rng(seed))
 
-    async def go() -> tuple[LoadResult, float, float]:
+    async def go() -> tuple[LoadResult, float, float, list[Snapshot]]:
         async with warmed_json_sender(server.url, "/bench/predict", bodies,
                                       warmup=100) as send:  # the warm-up: no shuffles yet
+            # Per-task timing sums around the load alone (blocking calls, before it starts
+            # and after it ends): the transport the simulator takes for this point.
+            snapshots: list[Snapshot] = [replica_state(server.url, "bench")]
             cpu0, injector_t0 = _cpu_s(pid), time.monotonic()
             injector.start()
             try:
@@ -510,10 +519,12 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
                     rate_qps=rate, max_in_flight=10_000, timeout_s=60)
             finally:
                 injector.stop()
-            return result, _cpu_s(pid) - cpu0, time.monotonic() - injector_t0
+            cpu_s, wall_s = _cpu_s(pid) - cpu0, time.monotonic() - injector_t0
+            snapshots.append(replica_state(server.url, "bench"))
+            return result, cpu_s, wall_s, snapshots
 
     with StealSampler() as sampler:
-        result, cpu_s, wall_s = run_event_loop(go())
+        result, cpu_s, wall_s, (replicas_before, replicas_after) = run_event_loop(go())
     stolen = sampler.samples()
     s = result.summary()
     return {"case": case.name, "mode": case.mode, "instances": case.instances, "rate": rate,
@@ -523,6 +534,8 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
             "frontend_cpu_us": cpu_s / max(1, s["ok"]) * 1e6,
             "frontend_cores": cpu_s / wall_s if wall_s > 0 else None,
             "fault_switches": injector.done, "fault_errors": injector.errors,
+            "transport_ms_per_task": transport_ms_per_task(replicas_before, replicas_after),
+            "worker_hold_ms": worker_hold_ms(replicas_before, replicas_after),
             "loadavg_1m": _loadavg(), **stolen.summary(),
             **steal_free(result.latencies_s, result.ok, result.started_at + schedule, stolen),
             }, result.latencies_s[result.ok]

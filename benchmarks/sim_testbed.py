@@ -51,6 +51,7 @@ from benchmarks.parm_testbed import (
 )
 from benchmarks.tail import Checkpoint, settings_key
 from parityserve.bench.loadgen import poisson_schedule
+from parityserve.bench.replica_timing import replica_state, transport_ms_per_task, worker_hold_ms
 from parityserve.bench.report import markdown_table, write_results
 from parityserve.core.emulation import profile_named
 from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
@@ -331,7 +332,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the tool in a few minutes; not a result to quote")
     p.add_argument("--resume", action="store_true",
                    help="reuse the simulations an interrupted run with the same settings saved")
-    p.set_defaults(func=run, calibrated_on_idle=False)
+    p.set_defaults(func=run, calibrated_on_idle=False, idle_timer_ms=0.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -361,7 +362,8 @@ def run(args: argparse.Namespace) -> int:
     fingerprint = {"testbed": str(path), "testbed_date": _date(testbed),
                    "queries": testbed["queries_per_point"], "seed": testbed["seed"],
                    "shuffle": testbed["shuffle"], "overheads": base.__dict__,
-                   "cpu_ms": args.cpu_ms, "sim_seeds": args.sim_seeds}
+                   "cpu_ms": args.cpu_ms, "sim_seeds": args.sim_seeds,
+                   "overheads_from": "each run's own"}
     saved = Checkpoint(args.results_dir / "sim-testbed-runs" /
                        f"{name}-{settings_key(fingerprint)}.jsonl", fingerprint,
                        resume=args.resume)
@@ -370,7 +372,8 @@ def run(args: argparse.Namespace) -> int:
         "label": f"SIMULATED vs EMULATED testbed: {testbed['label']}",
         "testbed": str(path), "testbed_date": _date(testbed),
         "testbed_quick": bool(testbed.get("quick")), "repeats": repeats,
-        "overheads_ms": base.__dict__, "cpu_ms": args.cpu_ms, "rows": rows,
+        "overheads_ms": base.__dict__, "cpu_ms": args.cpu_ms, "rpc_ms": args.rpc_ms,
+        "rows": rows,
         "idle": idle, "calibrated_on": "idle point" if idle else "none at the lowest rate",
         "verdict": verdict(rows), "quick": args.quick, "run_file": str(saved.path)}
     print(report["verdict"], flush=True)
@@ -407,6 +410,42 @@ def _point_cpu_ms(point: Mapping[str, Any], args: argparse.Namespace) -> float:
     if args.cpu_ms is not None:
         return float(args.cpu_ms)
     return float(point.get("frontend_cpu_us") or 0.0) / 1000
+
+
+def _run_value(point: Mapping[str, Any], key: str, rep: int) -> float | None:
+    """Repetition ``rep``'s own ``key`` where every repetition recorded one (the list then
+    lines up with the repetitions), else the point's median; None where never recorded."""
+    runs = point.get(f"{key}_runs")
+    if isinstance(runs, list) and len(runs) == int(point.get("repeats") or 0) and rep < len(runs):
+        return float(runs[rep])
+    value = point.get(key)
+    return None if value is None else float(value)
+
+
+def point_rpc_ms(point: Mapping[str, Any], base: Overheads, args: argparse.Namespace,
+                 rep: int | None = None) -> float:
+    """What holds a replica per task at a measured point: the transport the testbed
+    measured there (it grows with the frontend's load: an answer waits for the event loop)
+    plus what the idle point measured beyond it (the sleeping worker's timer), or the idle
+    point's whole figure where the testbed did not record a transport (runs before
+    2026-11-27) or ``--rpc-ms`` fixes it."""
+    if args.rpc_ms is not None or not args.calibrated_on_idle:
+        return base.rpc_ms
+    transport = (_run_value(point, "transport_ms_per_task", rep) if rep is not None
+                 else point.get("transport_ms_per_task"))
+    if transport is None:
+        return base.rpc_ms
+    return float(transport) + args.idle_timer_ms
+
+
+def run_overheads(point: Mapping[str, Any], rep: int, base: Overheads,
+                  args: argparse.Namespace) -> Overheads:
+    """The overheads one measured repetition ran under: its own frontend CPU per query and
+    transport per task where the testbed recorded them, the calibrated latency outside any
+    queue."""
+    cpu = args.cpu_ms if args.cpu_ms is not None else (
+        (_run_value(point, "frontend_cpu_us", rep) or 0.0) / 1000)
+    return Overheads(float(cpu), base.latency_ms, point_rpc_ms(point, base, args, rep))
 
 
 def _replay(testbed: Mapping[str, Any], case: Mapping[str, Any], rate: float, rep: int,
@@ -450,7 +489,7 @@ def _calibrate_idle(testbed: Mapping[str, Any], idle: Mapping[str, Any],
                     profile: ServiceProfile, args: argparse.Namespace) -> Overheads:
     """The overheads from the idle point: transport per task and frontend CPU as measured
     there, and what remains of its p50 over the simulator's as latency outside any queue."""
-    args.calibrated_on_idle = True
+    args.calibrated_on_idle, args.idle_timer_ms = True, idle_timer_ms(idle)
     rpc = replica_overhead_ms(idle) if args.rpc_ms is None else args.rpc_ms
     # CPU per query as the loaded points measure it: at the idle rate the frontend's fixed
     # work (every worker's heartbeats) is shared by few queries and inflates it.
@@ -476,11 +515,16 @@ def _calibrate_idle(testbed: Mapping[str, Any], idle: Mapping[str, Any],
 def replica_overhead_ms(idle: Mapping[str, Any]) -> float:
     """What holds a replica per task beyond the drawn service time, from the idle point:
     the transport (the frontend's round trip beyond the worker's own hold) plus the worker's
-    hold beyond the profile's mean (the sleeping worker's timer overshoot, its real
-    compute where it outlasts the draw)."""
-    transport = float(idle.get("transport_ms_per_task") or 0.0)
+    hold beyond the profile's mean (``idle_timer_ms``)."""
+    return float(idle.get("transport_ms_per_task") or 0.0) + idle_timer_ms(idle)
+
+
+def idle_timer_ms(idle: Mapping[str, Any]) -> float:
+    """The idle point's worker hold beyond the profile's mean: the sleeping worker's timer
+    overshoot, its real compute where it outlasts the draw. Only the idle point shows it:
+    a loaded point's hold also carries the shuffles' injected delays."""
     hold, mean = idle.get("worker_hold_ms"), float(idle.get("profile_mean_ms") or 0.0)
-    return transport + (max(0.0, float(hold) - mean) if hold is not None else 0.0)
+    return max(0.0, float(hold) - mean) if hold is not None else 0.0
 
 
 def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -518,16 +562,14 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
 
             async with warmed_json_sender(server.url, "/bench/predict", bodies, warmup=100,
                                           limit=64) as send:
-                before, cpu0 = _replicas(server.url), _cpu_s(pid)
+                before, cpu0 = replica_state(server.url, "bench"), _cpu_s(pid)
                 result = await run_open_loop(send, schedule, progress=f"idle {rate:g} q/s",
                                              rate_qps=rate, timeout_s=60)
-                return result, [before, _replicas(server.url)], _cpu_s(pid) - cpu0
+                return result, [before, replica_state(server.url, "bench")], _cpu_s(pid) - cpu0
 
         result, (before, after), cpu_s = run_event_loop(go())
-    from benchmarks.simulate import transport_ms_per_task
-
     s = result.summary()
-    held = _worker_hold_ms(before, after)
+    held = worker_hold_ms(before, after)
     return {"profile": testbed["profile"], "rate": rate, "n": n, "p50_ms": s["p50_ms"],
             "p99_ms": s["p99_ms"], "p999_ms": s["p999_ms"], "mean_ms": s["mean_ms"],
             "errors": sum(s["errors"].values()),
@@ -535,27 +577,6 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
             "transport_ms_per_task": transport_ms_per_task(before, after),
             "worker_hold_ms": held,
             "profile_mean_ms": profile_named(str(testbed["profile"])).mean_ms(1)}
-
-
-def _replicas(url: str) -> list[dict[str, Any]]:
-    from parityserve.client import Client
-
-    with Client(url, timeout=10.0) as client:
-        models = client.state()["models"]
-    return next((list(m["replicas"]) for m in models if m["name"] == "bench"), [])
-
-
-def _worker_hold_ms(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
-                    ) -> float | None:
-    """Mean time a worker held a batch (its own clock: model, emulated sleep, faults)."""
-    start = {str(r["rid"]): (float(r.get("worker_s", 0.0)), int(r.get("served", 0)))
-             for r in before}
-    work = tasks = 0.0
-    for r in after:
-        w0, n0 = start.get(str(r["rid"]), (0.0, 0))
-        work += float(r.get("worker_s", 0.0)) - w0
-        tasks += int(r.get("served", 0)) - n0
-    return work * 1000 / tasks if tasks else None
 
 
 def _write_idle(idle: Mapping[str, Any], path: Path) -> None:
@@ -583,9 +604,9 @@ def _validate(testbed: Mapping[str, Any], profile: ServiceProfile, base: Overhea
     for point in bar:
         case, rate = cases[str(point["case"])], float(point["rate"])
         bar.set_postfix_str(f"{case['name']} {rate:g} q/s")
-        overheads = Overheads(_point_cpu_ms(point, args), base.latency_ms, base.rpc_ms)
         sims = []
         for rep in range(min(repeats, int(point["repeats"]))):
+            overheads = run_overheads(point, rep, base, args)
             for s in range(args.sim_seeds):
                 key = rep * args.sim_seeds + s
                 found = saved.get(case["name"], rate, key)
@@ -597,7 +618,8 @@ def _validate(testbed: Mapping[str, Any], profile: ServiceProfile, base: Overhea
         calibration = (case["name"] == "none" and rate == low and args.latency_ms is None
                        and not args.calibrated_on_idle)
         row = compare_point(point, sims, knee_reason(point, idle), calibration)
-        row["cpu_ms"] = overheads.cpu_ms
+        row["cpu_ms"] = _point_cpu_ms(point, args)
+        row["rpc_ms"] = point_rpc_ms(point, base, args)
         rows.append(row)
         tqdm.write(f"  {row['case']:<20} {rate:5.0f} q/s  measured p50 "
                    f"{row['measured_p50_ms']:7.2f} p99 {row['measured_p99_ms']:7.2f} | sim "
@@ -644,7 +666,8 @@ def _project(testbed: Mapping[str, Any], profile: ServiceProfile, base: Overhead
         if found is None:
             found = {"case": key, "rate": rate,
                      **_project_one(testbed, case, replicas, rate, profile,
-                                    Overheads(cpu, base.latency_ms, base.rpc_ms),
+                                    Overheads(cpu, base.latency_ms,
+                                              point_rpc_ms(point, base, args)),
                                     args.project_queries)}
             saved.put(found, 0)
         util = rate * cpu / 1000
@@ -692,6 +715,7 @@ _COLUMNS = [("case", "case", "s"), ("instances", "instances", "d"), ("rate", "q/
             ("p50_error", "p50 err", "+.1%"), ("measured_p99_ms", "measured p99", ".2f"),
             ("sim_p99_ms", "sim p99", ".2f"), ("p99_error", "p99 err", "+.1%"),
             ("measured_p999_ms", "measured p99.9", ".2f"), ("sim_p999_ms", "sim p99.9", ".2f"),
+            ("cpu_ms", "frontend CPU ms/query", ".2f"), ("rpc_ms", "held per task ms", ".2f"),
             ("note", "", "s")]
 _STEAL_COLUMNS = [("case", "case", "s"), ("rate", "q/s", ".0f"),
                   ("steal_share", "CPU stolen", ".1%"), ("clean_share", "answers kept", ".1%"),
@@ -754,8 +778,9 @@ testbed reports them.{quick}
 
 Overheads the profile does not see: frontend CPU per query {cpu} (a FIFO server ahead of the
 queue); latency outside any queue {o['latency_ms']:.3f} ms per query; what holds a replica
-per task beyond its drawn service time {o['rpc_ms']:.3f} ms. Calibrated on
-{_calibration_text(r)}
+per task beyond its drawn service time {_held_text(r)}. Each repetition is replayed with its
+own measured CPU and transport where the testbed recorded them; the table shows the point's
+medians. Calibrated on {_calibration_text(r)}
 
 ## Validation
 
@@ -813,6 +838,17 @@ answer.
 {line}
 
 {markdown_table(rows, _STEAL_COLUMNS)}"""
+
+
+def _held_text(r: Mapping[str, Any]) -> str:
+    """How the report's per-task hold was set: per point, or one figure for all."""
+    figure = f"{r['overheads_ms']['rpc_ms']:.3f} ms"
+    if not any(row.get("rpc_ms") != r["overheads_ms"]["rpc_ms"] for row in r["rows"]):
+        return figure + (", the idle point's (this testbed run recorded no transport per "
+                         "point)" if r.get("idle") and r.get("rpc_ms") is None else "")
+    return ("each point's measured transport per task (`transport_ms_per_task`: it grows "
+            "with the frontend's load, as an answer waits for the event loop) plus the idle "
+            f"point's timer overshoot ({idle_timer_ms(r['idle']):.3f} ms)")
 
 
 def _calibration_text(r: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from benchmarks import _cli
+from parityserve.bench.replica_timing import replica_state, transport_ms_per_task
 from parityserve.bench.report import markdown_table, write_results
 from parityserve.bench.stats import median_and_spread
 from parityserve.core.faults import BurstSpec, FaultSpec
@@ -637,24 +638,6 @@ def fit_cpu_cost(rates: Sequence[float], ms_per_query: Sequence[float]) -> dict[
     return {"background_ms_per_s": float(intercept), "per_query_ms": float(slope)}
 
 
-def transport_ms_per_task(before: Sequence[Mapping[str, Any]],
-                          after: Sequence[Mapping[str, Any]]) -> float | None:
-    """Mean time a task held its replica beyond the worker's own time (transport, socket
-    queues), from two ``/admin/state`` snapshots of a model's replicas (``round_trip_s``,
-    ``worker_s``, ``served``); None if no task finished between them."""
-    def totals(replicas: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float, int]]:
-        return {str(r["rid"]): (float(r.get("round_trip_s", 0.0)), float(r.get("worker_s", 0.0)),
-                                int(r.get("served", 0))) for r in replicas}
-
-    start, end = totals(before), totals(after)
-    held = tasks = 0.0
-    for rid, (trip, work, served) in end.items():
-        trip0, work0, served0 = start.get(rid, (0.0, 0.0, 0))  # a replica started in between
-        held += (trip - trip0) - (work - work0)
-        tasks += served - served0
-    return held * 1000 / tasks if tasks > 0 else None
-
-
 _VALIDATION_BURST = "400,60,15"
 _VALIDATION_SEEDS = (11, 12, 13, 14, 15)
 
@@ -827,14 +810,14 @@ def _real_run(args: argparse.Namespace, mode: str, burst: BurstSpec | None, rate
             for i in range(200):  # warm up AIMD and the connections
                 await send(i)
             schedule = poisson_schedule(rate, n, np.random.default_rng([args.seed, 7, rep]))
-            replicas.append(_replica_state(server.url))
+            replicas.append(replica_state(server.url, "sim"))
             cpu[0], cpu[2] = _cpu_seconds(pid), _children_cpu_seconds(pid)
             cpu[4] = time.process_time()  # this process: the load generator
             result = await run_open_loop(send, schedule, progress=f"real {mode} {rate:g} q/s",
                                          timeout_s=60)
             cpu[1], cpu[3] = _cpu_seconds(pid), _children_cpu_seconds(pid)
             cpu[5] = time.process_time()
-            replicas.append(_replica_state(server.url))
+            replicas.append(replica_state(server.url, "sim"))
             return result
 
     with ServerProcess(path, data_dir=data_dir) as server:
@@ -854,15 +837,6 @@ def _real_run(args: argparse.Namespace, mode: str, burst: BurstSpec | None, rate
     print(f"  real {mode:<16} p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms, "
           f"send lag p99 {s['send_lag_p99_ms']:.2f} ms, rebuilt {s['reconstructed']}", flush=True)
     return s
-
-
-def _replica_state(url: str) -> list[dict[str, Any]]:
-    """The ``sim`` model's replicas as ``/admin/state`` reports them (timing sums included)."""
-    from parityserve.client import Client
-
-    with Client(url, timeout=10.0) as client:
-        models = client.state()["models"]
-    return next((list(m["replicas"]) for m in models if m["name"] == "sim"), [])
 
 
 def _children_cpu_seconds(pid: int) -> float:

@@ -295,7 +295,8 @@ def burst_fraction(transitions: Sequence[tuple[float, int, bool]], horizon_s: fl
 
 _MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "throughput_qps", "rebuilt_fraction",
             "send_lag_p99_ms", "steal_share", "steal_stalls", "clean_share", "clean_p50_ms",
-            "clean_p99_ms", "clean_p999_ms")
+            "clean_p99_ms", "clean_p999_ms", "frontend_cpu_us", "frontend_cores",
+            "transport_ms_per_task", "worker_hold_ms")
 
 
 def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -174,6 +174,8 @@ def test_a_tiny_run_writes_labelled_results(tmp_path: Path, data_dir: Path) -> N
         assert p["n"] == 150 and p["errors"] == 0 and p["fault_errors"] == 0
         assert p["p50_ms"] >= 28.0  # the profile's 30 ms service time was held
         assert p["frontend_cpu_us"] > 0
+        # the per-task split the simulator replays: the worker's hold and the transport
+        assert p["worker_hold_ms"] >= 28.0 and 0.0 < p["transport_ms_per_task"] < 28.0
     assert report["points"][2]["rebuilt_fraction"] >= 0.0
     for p in report["points"]:  # this VM has a steal counter: every point says what it lost
         assert 0.0 <= p["steal_share"] <= 1.0 and p["steal_stalls"] >= 0

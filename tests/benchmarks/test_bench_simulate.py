@@ -54,17 +54,6 @@ def test_cpu_fit_refuses_what_it_cannot_fit(rates: list[float], costs: list[floa
         fit_cpu_cost(rates, costs)
 
 
-def test_transport_is_the_round_trip_beyond_the_workers_own_time() -> None:
-    from benchmarks.simulate import transport_ms_per_task
-
-    before = [{"rid": "a", "round_trip_s": 1.0, "worker_s": 0.5, "served": 10}]
-    after = [{"rid": "a", "round_trip_s": 1.3, "worker_s": 0.7, "served": 110},
-             {"rid": "b", "round_trip_s": 0.2, "worker_s": 0.1, "served": 100}]  # new replica
-    # (0.3 - 0.2) + (0.2 - 0.1) s over 200 tasks
-    assert transport_ms_per_task(before, after) == pytest.approx(1.0)
-    assert transport_ms_per_task(after, after) is None  # nothing finished in between
-
-
 def test_calibration_takes_transport_measured_and_leaves_the_rest_outside_any_queue(
     tmp_path,
 ) -> None:

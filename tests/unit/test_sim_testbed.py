@@ -193,3 +193,37 @@ def test_a_testbed_that_ran_no_none_case_is_calibrated_on_the_none_of_its_size()
     without = {"cases": [c.__dict__ for c in ran[1:]], "deployed": 12, "reactive_ms": 60.0}
     assert none_case(without) == none_case(with_none) == ran[0].__dict__
     assert none_case({**without, "deployed": 24})["instances"] == 24
+
+
+def _args(**kw: object):
+    import argparse
+
+    base = {"cpu_ms": None, "rpc_ms": None, "calibrated_on_idle": True, "idle_timer_ms": 0.2}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_each_repetition_is_replayed_with_its_own_cpu_and_transport() -> None:
+    from benchmarks.sim_testbed import run_overheads
+
+    point = _point(repeats=3, frontend_cpu_us=1500.0, frontend_cpu_us_runs=[1000.0, 1500.0, 2000.0],
+                   transport_ms_per_task=1.2, transport_ms_per_task_runs=[1.0, 1.2, 1.4])
+    base = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=1.1)
+    assert run_overheads(point, 2, base, _args()) == Overheads(2.0, 0.5, pytest.approx(1.6))
+    assert run_overheads(point, 0, base, _args()) == Overheads(1.0, 0.5, pytest.approx(1.2))
+
+
+def test_a_repetition_without_its_own_figures_takes_the_points_then_the_idle_ones() -> None:
+    from benchmarks.sim_testbed import point_rpc_ms, run_overheads
+
+    base = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=1.1)
+    # one repetition did not record a transport: the list no longer lines up, so the median
+    partial = _point(repeats=3, frontend_cpu_us=1500.0, transport_ms_per_task=1.2,
+                     transport_ms_per_task_runs=[1.0, 1.4])
+    assert run_overheads(partial, 1, base, _args()).rpc_ms == pytest.approx(1.4)
+    # a testbed run from before transports were recorded: the idle point's whole figure
+    old = _point(repeats=3, frontend_cpu_us=1500.0)
+    assert run_overheads(old, 1, base, _args()) == Overheads(1.5, 0.5, 1.1)
+    # --rpc-ms, or no idle point to take the timer from: the one figure, everywhere
+    assert point_rpc_ms(partial, base, _args(rpc_ms=0.7), 1) == 1.1
+    assert point_rpc_ms(partial, base, _args(calibrated_on_idle=False), 1) == 1.1
+    assert run_overheads(partial, 1, base, _args(cpu_ms=0.3)).cpu_ms == 0.3
