@@ -96,6 +96,7 @@ from parityserve.bench.loadgen import (
 from parityserve.bench.replica_timing import (
     Snapshot,
     replica_state,
+    settled_replica_state,
     transport_ms_per_task,
     worker_hold_ms,
 )
@@ -520,7 +521,7 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
             finally:
                 injector.stop()
             cpu_s, wall_s = _cpu_s(pid) - cpu0, time.monotonic() - injector_t0
-            snapshots.append(replica_state(server.url, "bench"))
+            snapshots.append(settled_replica_state(server.url, "bench"))
             return result, cpu_s, wall_s, snapshots
 
     with StealSampler() as sampler:

@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
                    "queries": testbed["queries_per_point"], "seed": testbed["seed"],
                    "shuffle": testbed["shuffle"], "overheads": base.__dict__,
                    "cpu_ms": args.cpu_ms, "sim_seeds": args.sim_seeds,
-                   "overheads_from": "each run's own"}
+                   "overheads_from": "each run's own", "idle_timer_ms": args.idle_timer_ms}
     saved = Checkpoint(args.results_dir / "sim-testbed-runs" /
                        f"{name}-{settings_key(fingerprint)}.jsonl", fingerprint,
                        resume=args.resume)
@@ -413,13 +413,23 @@ def _point_cpu_ms(point: Mapping[str, Any], args: argparse.Namespace) -> float:
 
 
 def _run_value(point: Mapping[str, Any], key: str, rep: int) -> float | None:
-    """Repetition ``rep``'s own ``key`` where every repetition recorded one (the list then
-    lines up with the repetitions), else the point's median; None where never recorded."""
-    runs = point.get(f"{key}_runs")
-    if isinstance(runs, list) and len(runs) == int(point.get("repeats") or 0) and rep < len(runs):
-        return float(runs[rep])
-    value = point.get(key)
+    """Repetition ``rep``'s own ``key`` (None where that run did not record it), or the
+    point's value for a testbed JSON that kept no per-run overheads (before 2026-11-27)."""
+    runs = point.get("run_overheads")
+    if isinstance(runs, list):
+        value = next((r.get(key) for r in runs if r.get("rep") == rep), None)
+    else:
+        value = point.get(key)
     return None if value is None else float(value)
+
+
+def replayed_reps(point: Mapping[str, Any], repeats: int) -> list[int]:
+    """The repetitions of a point to replay, by their numbers (a run file may lack one),
+    at most ``repeats`` of them."""
+    runs = point.get("run_overheads")
+    reps = ([int(r["rep"]) for r in runs if r.get("rep") is not None]
+            if isinstance(runs, list) else list(range(int(point["repeats"]))))
+    return reps[:repeats]
 
 
 def point_rpc_ms(point: Mapping[str, Any], base: Overheads, args: argparse.Namespace,
@@ -433,7 +443,7 @@ def point_rpc_ms(point: Mapping[str, Any], base: Overheads, args: argparse.Names
         return base.rpc_ms
     transport = (_run_value(point, "transport_ms_per_task", rep) if rep is not None
                  else point.get("transport_ms_per_task"))
-    if transport is None:
+    if transport is None:  # this run recorded none
         return base.rpc_ms
     return float(transport) + args.idle_timer_ms
 
@@ -443,9 +453,19 @@ def run_overheads(point: Mapping[str, Any], rep: int, base: Overheads,
     """The overheads one measured repetition ran under: its own frontend CPU per query and
     transport per task where the testbed recorded them, the calibrated latency outside any
     queue."""
-    cpu = args.cpu_ms if args.cpu_ms is not None else (
-        (_run_value(point, "frontend_cpu_us", rep) or 0.0) / 1000)
-    return Overheads(float(cpu), base.latency_ms, point_rpc_ms(point, base, args, rep))
+    if args.cpu_ms is not None:
+        cpu = float(args.cpu_ms)
+    else:
+        own = _run_value(point, "frontend_cpu_us", rep)
+        cpu = (own if own is not None else float(point.get("frontend_cpu_us") or 0.0)) / 1000
+    return Overheads(cpu, base.latency_ms, point_rpc_ms(point, base, args, rep))
+
+
+def own_transport(point: Mapping[str, Any], rep: int, args: argparse.Namespace) -> bool:
+    """Whether the replay of ``rep`` holds a replica for that run's own measured transport
+    (else for the idle point's, or ``--rpc-ms``)."""
+    return (args.rpc_ms is None and args.calibrated_on_idle
+            and _run_value(point, "transport_ms_per_task", rep) is not None)
 
 
 def _replay(testbed: Mapping[str, Any], case: Mapping[str, Any], rate: float, rep: int,
@@ -604,8 +624,8 @@ def _validate(testbed: Mapping[str, Any], profile: ServiceProfile, base: Overhea
     for point in bar:
         case, rate = cases[str(point["case"])], float(point["rate"])
         bar.set_postfix_str(f"{case['name']} {rate:g} q/s")
-        sims = []
-        for rep in range(min(repeats, int(point["repeats"]))):
+        sims, reps = [], replayed_reps(point, repeats)
+        for rep in reps:
             overheads = run_overheads(point, rep, base, args)
             for s in range(args.sim_seeds):
                 key = rep * args.sim_seeds + s
@@ -620,6 +640,8 @@ def _validate(testbed: Mapping[str, Any], profile: ServiceProfile, base: Overhea
         row = compare_point(point, sims, knee_reason(point, idle), calibration)
         row["cpu_ms"] = _point_cpu_ms(point, args)
         row["rpc_ms"] = point_rpc_ms(point, base, args)
+        row["replayed_runs"] = len(reps)
+        row["own_transport_runs"] = sum(own_transport(point, rep, args) for rep in reps)
         rows.append(row)
         tqdm.write(f"  {row['case']:<20} {rate:5.0f} q/s  measured p50 "
                    f"{row['measured_p50_ms']:7.2f} p99 {row['measured_p99_ms']:7.2f} | sim "
@@ -778,9 +800,8 @@ testbed reports them.{quick}
 
 Overheads the profile does not see: frontend CPU per query {cpu} (a FIFO server ahead of the
 queue); latency outside any queue {o['latency_ms']:.3f} ms per query; what holds a replica
-per task beyond its drawn service time {_held_text(r)}. Each repetition is replayed with its
-own measured CPU and transport where the testbed recorded them; the table shows the point's
-medians. Calibrated on {_calibration_text(r)}
+per task beyond its drawn service time {_held_text(r)} Calibrated on
+{_calibration_text(r)}
 
 ## Validation
 
@@ -841,14 +862,24 @@ answer.
 
 
 def _held_text(r: Mapping[str, Any]) -> str:
-    """How the report's per-task hold was set: per point, or one figure for all."""
+    """How the per-task hold (and the CPU) of each replayed run was set."""
     figure = f"{r['overheads_ms']['rpc_ms']:.3f} ms"
-    if not any(row.get("rpc_ms") != r["overheads_ms"]["rpc_ms"] for row in r["rows"]):
-        return figure + (", the idle point's (this testbed run recorded no transport per "
-                         "point)" if r.get("idle") and r.get("rpc_ms") is None else "")
-    return ("each point's measured transport per task (`transport_ms_per_task`: it grows "
-            "with the frontend's load, as an answer waits for the event loop) plus the idle "
-            f"point's timer overshoot ({idle_timer_ms(r['idle']):.3f} ms)")
+    runs = sum(int(row.get("replayed_runs") or 0) for row in r["rows"])
+    own = sum(int(row.get("own_transport_runs") or 0) for row in r["rows"])
+    cpu = ("" if r["cpu_ms"] is not None else
+           " Each run is replayed with its own measured frontend CPU per query; the table "
+           "shows the points' medians.")
+    if own == 0:
+        why = (" for every run, the idle point's (this testbed run recorded no transport per "
+               "point)" if r.get("idle") and r.get("rpc_ms") is None else " for every run")
+        return figure + why + "." + cpu
+    measured = ("each run's own measured transport per task (`transport_ms_per_task`: it "
+                "grows with the frontend's load, as an answer waits for the event loop) plus "
+                f"the idle point's timer overshoot ({idle_timer_ms(r['idle']):.3f} ms)")
+    if own < runs:
+        measured += (f", in {own} of the {runs} replayed runs; the others, which recorded "
+                     f"none, {figure}, the idle point's figure")
+    return measured + "." + cpu
 
 
 def _calibration_text(r: Mapping[str, Any]) -> str:

@@ -299,6 +299,9 @@ _MEDIANS = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "throughput_qps", "rebuilt
             "transport_ms_per_task", "worker_hold_ms")
 
 
+RUN_OVERHEADS = ("frontend_cpu_us", "transport_ms_per_task", "worker_hold_ms")
+
+
 def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One row per (case, rate): medians over repetitions, each run's values kept beside."""
     if not rows:
@@ -309,6 +312,11 @@ def median_over_repeats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if values:
             out[key] = float(np.median(values))
             out[f"{key}_runs"] = values
+    # Each repetition's own overheads, by its number, for a replay of that very run (the
+    # *_runs lists above skip a run without the value, so they need not line up).
+    out["run_overheads"] = [{"rep": r.get("rep"), **{k: r.get(k) for k in RUN_OVERHEADS}}
+                            for r in rows]
+    out.pop("rep", None)
     out.pop("latency_quantiles_ms", None)  # a run's CDF, not the point's
     out.pop("recovered", None)
     out["errors"] = sum(int(r.get("errors", 0)) for r in rows)
@@ -622,7 +630,7 @@ def _measure(name: str, source: str, cases: Sequence[Case], rates: Sequence[floa
 def saved_runs(saved: Checkpoint, cases: Sequence[Case], rates: Sequence[float],
                repeats: int) -> dict[tuple[str, float], list[dict[str, Any]]]:
     """The saved runs of every (case, rate), in report order (cases, then rates)."""
-    return {(case.name, rate): [row for rep in range(repeats)
+    return {(case.name, rate): [{**row, "rep": rep} for rep in range(repeats)
                                 if (row := saved.get(case.name, rate, rep)) is not None]
             for case in cases for rate in rates}
 

@@ -16,10 +16,12 @@ doing. A transport measured idle under-reads a loaded point.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Snapshot", "replica_state", "transport_ms_per_task", "worker_hold_ms"]
+__all__ = ["Snapshot", "replica_state", "settled_replica_state", "transport_ms_per_task",
+           "worker_hold_ms"]
 
 Snapshot = Sequence[Mapping[str, Any]]
 
@@ -32,6 +34,20 @@ def replica_state(url: str, model: str) -> list[dict[str, Any]]:
     with Client(url, timeout=10.0) as client:
         models = client.state()["models"]
     return next((list(m["replicas"]) for m in models if m["name"] == model), [])
+
+
+def settled_replica_state(url: str, model: str, timeout_s: float = 5.0,
+                          poll_s: float = 0.05) -> list[dict[str, Any]]:
+    """``replica_state`` once no replica has a batch in flight (or after ``timeout_s``): taken
+    right after a run, it would leave out the tasks still out then (a slow data task a
+    parity answer overtook), the very ones a slowdown made long."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        replicas = replica_state(url, model)
+        if not any(int(r.get("inflight") or 0) for r in replicas) or (
+                time.monotonic() >= deadline):
+            return replicas
+        time.sleep(poll_s)
 
 
 def _deltas(before: Snapshot, after: Snapshot) -> tuple[float, float, int]:

@@ -136,6 +136,19 @@ def test_median_over_repeats_keeps_each_run() -> None:
         median_over_repeats([])
 
 
+def test_a_point_keeps_each_runs_own_overheads_by_its_number() -> None:
+    # what sim_testbed replays each run with; run 0 was never saved, run 1 predates transports
+    rows = [_row("x", 5, 1.0, 10.0, n=100, rep=rep, frontend_cpu_us=cpu,
+                 transport_ms_per_task=transport)
+            for rep, cpu, transport in ((1, 1000.0, None), (2, 3000.0, 1.4))]
+    out = median_over_repeats(rows)
+    assert out["frontend_cpu_us"] == 2000.0  # the median over runs, not the first run's
+    assert out["transport_ms_per_task"] == 1.4 and out["transport_ms_per_task_runs"] == [1.4]
+    assert [(r["rep"], r["frontend_cpu_us"], r["transport_ms_per_task"])
+            for r in out["run_overheads"]] == [(1, 1000.0, None), (2, 3000.0, 1.4)]
+    assert "rep" not in out
+
+
 def test_an_unmeasured_steal_is_left_out_of_the_medians_not_read_as_zero() -> None:
     rows = [_row("x", 5, 1.0, 10.0, n=100, steal_share=share, clean_n=kept,
                  clean_p999_ms=p999) for share, kept, p999 in

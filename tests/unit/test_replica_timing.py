@@ -26,3 +26,21 @@ def test_nothing_finished_between_the_snapshots_measures_nothing() -> None:
     assert transport_ms_per_task(AFTER, AFTER) is None
     assert worker_hold_ms(AFTER, AFTER) is None
     assert worker_hold_ms([], []) is None
+
+
+def test_the_closing_snapshot_waits_for_the_tasks_still_out(monkeypatch) -> None:
+    import parityserve.bench.replica_timing as rt
+
+    states = iter([[{"rid": "a", "inflight": 1}], [{"rid": "a", "inflight": 1}],
+                   [{"rid": "a", "inflight": 0, "served": 5}]])
+    monkeypatch.setattr(rt, "replica_state", lambda url, model: next(states))
+    assert rt.settled_replica_state("u", "m", poll_s=0.0) == [
+        {"rid": "a", "inflight": 0, "served": 5}]
+
+
+def test_the_closing_snapshot_gives_up_on_a_task_that_never_ends(monkeypatch) -> None:
+    import parityserve.bench.replica_timing as rt
+
+    monkeypatch.setattr(rt, "replica_state", lambda url, model: [{"rid": "a", "inflight": 2}])
+    assert rt.settled_replica_state("u", "m", timeout_s=0.05, poll_s=0.01) == [
+        {"rid": "a", "inflight": 2}]

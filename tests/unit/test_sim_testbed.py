@@ -198,32 +198,83 @@ def test_a_testbed_that_ran_no_none_case_is_calibrated_on_the_none_of_its_size()
 def _args(**kw: object):
     import argparse
 
-    base = {"cpu_ms": None, "rpc_ms": None, "calibrated_on_idle": True, "idle_timer_ms": 0.2}
+    base = {"cpu_ms": None, "rpc_ms": None, "calibrated_on_idle": True, "idle_timer_ms": 0.2,
+            "sim_seeds": 1}
     return argparse.Namespace(**{**base, **kw})
+
+
+def _runs(*runs: tuple[int, float | None, float | None]) -> list[dict]:
+    return [{"rep": rep, "frontend_cpu_us": cpu, "transport_ms_per_task": transport,
+             "worker_hold_ms": 31.0} for rep, cpu, transport in runs]
+
+
+BASE = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=1.1)
 
 
 def test_each_repetition_is_replayed_with_its_own_cpu_and_transport() -> None:
     from benchmarks.sim_testbed import run_overheads
 
-    point = _point(repeats=3, frontend_cpu_us=1500.0, frontend_cpu_us_runs=[1000.0, 1500.0, 2000.0],
-                   transport_ms_per_task=1.2, transport_ms_per_task_runs=[1.0, 1.2, 1.4])
-    base = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=1.1)
-    assert run_overheads(point, 2, base, _args()) == Overheads(2.0, 0.5, pytest.approx(1.6))
-    assert run_overheads(point, 0, base, _args()) == Overheads(1.0, 0.5, pytest.approx(1.2))
+    point = _point(repeats=3, frontend_cpu_us=1500.0, transport_ms_per_task=1.2,
+                   run_overheads=_runs((0, 1000.0, 1.0), (1, 1500.0, 1.2), (2, 2000.0, 1.4)))
+    assert run_overheads(point, 2, BASE, _args()) == Overheads(2.0, 0.5, pytest.approx(1.6))
+    assert run_overheads(point, 0, BASE, _args()) == Overheads(1.0, 0.5, pytest.approx(1.2))
 
 
-def test_a_repetition_without_its_own_figures_takes_the_points_then_the_idle_ones() -> None:
-    from benchmarks.sim_testbed import point_rpc_ms, run_overheads
+def test_runs_are_found_by_their_number_not_their_place() -> None:
+    from benchmarks.sim_testbed import replayed_reps, run_overheads
 
-    base = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=1.1)
-    # one repetition did not record a transport: the list no longer lines up, so the median
-    partial = _point(repeats=3, frontend_cpu_us=1500.0, transport_ms_per_task=1.2,
-                     transport_ms_per_task_runs=[1.0, 1.4])
-    assert run_overheads(partial, 1, base, _args()).rpc_ms == pytest.approx(1.4)
-    # a testbed run from before transports were recorded: the idle point's whole figure
+    # repetition 0 was never saved: 1 and 2 keep their own figures
+    point = _point(repeats=2, frontend_cpu_us=1500.0,
+                   run_overheads=_runs((1, 1000.0, 1.0), (2, 2000.0, 1.4)))
+    assert replayed_reps(point, 3) == [1, 2]
+    assert replayed_reps(point, 1) == [1]  # --quick: one repetition
+    assert run_overheads(point, 2, BASE, _args()) == Overheads(2.0, 0.5, pytest.approx(1.6))
+    # a testbed JSON from before per-run overheads: repetitions 0.., the point's figures
     old = _point(repeats=3, frontend_cpu_us=1500.0)
-    assert run_overheads(old, 1, base, _args()) == Overheads(1.5, 0.5, 1.1)
-    # --rpc-ms, or no idle point to take the timer from: the one figure, everywhere
-    assert point_rpc_ms(partial, base, _args(rpc_ms=0.7), 1) == 1.1
-    assert point_rpc_ms(partial, base, _args(calibrated_on_idle=False), 1) == 1.1
-    assert run_overheads(partial, 1, base, _args(cpu_ms=0.3)).cpu_ms == 0.3
+    assert replayed_reps(old, 3) == [0, 1, 2]
+    assert run_overheads(old, 1, BASE, _args()) == Overheads(1.5, 0.5, 1.1)
+
+
+def test_a_run_without_its_own_transport_holds_for_the_idle_figure() -> None:
+    from benchmarks.sim_testbed import own_transport, point_rpc_ms, run_overheads
+
+    # a resumed run file: repetition 0 predates transports, repetition 1 has one
+    point = _point(repeats=2, frontend_cpu_us=1500.0, transport_ms_per_task=1.4,
+                   run_overheads=_runs((0, 1000.0, None), (1, 2000.0, 1.4)))
+    assert run_overheads(point, 0, BASE, _args()) == Overheads(1.0, 0.5, 1.1)
+    assert not own_transport(point, 0, _args()) and own_transport(point, 1, _args())
+    # --rpc-ms (which calibration makes the base figure), or no idle point to take the
+    # timer from: the one figure, everywhere
+    fixed = Overheads(cpu_ms=9.0, latency_ms=0.5, rpc_ms=0.7)
+    assert point_rpc_ms(point, fixed, _args(rpc_ms=0.7), 1) == 0.7
+    assert not own_transport(point, 1, _args(rpc_ms=0.7))
+    assert point_rpc_ms(point, BASE, _args(calibrated_on_idle=False), 1) == 1.1
+    assert run_overheads(point, 1, BASE, _args(cpu_ms=0.3)).cpu_ms == 0.3
+
+
+def test_validation_replays_every_run_with_that_runs_overheads(monkeypatch, tmp_path) -> None:
+    import benchmarks.sim_testbed as st
+    from benchmarks.tail import Checkpoint
+
+    replayed: dict[int, Overheads] = {}
+
+    def fake_replay(testbed, case, rate, rep, profile, overheads, sim_seed):
+        replayed[rep] = overheads
+        return _sim(33.0, 50.0)
+
+    monkeypatch.setattr(st, "_replay", fake_replay)
+    case = next(c for c in tb.testbed_cases(["parm"], [2], 12, 60.0))
+    point = _point(case=case.name, mode="parm", instances=18, repeats=2,
+                   frontend_cpu_us=1500.0, transport_ms_per_task=1.2,
+                   run_overheads=_runs((0, 1000.0, 1.0), (2, 2000.0, None)))
+    testbed = {**TESTBED, "cases": [case.__dict__], "points": [point]}
+    saved = Checkpoint(tmp_path / "sims.jsonl", {"t": 1}, resume=False)
+    profile = st.ServiceProfile.from_emulation(st.profile_named("parm-gpu-resnet18"), 1)
+    (row,) = st._validate(testbed, profile, BASE, 3, saved, _args())
+    assert replayed == {0: Overheads(1.0, 0.5, pytest.approx(1.2)), 2: Overheads(2.0, 0.5, 1.1)}
+    assert (row["replayed_runs"], row["own_transport_runs"]) == (2, 1)
+    text = st._held_text({"overheads_ms": BASE.__dict__, "cpu_ms": None, "rpc_ms": None,
+                          "rows": [row], "idle": {"worker_hold_ms": 30.2,
+                                                  "profile_mean_ms": 30.0}})
+    assert "each run's own measured transport" in text and "in 1 of the 2 replayed runs" in text
+    assert "own measured frontend CPU" in text
