@@ -101,6 +101,7 @@ from parityserve.bench.replica_timing import (
     worker_hold_ms,
 )
 from parityserve.bench.report import (
+    command_line,
     markdown_table,
     plot_latency_vs_load,
     plot_quantile_cdf,
@@ -459,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
               "missing": missing_runs(runs, args.repeats), "run_file": str(saved.path),
               "load_s": sum(run_seconds(r) for found in runs.values() for r in found),
               "estimated_s": estimate, "wall_s": time.monotonic() - started,
-              "cdf_rate": cdf_rate, "order": order}
+              "cdf_rate": cdf_rate, "order": order, "measured_by": list(saved.commands)}
     _write(name, report, saved, cases, args)
     return 0
 
@@ -665,7 +666,7 @@ emulated devices, not of any accelerator.
 
 ## Setup
 
-{r['deployed']} deployed instances, batch size 1, cache off. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians; each run's values are in the JSON), {_ORDER_WORDS[r.get('order', 'grouped')]}. The load ran {r['load_s'] / 60:.0f} min in all.{quick}
+{r['deployed']} deployed instances, batch size 1, cache off. Open-loop Poisson load at {', '.join(f'{x:g}' for x in r['rates'])} q/s, {r['queries_per_point']} queries per point, {r['repeats']} repetition(s) (medians; each run's values are in the JSON), {_ORDER_WORDS[r.get('order', 'grouped')]}. The load ran {r['load_s'] / 60:.0f} min in all.{quick}{_measured_by(r)}
 
 **Background shuffles (ParM section 6.1):** {sh['concurrent']} shuffles at all times, each between two instances chosen at random among {sh['cluster_slots']} slots, 128-256 MB at {sh['gbps']:g} Gbps (0.7-1.4 s at 1.5 Gbps), the next starting when one ends. An instance in a shuffle adds {shuffle_delay_words(sh)} to each batch it serves (our parameter: ParM gives no per-query figure), set and cleared through the admin API. Slots a smaller deployment lacks are not hit, so every mode sees the same per-slot timeline. `reactive` re-issues after {r['reactive_ms']:g} ms.
 
@@ -690,6 +691,16 @@ Cases (resource-matched):
 {chr(10).join('- ' + line for line in r['headline'])}
 
 Plots: `{r['plots'][0]}` (p50 solid, p99 dashed, p99.9 dotted) and `{r['plots'][1]}` (CDF at {r['cdf_rate']:g} q/s)."""  # noqa: E501
+
+
+def _measured_by(r: dict[str, Any]) -> str:
+    """The commands that measured the runs, where this report's own command (above) is not
+    the only one: a report rewritten with --report-only, or runs added with --resume."""
+    commands = r.get("measured_by") or []
+    if not commands or commands == [command_line()]:
+        return ""
+    listed = "\n".join(f"    {c}" for c in commands)
+    return f"\n\nThe runs were measured by:\n\n{listed}"
 
 
 _ORDER_WORDS = {"grouped": "one server per case for all its repetitions",

@@ -15,6 +15,8 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+from parityserve.bench.report import command_line
+
 __all__ = ["RunFile"]
 
 
@@ -24,12 +26,18 @@ class RunFile:
     def __init__(self, path: Path, fingerprint: dict[str, Any], *, resume: bool) -> None:
         self.path, self.fingerprint = path, json.loads(json.dumps(fingerprint))
         self.rows: dict[Hashable, dict[str, Any]] = {}
+        # The commands that measured the saved rows, in order (a report written later with
+        # --report-only or --resume names them, not only itself); lines from before commands
+        # were kept have none.
+        self.commands: dict[str, None] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume and path.exists():
             for line in path.read_text().splitlines():
                 saved = json.loads(line) if line.strip() else {}
                 if saved.get("fingerprint") == self.fingerprint:
                     self.rows[self.key_of(saved)] = saved["row"]
+                    if saved.get("command"):
+                        self.commands[str(saved["command"])] = None
         elif path.exists():
             path.replace(path.with_name(path.name + ".old"))
 
@@ -39,7 +47,9 @@ class RunFile:
 
     def append(self, key: Hashable, label: dict[str, Any], row: dict[str, Any]) -> None:
         """Save ``row`` under ``key``; ``label`` is what ``key_of`` reads back from the line."""
+        command = command_line()
         with self.path.open("a") as f:
-            f.write(json.dumps({"fingerprint": self.fingerprint, **label, "row": row},
-                               default=float) + "\n")
+            f.write(json.dumps({"fingerprint": self.fingerprint, **label, "command": command,
+                                "row": row}, default=float) + "\n")
         self.rows[key] = row
+        self.commands[command] = None

@@ -258,3 +258,16 @@ def test_a_report_of_more_cases_finds_the_interleaved_run_without_naming_it(
     report = json.loads((tmp_path / "parm-testbed.json").read_text())
     assert report["order"] == "interleaved"
     assert len(report["points"]) == 9 and not report["missing"]
+
+
+def test_a_rewritten_report_names_the_commands_that_measured_its_runs(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "benchmarks.parm_testbed",
+                                           "--report-only"])
+    measured = "python -m benchmarks.parm_testbed --rates 100"
+    assert "measured by:\n\n    " + measured in tb._measured_by({"measured_by": [measured]})
+    # the report's own command measured every run, or no run said: nothing to add
+    assert tb._measured_by({"measured_by": [
+        "python -m benchmarks.parm_testbed --report-only"]}) == ""
+    assert tb._measured_by({"measured_by": []}) == ""

@@ -40,7 +40,9 @@ def test_starting_afresh_keeps_the_old_file_aside(tmp_path: Path) -> None:
     fresh = _Named(path, {"q": 1}, resume=False)
     assert fresh.rows == {} and not path.exists()
     old = path.with_name("runs.jsonl.old").read_text().splitlines()
-    assert json.loads(old[0]) == {"fingerprint": {"q": 1}, "key": "a", "row": {"v": 1}}
+    kept = json.loads(old[0])
+    assert {k: kept[k] for k in ("fingerprint", "key", "row")} == {
+        "fingerprint": {"q": 1}, "key": "a", "row": {"v": 1}}
 
 
 def test_numpy_scalars_are_saved_as_floats(tmp_path: Path) -> None:
@@ -49,3 +51,20 @@ def test_numpy_scalars_are_saved_as_floats(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     _Named(path, {"q": 1}, resume=False).append("a", {"key": "a"}, {"v": np.float32(0.5)})
     assert _Named(path, {"q": 1}, resume=True).rows == {"a": {"v": 0.5}}
+
+
+def test_each_line_names_the_command_that_measured_it(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    path = tmp_path / "runs.jsonl"
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "benchmarks.x", "--rates", "100"])
+    _Named(path, {"q": 1}, resume=False).append("a", {"key": "a"}, {"v": 1})
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "benchmarks.x", "--resume"])
+    resumed = _Named(path, {"q": 1}, resume=True)
+    resumed.append("b", {"key": "b"}, {"v": 2})
+    with path.open("a") as f:  # a line from before commands were kept
+        f.write(json.dumps({"fingerprint": {"q": 1}, "key": "c", "row": {"v": 3}}) + "\n")
+    again = _Named(path, {"q": 1}, resume=True)
+    assert list(again.commands) == ["python -m benchmarks.x --rates 100",
+                                    "python -m benchmarks.x --resume"]
+    assert set(again.rows) == {"a", "b", "c"}
