@@ -432,20 +432,27 @@ def replayed_reps(point: Mapping[str, Any], repeats: int) -> list[int]:
     return reps[:repeats]
 
 
+def _own_transport_ms(point: Mapping[str, Any], args: argparse.Namespace,
+                      rep: int | None) -> float | None:
+    """The transport per task a run (``rep``; None: the point's median) recorded, where the
+    replay takes it: calibrated on an idle point (which gives the timer to add) and no
+    ``--rpc-ms``; None otherwise, or where the run recorded none (before 2026-11-27)."""
+    if args.rpc_ms is not None or not args.calibrated_on_idle:
+        return None
+    if rep is None:
+        value = point.get("transport_ms_per_task")
+        return None if value is None else float(value)
+    return _run_value(point, "transport_ms_per_task", rep)
+
+
 def point_rpc_ms(point: Mapping[str, Any], base: Overheads, args: argparse.Namespace,
                  rep: int | None = None) -> float:
     """What holds a replica per task at a measured point: the transport the testbed
     measured there (it grows with the frontend's load: an answer waits for the event loop)
     plus what the idle point measured beyond it (the sleeping worker's timer), or the idle
-    point's whole figure where the testbed did not record a transport (runs before
-    2026-11-27) or ``--rpc-ms`` fixes it."""
-    if args.rpc_ms is not None or not args.calibrated_on_idle:
-        return base.rpc_ms
-    transport = (_run_value(point, "transport_ms_per_task", rep) if rep is not None
-                 else point.get("transport_ms_per_task"))
-    if transport is None:  # this run recorded none
-        return base.rpc_ms
-    return float(transport) + args.idle_timer_ms
+    point's whole figure where ``_own_transport_ms`` has none."""
+    transport = _own_transport_ms(point, args, rep)
+    return base.rpc_ms if transport is None else transport + args.idle_timer_ms
 
 
 def run_overheads(point: Mapping[str, Any], rep: int, base: Overheads,
@@ -453,19 +460,15 @@ def run_overheads(point: Mapping[str, Any], rep: int, base: Overheads,
     """The overheads one measured repetition ran under: its own frontend CPU per query and
     transport per task where the testbed recorded them, the calibrated latency outside any
     queue."""
-    if args.cpu_ms is not None:
-        cpu = float(args.cpu_ms)
-    else:
-        own = _run_value(point, "frontend_cpu_us", rep)
-        cpu = (own if own is not None else float(point.get("frontend_cpu_us") or 0.0)) / 1000
+    own = None if args.cpu_ms is not None else _run_value(point, "frontend_cpu_us", rep)
+    cpu = own / 1000 if own is not None else _point_cpu_ms(point, args)
     return Overheads(cpu, base.latency_ms, point_rpc_ms(point, base, args, rep))
 
 
 def own_transport(point: Mapping[str, Any], rep: int, args: argparse.Namespace) -> bool:
     """Whether the replay of ``rep`` holds a replica for that run's own measured transport
     (else for the idle point's, or ``--rpc-ms``)."""
-    return (args.rpc_ms is None and args.calibrated_on_idle
-            and _run_value(point, "transport_ms_per_task", rep) is not None)
+    return _own_transport_ms(point, args, rep) is not None
 
 
 def _replay(testbed: Mapping[str, Any], case: Mapping[str, Any], rate: float, rep: int,
