@@ -40,6 +40,11 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="py-spy sampling time")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--worker-core", choices=(fw.CLIENT_CORE,),
+                   help="move the server's worker processes to this core (wrk's) once it is "
+                        "up: the samples then show the frontend's own work, without the "
+                        "worker preempting it on the shared core (a diagnostic setup; the "
+                        "benchmarks keep both on the server core)")
     p.add_argument("--data-dir", type=Path, default=default_data_dir())
     p.add_argument("--out", type=Path, required=True, help="collapsed stacks (.raw)")
     args = p.parse_args()
@@ -56,6 +61,8 @@ def main() -> int:
         proc, _ = fw._start("parityserve", port, case, work)
         try:
             url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', args.route, case)}"
+            if args.worker_core is not None:
+                _pin_children(proc.pid, args.worker_core)
             fw._wrk(url, spec, lua, 8, 2.0)  # warm up
             load = threading.Thread(target=fw._wrk,
                                     args=(url, spec, lua, 64, args.seconds + 4.0))
@@ -70,6 +77,16 @@ def main() -> int:
             fw._stop(proc)
     _print_self_time(args.out, args.top)
     return 0
+
+
+def _pin_children(pid: int, core: str) -> None:
+    """Every process ``pid`` started (its model workers) onto ``core``."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True,
+                              check=False).stdout.split()
+    if not children:
+        raise SystemExit(f"the server (pid {pid}) has no worker processes to move")
+    for child in children:
+        subprocess.run(["taskset", "-pc", core, child], check=True, stdout=subprocess.DEVNULL)
 
 
 def _print_self_time(raw: Path, top: int) -> None:

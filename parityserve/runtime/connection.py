@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from parityserve.config import Limits
+from parityserve.runtime.hot_cycle import HotCycle, HotRoutes
 
 __all__ = ["Phase", "ReadClock", "Refusal", "render_refusal", "uvicorn_settings"]
 
@@ -188,10 +189,10 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
     class GuardedHttpTools(HttpToolsProtocol):
         """uvicorn's httptools protocol with ``ReadClock``'s limits and JSON refusals."""
 
-        def __init__(self, *args: Any, limits: Limits,
-                     on_refuse: Callable[[str], None], **kwargs: Any) -> None:
+        def __init__(self, *args: Any, limits: Limits, on_refuse: Callable[[str], None],
+                     hot: HotRoutes | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._limits, self._on_refuse = limits, on_refuse
+            self._limits, self._on_refuse, self._hot = limits, on_refuse, hot
             self._max_connections = limits.max_connections
             self._clock = ReadClock(limits)
             self._timer: asyncio.TimerHandle | None = None
@@ -247,8 +248,43 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
                 raise _Refused  # stops the parser; data_received answers it
             if len(self.connections) > self._max_connections:
                 self._start_refused(_over_capacity(self._limits.max_connections))
-            else:
+            elif self._hot is None or not self._start_hot(self._hot):
                 _base.on_headers_complete(self)
+
+        def _start_hot(self, hot: HotRoutes) -> bool:
+            """Start a hot route's request on a ``HotCycle`` (see ``runtime/hot_cycle.py``),
+            as uvicorn's ``on_headers_complete`` starts an ASGI cycle; False, and nothing
+            done, for any request the ASGI path must take."""
+            parser = self.parser
+            if parser.get_method() != b"POST" or self.root_path or parser.should_upgrade() \
+                    or self.limit_concurrency is not None:
+                return False
+            url = httptools.parse_url(self.url)
+            raw_path = url.path
+            if b"%" in raw_path or not raw_path.isascii():  # Starlette's unquoting, not ours
+                return False
+            path = raw_path.decode("ascii")
+            found = hot.match(path)
+            if found is None:
+                return False
+            endpoint, params = found
+            version = parser.get_http_version()
+            scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # plus path_params
+            scope.update(method="POST", path=path, raw_path=raw_path,
+                         query_string=url.query or b"", path_params=params, app=hot.app)
+            if version != "1.1":
+                scope["http_version"] = version
+            existing = self.cycle
+            keep_alive = version != "1.0" and parser.should_keep_alive()
+            cycle = HotCycle(scope, self.transport, self.flow, self.server_state.default_headers,
+                             self.expect_100_continue, keep_alive, self.on_response_complete)
+            self.cycle = cycle  # type: ignore[assignment]  # a stand-in: see HotCycle
+            if existing is None or existing.response_complete:
+                self._start_asgi_task(cycle, endpoint)  # type: ignore[arg-type]
+            else:  # pipelined behind a request still running, as uvicorn queues them
+                self.flow.pause_reading()
+                self.pipeline.appendleft((cycle, endpoint))  # type: ignore[arg-type]
+            return True
 
         def _start_refused(self, refusal: Refusal) -> None:
             """Run the request as uvicorn runs its own over-limit answer: an app that sends it."""
@@ -332,13 +368,17 @@ def _ignore(reason: str) -> None:
     pass
 
 
-def uvicorn_settings(limits: Limits,
-                     on_refuse: Callable[[str], None] = _ignore) -> dict[str, Any]:
+def uvicorn_settings(limits: Limits, on_refuse: Callable[[str], None] = _ignore,
+                     hot: HotRoutes | None = None) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.Config`` that enforce ``limits`` on every connection.
 
     ``on_refuse(reason)`` is called once per connection closed on a limit or a framing error
     (e.g. to count it), with reason one of header_timeout, body_timeout, idle_timeout,
     header_too_large, malformed, too_many_connections.
+
+    ``hot``: the application's hot routes (``runtime.http.HotPaths``), served on a
+    ``HotCycle`` instead of a round of ASGI messages. Pass it only when the application
+    given to uvicorn is that object itself, not a wrapper that must see every request.
     """
     protocol = _httptools_protocol()
     if protocol is None:
@@ -347,5 +387,5 @@ def uvicorn_settings(limits: Limits,
                 # uvicorn refuses a request when connections >= the limit, counting its own
                 "limit_concurrency": limits.max_connections + 1,
                 "h11_max_incomplete_event_size": limits.max_header_bytes}
-    return {"http": functools.partial(protocol, limits=limits, on_refuse=on_refuse),
+    return {"http": functools.partial(protocol, limits=limits, on_refuse=on_refuse, hot=hot),
             "timeout_keep_alive": limits.keep_alive_timeout_s}

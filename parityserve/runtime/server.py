@@ -23,7 +23,7 @@ from parityserve.config import ServingConfig
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
 from parityserve.runtime.connection import uvicorn_settings
-from parityserve.runtime.http import create_admin_app, create_app
+from parityserve.runtime.http import HotPaths, create_admin_app, create_app
 from parityserve.runtime.peers import PeerPlan, Peers, plan_group
 from parityserve.runtime.shard_mesh import ShardMesh
 from parityserve.runtime.system import ServingSystem
@@ -89,7 +89,10 @@ def resolve_admin_token(config: ServingConfig, base_dir: Path | None) -> Resolve
 def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
              on_refuse: Callable[[str], None]) -> uvicorn.Server:
     # uvicorn_settings: the HTTP parser that enforces server.limits on every connection.
-    settings = uvicorn_settings(config.server.limits, on_refuse)
+    # A HotPaths app itself (not a shard's or a peer stream's wrapper, which must see every
+    # request) has its hot routes served without ASGI messages: runtime/hot_cycle.py.
+    settings = uvicorn_settings(config.server.limits, on_refuse,
+                                hot=app if isinstance(app, HotPaths) else None)
     tls, base = config.server.tls, base_dir or Path.cwd()
     if tls is not None:
         settings.update(ssl_certfile=str(base / tls.cert), ssl_keyfile=str(base / tls.key))

@@ -232,6 +232,41 @@ def test_keep_alive_pipelined_and_chunked_requests_still_work(fast: str) -> None
     assert orjson.loads(body)["outputs"][0]["data"] == [0.0]
 
 
+def _infer(request_id: str, path: bytes = b"/v2/models/noop/infer",
+           extra: bytes = b"") -> tuple[bytes, bytes]:
+    body = orjson.dumps({"id": request_id, "inputs": [
+        {"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
+    head = (b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (path, len(body), extra))
+    return head, body
+
+
+def test_pipelined_hot_requests_are_answered_in_order_beside_other_routes(fast: str) -> None:
+    """The hot routes' own cycle (runtime/hot_cycle.py) keeps HTTP/1.1's order: answers leave
+    in the order the requests came, hot or not, percent-encoded paths included."""
+    requests = [b"".join(_infer("a")), LIVE, b"".join(_infer("b", b"/v2/models/no%6Fp/infer")),
+                b"".join(_infer("c"))]
+    with _connect(fast) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(b"".join(requests))
+        answers = [_read_response(reader) for _ in requests]
+    assert [status for status, _ in answers] == [200] * 4
+    ids = [orjson.loads(body).get("id") for _, body in answers]
+    assert ids == ["a", None, "b", "c"]
+
+
+def test_a_hot_request_expecting_100_continue_gets_it_then_its_answer(fast: str) -> None:
+    head, body = _infer("x", extra=b"Expect: 100-continue\r\n")
+    with _connect(fast) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(head)
+        assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert reader.readline() == b"\r\n"
+        sock.sendall(body)
+        status, answer = _read_response(reader)
+    assert status == 200 and orjson.loads(answer)["id"] == "x"
+
+
 def test_a_16_mib_body_within_max_body_bytes_is_served(fast: str) -> None:
     n = 4_000_000  # float32: 16,000,000 bytes, under the 16 MiB default max_body_bytes
     tensor = np.zeros(n, dtype=np.float32).tobytes()

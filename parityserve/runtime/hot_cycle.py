@@ -1,0 +1,160 @@
+"""The hot routes' request cycle: uvicorn's connection handling, without the ASGI round of
+messages for each request.
+
+Why hand-written: under wrk with the server on one core, a bare Starlette app does about a
+third of the requests per second that the same decode and encode do on a plain httptools
+protocol (``benchmarks/results/frontend-profile/asgi-layer.md``). Most of the difference is the
+per-request ASGI machinery: message dicts, the header checks of uvicorn's ``send``, and two
+socket writes per answer (head, then body). For ``POST /{app}/predict`` and the V2 infer
+routes that is a large share of parityserve's own frontend CPU.
+
+``HotCycle`` stands in for uvicorn's ``RequestResponseCycle`` on those routes only. It has the
+attributes and methods the protocol uses (``body``, ``more_body``, ``message_event``,
+``disconnected``, ``keep_alive``, ``response_started``, ``response_complete``, ``run_asgi``), so
+uvicorn's parser callbacks, flow control, pipelining, keep-alive, graceful shutdown and our
+``GuardedHttpTools`` limits all work on it unchanged. What it does differently: it calls the
+guarded endpoint with a Starlette ``Request`` directly, and writes the endpoint's ``Response``
+as one buffer list (one ``writev``) instead of two ASGI ``send`` messages.
+
+Everything else (other paths, other methods, percent-encoded paths, a ``root_path``, upgrades,
+sharded or peer-publishing listeners) takes uvicorn's ASGI path, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import http
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+__all__ = ["HotCycle", "HotRoutes"]
+
+logger = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+_500 = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
+
+
+class HotRoutes(Protocol):
+    """What the protocol asks of the application (``runtime.http.HotPaths``)."""
+
+    app: Any  # the Starlette app: what ``scope["app"]`` names, as Starlette's router sets it
+
+    def match(self, path: str) -> tuple[Endpoint, dict[str, str]] | None: ...
+
+
+def _nothing() -> None:
+    pass
+
+
+@functools.cache
+def _status_line(status: int) -> bytes:
+    """As uvicorn writes it (its table lives in the httptools module, an optional import)."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+
+
+class HotCycle:
+    """One request on a hot route, from its head to the last byte of its answer."""
+
+    __slots__ = ("scope", "transport", "flow", "default_headers", "message_event",
+                 "on_response", "disconnected", "keep_alive", "waiting_for_100_continue",
+                 "body", "more_body", "response_started", "response_complete")
+
+    def __init__(self, scope: dict[str, Any], transport: asyncio.Transport, flow: Any,
+                 default_headers: list[tuple[bytes, bytes]], expect_100_continue: bool,
+                 keep_alive: bool, on_response: Callable[[], None]) -> None:
+        self.scope = scope
+        self.transport = transport
+        self.flow = flow  # uvicorn's FlowControl: reading paused while the app holds a body
+        self.default_headers = default_headers  # server and date, as uvicorn keeps them
+        self.message_event = asyncio.Event()
+        self.on_response = on_response
+        self.disconnected = False
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = expect_100_continue
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+
+    async def run_asgi(self, endpoint: Endpoint) -> None:
+        """The name is uvicorn's: its protocol starts and pipelines cycles through it."""
+        try:
+            response = await endpoint(Request(self.scope, self.receive))
+            await self._respond(response)
+        except BaseException as exc:  # as uvicorn's cycle: a task's failure ends here, logged
+            # The guarded endpoint answers every Exception itself; this is cancellation at
+            # shutdown, or a bug in the answer's own writing.
+            logger.error("exception on a hot route", exc_info=exc)
+            if not self.response_started:
+                self._write_500()
+            else:
+                self.transport.close()
+        finally:
+            self.on_response = _nothing
+
+    async def receive(self) -> dict[str, Any]:
+        """The ASGI receive channel, as uvicorn's cycle serves it (``runtime.http`` reads
+        bodies from it)."""
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        message = {"type": "http.request", "body": bytes(self.body),
+                   "more_body": self.more_body}
+        self.body = bytearray()
+        return message
+
+    async def _respond(self, response: Response) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()  # the client reads slowly: wait, as uvicorn's send does
+        if self.disconnected:
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.transport.writelines([self._head(response), response.body])
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    def _head(self, response: Response) -> bytes:
+        """Status line and headers. Starlette's ``Response`` always sets content-length for
+        the hot routes' answers, so there is no chunked case. The header values are all
+        parityserve's own (content type, lengths, Retry-After, WWW-Authenticate), never a
+        client's, so uvicorn's per-header CR/LF check has nothing to catch here."""
+        parts = [_status_line(response.status_code)]
+        for name, value in self.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        for name, value in response.raw_headers:
+            if name == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            parts += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def _write_500(self) -> None:
+        self.response_started = self.response_complete = True
+        self.message_event.set()
+        if not self.transport.is_closing():
+            self.transport.write(_500)
+            self.transport.close()
