@@ -37,8 +37,12 @@ def main() -> int:
     p.add_argument("--model", default="mlp", choices=("noop", "mlp"))
     p.add_argument("--route", default="clipper-json",
                    choices=("clipper-json", "v2-json", "v2-binary"))
-    p.add_argument("--seconds", type=float, default=10.0, help="py-spy sampling time")
-    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--profiler", default="py-spy", choices=("py-spy", "perf"),
+                   help="py-spy: Python stacks (collapsed, --format raw); perf: native "
+                        "samples, reported by shared object (interpreter, kernel, numpy, "
+                        "ZeroMQ...), to see how much of the core is Python at all")
+    p.add_argument("--seconds", type=float, default=10.0, help="sampling time")
+    p.add_argument("--rate", type=int, default=200, help="samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--worker-core", choices=(fw.CLIENT_CORE,),
                    help="move the server's worker processes to this core (wrk's) once it is "
@@ -46,9 +50,11 @@ def main() -> int:
                         "worker preempting it on the shared core (a diagnostic setup; the "
                         "benchmarks keep both on the server core)")
     p.add_argument("--data-dir", type=Path, default=default_data_dir())
-    p.add_argument("--out", type=Path, required=True, help="collapsed stacks (.raw)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="py-spy: collapsed stacks (.raw); perf: perf.data (its report by "
+                        "shared object goes beside it, OUT.dso.txt)")
     args = p.parse_args()
-    for tool in ("wrk", "py-spy"):
+    for tool in ("wrk", args.profiler):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not on PATH")
     case = load_case(args.model, args.data_dir)
@@ -68,15 +74,36 @@ def main() -> int:
                                     args=(url, spec, lua, 64, args.seconds + 4.0))
             load.start()
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["py-spy", "record", "--pid", str(proc.pid), "--duration",
-                            str(int(args.seconds)), "--rate", str(args.rate), "--format", "raw",
-                            "--nonblocking", "-o", str(args.out)], check=True,
-                           stdout=subprocess.DEVNULL)
+            _record(args, proc.pid)
             load.join()
         finally:
             fw._stop(proc)
-    _print_self_time(args.out, args.top)
+    if args.profiler == "perf":
+        _print_shared_objects(args.out, args.top)
+    else:
+        _print_self_time(args.out, args.top)
     return 0
+
+
+def _record(args: argparse.Namespace, pid: int) -> None:
+    if args.profiler == "perf":
+        cmd = ["perf", "record", "-F", str(args.rate), "-p", str(pid), "-o", str(args.out),
+               "--", "sleep", str(int(args.seconds))]
+    else:
+        cmd = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
+               "--rate", str(args.rate), "--format", "raw", "--nonblocking", "-o", str(args.out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _print_shared_objects(data: Path, top: int) -> None:
+    """perf's samples by shared object, written beside ``data`` and printed."""
+    report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "dso", "--stdio"],
+                            capture_output=True, text=True, check=True).stdout
+    rows = [line.strip() for line in report.splitlines()
+            if line.strip() and not line.startswith("#")][:top]
+    text = "\n".join(["share of samples by shared object (perf report --sort dso)", *rows, ""])
+    data.with_suffix(".dso.txt").write_text(text)
+    print(text)
 
 
 def _pin_children(pid: int, core: str) -> None:
