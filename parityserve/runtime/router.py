@@ -28,6 +28,7 @@ from parityserve.runtime.applications import AppRuntime, QueryRecord, read_state
 from parityserve.runtime.dispatch import ModelPath
 from parityserve.runtime.lookup import find_app, find_model
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.settle import settle
 from parityserve.runtime.state_store import MemoryStore, StateStore
 
 __all__ = ["QueryRouter"]
@@ -61,10 +62,8 @@ class QueryRouter:
         deadline = self.clock() + runtime.config.slo_ms / 1000
         _shed_if_all_overloaded(paths.values(), len(inputs), deadline)
         plans = [self._plan(runtime, state, context, paths, x, deadline) for x in inputs]
-        pending = [f for _, asked in plans for f, _ in asked.values()
-                   if isinstance(f, asyncio.Future) and not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock()))
+        await settle([f for _, asked in plans for f, _ in asked.values()
+                      if isinstance(f, asyncio.Future)], max(0.0, deadline - self.clock()))
         return [self._answer(runtime, state, context, paths, x, selected, asked)
                 for x, (selected, asked) in zip(inputs, plans, strict=True)]
 
@@ -147,10 +146,9 @@ class QueryRouter:
                 future = _submit(path, inputs[name], deadline)[0]
                 if isinstance(future, asyncio.Future):  # not shed
                     futures[name] = future
-        waiting = [f for f in futures.values() if not f.done()]
-        if waiting:
+        if futures:
             timeout = max(p.deployment.timeout_ms for p in paths.values()) / 1000
-            await asyncio.wait(waiting, timeout=timeout)
+            await settle(futures.values(), timeout)
         return {m: f.result() for m, f in futures.items() if succeeded(f)}
 
     async def _observe(self, runtime: AppRuntime, context: str, query: Any, label: Any,
