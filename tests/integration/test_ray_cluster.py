@@ -156,10 +156,18 @@ def _states(client: Client) -> list[str]:
         "replicas"]]
 
 
+def _replicas(served) -> list:
+    """The frontend's replicas, read from the test's thread while the server's event loop
+    may be replacing them. ``list()`` copies each dict in one step under the GIL; a
+    comprehension over the live views runs Python between items and can see a dict change
+    size mid-walk (it did: RuntimeError, then a hung load pool)."""
+    return [r for p in list(served.system.models.values()) for r in list(p.replicas.values())]
+
+
 def _diagnosis(served, survivors: set[str]) -> str:
     """What the frontend and Ray each say, for a failure's message."""
-    replicas = {rid: (r.state, r.process.node_id in survivors)
-                for p in served.system.models.values() for rid, r in p.replicas.items()}
+    replicas = {r.rid: (r.state, r.process.node_id in survivors)
+                for r in _replicas(served)}
     actors = {a["Name"]: (a["State"], a["Address"]["NodeID"] in survivors)
               for a in ray._private.state.actors().values()
               if a["ActorClassName"] == "ReplicaActor"}
@@ -188,8 +196,7 @@ def test_node_killed_under_load_loses_no_query_and_replicas_come_back(cluster, s
         def serving_again() -> bool:
             """Every replica ready, each pinned to a surviving node (the frontend's view)."""
             seen.update(_states(admin))
-            pinned = [r.process.node_id for p in served.system.models.values()
-                      for r in p.replicas.values()]
+            pinned = [r.process.node_id for r in _replicas(served)]
             return (len(pinned) == 5 and set(pinned) <= survivors
                     and set(_states(admin)) == {"ready"})
 
@@ -197,14 +204,17 @@ def test_node_killed_under_load_loses_no_query_and_replicas_come_back(cluster, s
             where = nodes_by_slot()
             return len(where) == 5 and set(where.values()) <= survivors
 
-        try:
-            wait_until(serving_again, timeout_s=60)
-        except AssertionError:
-            raise AssertionError(f"not serving again: {_diagnosis(served, survivors)}") from None
-        recovery_s = time.monotonic() - killed_at
-        wait_until(ray_agrees, timeout_s=60)  # Ray's actor table, once it has seen the death
-        ray_s = time.monotonic() - killed_at
-        stop.set()
+        try:  # the load stops however this ends, or the pool's exit waits on it forever
+            try:
+                wait_until(serving_again, timeout_s=60)
+            except AssertionError:
+                raise AssertionError(
+                    f"not serving again: {_diagnosis(served, survivors)}") from None
+            recovery_s = time.monotonic() - killed_at
+            wait_until(ray_agrees, timeout_s=60)  # Ray's actor table, once it has seen it
+            ray_s = time.monotonic() - killed_at
+        finally:
+            stop.set()
         results = [r for f in futures for r in f.result()]
     rebuilt = Counter(a.get("reconstructed") for _, a in results)
     print(f"replicas ready on survivors {recovery_s:.1f}s after the kill (Ray's actor table "
