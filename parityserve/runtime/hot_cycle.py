@@ -18,6 +18,12 @@ as one buffer list (one ``writev``) instead of two ASGI ``send`` messages.
 
 Everything else (other paths, other methods, percent-encoded paths, a ``root_path``, upgrades,
 sharded or peer-publishing listeners) takes uvicorn's ASGI path, as before.
+
+What the hot routes do not get: the middlewares uvicorn wraps around every ASGI app, namely
+``ProxyHeadersMiddleware`` (``scope["client"]`` and ``scope["scheme"]`` rewritten from a
+trusted proxy's ``X-Forwarded-*``) and the trace-level message logger. No hot handler reads
+the client address or the scheme; one that comes to need them must take the ASGI path or do
+the rewrite itself.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ logger = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-_500 = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
+_500_BODY = b"Internal Server Error"
+_500_HEADERS = (b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\n"
+                b"connection: close\r\n")
 
 
 class HotRoutes(Protocol):
@@ -97,7 +104,9 @@ class HotCycle:
             # The guarded endpoint answers every Exception itself; this is cancellation at
             # shutdown, or a bug in the answer's own writing.
             logger.error("exception on a hot route", exc_info=exc)
-            if not self.response_started:
+            if self.disconnected:  # gone, or refused and lingering: nothing more is written
+                pass
+            elif not self.response_started:
                 self._write_500()
             else:
                 self.transport.close()
@@ -140,21 +149,31 @@ class HotCycle:
         the hot routes' answers, so there is no chunked case. The header values are all
         parityserve's own (content type, lengths, Retry-After, WWW-Authenticate), never a
         client's, so uvicorn's per-header CR/LF check has nothing to catch here."""
-        parts = [_status_line(response.status_code)]
-        for name, value in self.default_headers:
-            parts += (name, b": ", value, b"\r\n")
+        parts = self._status_and_defaults(response.status_code)
+        closing = False
         for name, value in response.raw_headers:
-            if name == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
+            if name == b"connection" and b"close" in (
+                    token.strip() for token in value.lower().split(b",")):
+                self.keep_alive, closing = False, True
             parts += (name, b": ", value, b"\r\n")
-        if not self.keep_alive:
+        if not self.keep_alive and not closing:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
+    def _status_and_defaults(self, status: int) -> list[bytes]:
+        parts = [_status_line(status)]
+        for name, value in self.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        return parts
+
     def _write_500(self) -> None:
+        """As uvicorn's cycle answers an app that failed before answering: 500, closed."""
         self.response_started = self.response_complete = True
+        self.keep_alive = False
         self.message_event.set()
         if not self.transport.is_closing():
-            self.transport.write(_500)
+            head = [*self._status_and_defaults(500), _500_HEADERS, b"\r\n"]
+            self.transport.writelines([b"".join(head), _500_BODY])
             self.transport.close()
+        self.on_response()

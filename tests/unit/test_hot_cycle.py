@@ -316,7 +316,37 @@ async def test_an_endpoint_that_raises_gets_a_500_and_the_connection_closed(capl
     [(status, headers, body)] = answers(transport)
     assert status == 500 and body == b"Internal Server Error"
     assert headers["connection"] == "close" and transport.closed
+    assert headers["server"] == "uvicorn"  # the default headers, as uvicorn's own 500
     assert "exception on a hot route" in caplog.text
+
+
+@on_a_loop
+async def test_a_refused_connection_gets_no_500_when_its_request_is_then_cancelled() -> None:
+    release = asyncio.Event()
+
+    async def cancelled_later(request: Request) -> Response:
+        await release.wait()
+        raise asyncio.CancelledError  # e.g. the server shutting down
+
+    proto, transport = protocol(Routes(cancelled_later))
+    proto.data_received(post("/shop/predict", b"{}"))
+    await asyncio.sleep(0.01)
+    proto.cycle.disconnected = True  # as GuardedHttpTools._refuse marks it while lingering
+    release.set()
+    await asyncio.sleep(0.02)
+    assert transport.writes == []
+
+
+@on_a_loop
+async def test_an_answer_that_closes_the_connection_says_so_once() -> None:
+    async def closing(request: Request) -> Response:
+        return Response(b"{}", headers={"connection": "close"}, media_type="application/json")
+
+    proto, transport = protocol(Routes(closing))
+    proto.data_received(post("/shop/predict", b"{}"))
+    await settle(transport, 1)
+    assert transport.writes[0].lower().count(b"connection: close") == 1
+    assert transport.closed
 
 
 @on_a_loop
