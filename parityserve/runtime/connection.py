@@ -256,24 +256,25 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
             as uvicorn's ``on_headers_complete`` starts an ASGI cycle; False, and nothing
             done, for any request the ASGI path must take."""
             parser = self.parser
-            if parser.get_method() != b"POST" or self.root_path or parser.should_upgrade() \
+            if parser.get_method() != b"POST" or parser.should_upgrade() \
                     or self.limit_concurrency is not None:
                 return False
             url = httptools.parse_url(self.url)
             raw_path = url.path
             if b"%" in raw_path or not raw_path.isascii():  # Starlette's unquoting, not ours
                 return False
-            path = raw_path.decode("ascii")
-            found = hot.match(path)
-            if found is None:
-                return False
-            endpoint, params = found
+            # The scope's request fields, as uvicorn's on_headers_complete sets them (it sets
+            # the same again if the request is not hot); then HotPaths decides.
             version = parser.get_http_version()
             scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # plus path_params
-            scope.update(method="POST", path=path, raw_path=raw_path,
-                         query_string=url.query or b"", path_params=params, app=hot.app)
+            scope.update(method="POST", path=self.root_path + raw_path.decode("ascii"),
+                         raw_path=self.root_path.encode("ascii") + raw_path,
+                         query_string=url.query or b"")
             if version != "1.1":
                 scope["http_version"] = version
+            endpoint = hot.route(scope)
+            if endpoint is None:
+                return False
             existing = self.cycle
             keep_alive = version != "1.0" and parser.should_keep_alive()
             cycle = HotCycle(scope, self.transport, self.flow, self.server_state.default_headers,

@@ -50,11 +50,10 @@ _500_HEADERS = (b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\
 
 
 class HotRoutes(Protocol):
-    """What the protocol asks of the application (``runtime.http.HotPaths``)."""
+    """What the protocol asks of the application (``runtime.http.HotPaths``): the endpoint
+    for a request's scope, having set the path parameters and app on it; or None."""
 
-    app: Any  # the Starlette app: what ``scope["app"]`` names, as Starlette's router sets it
-
-    def match(self, path: str) -> tuple[Endpoint, dict[str, str]] | None: ...
+    def route(self, scope: dict[str, Any]) -> Endpoint | None: ...
 
 
 def _nothing() -> None:

@@ -125,16 +125,25 @@ class HotPaths:
         self.endpoints = front.hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            found = self.match(scope["path"])
-            if found is not None:
-                endpoint, params = found
-                scope["path_params"] = params
-                scope["app"] = self.app  # what Starlette sets; url_for and friends need it
-                response = await endpoint(Request(scope, receive))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        endpoint = self.route(scope) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        response = await endpoint(Request(scope, receive))
+        await response(scope, receive, send)
+
+    def route(self, scope: Scope) -> Endpoint | None:
+        """The hot endpoint for an HTTP request's scope, with its path parameters and app set
+        on the scope as Starlette's router sets them; None for every other request. Here and
+        in ``runtime/hot_cycle.py``'s protocol path, this is the one rule of what is hot."""
+        if scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        found = self.match(scope["path"])
+        if found is None:
+            return None
+        endpoint, scope["path_params"] = found
+        scope["app"] = self.app  # url_for and friends need it
+        return endpoint
 
     def match(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
         """The hot endpoint for ``path`` and its path parameters, or None."""

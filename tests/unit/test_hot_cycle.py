@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Coroutine
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from uvicorn.server import ServerState
@@ -26,6 +28,7 @@ from uvicorn.server import ServerState
 from parityserve.config import Limits
 from parityserve.runtime import connection
 from parityserve.runtime.hot_cycle import HotCycle
+from parityserve.runtime.http import HotPaths
 
 pytestmark = pytest.mark.skipif(connection._httptools_protocol() is None,
                                 reason="the hot cycle rides on the httptools protocol")
@@ -80,19 +83,11 @@ class Transport(asyncio.Transport):
         return 0
 
 
-class Routes:
-    """A stand-in for ``runtime.http.HotPaths``: ``POST /{app}/predict`` is hot."""
-
-    def __init__(self, endpoint: Any) -> None:
-        self.app = object()
-        self.endpoint = endpoint
-        self.seen: list[dict[str, Any]] = []
-
-    def match(self, path: str) -> Any:
-        parts = path.split("/")
-        if len(parts) == 3 and parts[1] and parts[2] == "predict":
-            return self.endpoint, {"app": parts[1]}
-        return None
+def hot_paths(endpoint: Any) -> HotPaths:
+    """parityserve's own ``HotPaths`` (the rule of what is hot), with ``endpoint`` behind both
+    hot routes and an empty Starlette app behind it."""
+    return HotPaths(SimpleNamespace(hot={"predict": endpoint, "infer": endpoint}),  # type: ignore[arg-type]
+                    Starlette())
 
 
 async def echo(request: Request) -> Response:
@@ -117,7 +112,7 @@ async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def protocol(routes: Routes, **limits: Any) -> tuple[Any, Transport]:
+def protocol(routes: HotPaths, **limits: Any) -> tuple[Any, Transport]:
     settings = connection.uvicorn_settings(Limits(**limits), hot=routes)
     config = uvicorn.Config(asgi_app, lifespan="off", log_level="error",
                             timeout_keep_alive=settings["timeout_keep_alive"])
@@ -165,7 +160,7 @@ async def settle(transport: Transport, responses: int) -> None:
 
 @on_a_loop
 async def test_a_hot_request_is_answered_in_one_write_and_the_connection_kept() -> None:
-    proto, transport = protocol(Routes(echo))
+    proto, transport = protocol(hot_paths(echo))
     proto.data_received(post("/shop/predict", b'{"input": 1}'))
     assert isinstance(proto.cycle, HotCycle)
     await settle(transport, 1)
@@ -182,7 +177,7 @@ async def test_a_hot_request_is_answered_in_one_write_and_the_connection_kept() 
 
 @on_a_loop
 async def test_other_paths_methods_and_encoded_paths_take_the_asgi_route() -> None:
-    proto, transport = protocol(Routes(echo))
+    proto, transport = protocol(hot_paths(echo))
     requests = [b"GET /shop/predict HTTP/1.1\r\nHost: t\r\n\r\n",
                 post("/v2/health/live", b"{}"),
                 post("/sh%6Fp/predict", b"{}")]  # percent-encoded: Starlette unquotes it
@@ -218,7 +213,7 @@ async def test_pipelined_requests_are_answered_in_order_hot_or_not() -> None:
             await release.wait()
         return await echo(request)
 
-    proto, transport = protocol(Routes(slow_first))
+    proto, transport = protocol(hot_paths(slow_first))
     proto.data_received(post("/first/predict", b"1") + b"GET /live HTTP/1.1\r\nHost: t\r\n\r\n"
                         + post("/third/predict", b"3"))
     await asyncio.sleep(0.05)
@@ -237,7 +232,7 @@ async def test_pipelined_requests_are_answered_in_order_hot_or_not() -> None:
 @on_a_loop
 async def test_a_request_that_ends_the_connection_is_answered_then_closed(
         request_bytes: bytes) -> None:
-    proto, transport = protocol(Routes(echo))
+    proto, transport = protocol(hot_paths(echo))
     proto.data_received(request_bytes)
     await settle(transport, 1)
     [(status, headers, _)] = answers(transport)
@@ -247,7 +242,7 @@ async def test_a_request_that_ends_the_connection_is_answered_then_closed(
 
 @on_a_loop
 async def test_expect_100_continue_is_answered_before_the_body_is_read() -> None:
-    proto, transport = protocol(Routes(echo))
+    proto, transport = protocol(hot_paths(echo))
     head, _, body = post("/shop/predict", b'{"x": 1}', b"Expect: 100-continue").partition(
         b"\r\n\r\n")
     proto.data_received(head + b"\r\n\r\n")
@@ -261,7 +256,7 @@ async def test_expect_100_continue_is_answered_before_the_body_is_read() -> None
 
 @on_a_loop
 async def test_a_body_in_pieces_is_read_whole() -> None:
-    proto, transport = protocol(Routes(echo))
+    proto, transport = protocol(hot_paths(echo))
     data = post("/shop/predict", b'{"input": [1, 2, 3, 4]}')
     for i in range(0, len(data), 7):
         proto.data_received(data[i:i + 7])
@@ -278,7 +273,7 @@ async def test_a_client_gone_before_the_answer_gets_nothing_written() -> None:
         await release.wait()
         return Response(b"{}", media_type="application/json")
 
-    proto, transport = protocol(Routes(waits))
+    proto, transport = protocol(hot_paths(waits))
     proto.data_received(post("/shop/predict", b"{}"))
     await asyncio.sleep(0.01)
     proto.connection_lost(None)
@@ -296,7 +291,7 @@ async def test_a_client_gone_while_its_body_is_read_ends_the_read_as_a_disconnec
             seen.append(await request.receive())
         return Response(b"{}", media_type="application/json")
 
-    proto, transport = protocol(Routes(reads))
+    proto, transport = protocol(hot_paths(reads))
     proto.data_received(post("/shop/predict", b'{"input": [1, 2]}')[:-5])  # body incomplete
     await asyncio.sleep(0.01)
     proto.connection_lost(None)
@@ -310,7 +305,7 @@ async def test_an_endpoint_that_raises_gets_a_500_and_the_connection_closed(capl
     async def broken(request: Request) -> Response:
         raise asyncio.CancelledError  # the guarded endpoints answer every Exception themselves
 
-    proto, transport = protocol(Routes(broken))
+    proto, transport = protocol(hot_paths(broken))
     proto.data_received(post("/shop/predict", b"{}"))
     await settle(transport, 1)
     [(status, headers, body)] = answers(transport)
@@ -328,7 +323,7 @@ async def test_a_refused_connection_gets_no_500_when_its_request_is_then_cancell
         await release.wait()
         raise asyncio.CancelledError  # e.g. the server shutting down
 
-    proto, transport = protocol(Routes(cancelled_later))
+    proto, transport = protocol(hot_paths(cancelled_later))
     proto.data_received(post("/shop/predict", b"{}"))
     await asyncio.sleep(0.01)
     proto.cycle.disconnected = True  # as GuardedHttpTools._refuse marks it while lingering
@@ -342,7 +337,7 @@ async def test_an_answer_that_closes_the_connection_says_so_once() -> None:
     async def closing(request: Request) -> Response:
         return Response(b"{}", headers={"connection": "close"}, media_type="application/json")
 
-    proto, transport = protocol(Routes(closing))
+    proto, transport = protocol(hot_paths(closing))
     proto.data_received(post("/shop/predict", b"{}"))
     await settle(transport, 1)
     assert transport.writes[0].lower().count(b"connection: close") == 1
@@ -354,7 +349,7 @@ async def test_status_codes_uvicorn_knows_no_phrase_for_still_get_a_status_line(
     async def gone(request: Request) -> Response:
         return Response(status_code=499)  # what the frontend answers a vanished client
 
-    proto, transport = protocol(Routes(gone))
+    proto, transport = protocol(hot_paths(gone))
     proto.data_received(post("/shop/predict", b"{}"))
     await settle(transport, 1)
     assert transport.writes[0].startswith(b"HTTP/1.1 499 \r\n")

@@ -591,6 +591,25 @@ def test_hot_paths_match_what_starlette_would(system, metrics, path, expected):
         assert (endpoint, params) == (app.endpoints[expected[0]], expected[1])
 
 
+@pytest.mark.parametrize(("method", "root_path", "hot"), [
+    ("POST", "", True), ("GET", "", False), ("PUT", "", False), ("POST", "/mounted", False),
+])
+def test_hot_paths_route_only_posts_without_a_root_path(system, metrics, method, root_path,
+                                                        hot):
+    """The one rule of what is hot, for the ASGI path and the protocol's own cycle alike;
+    a hot scope gains its path parameters and app, as Starlette's router sets them."""
+    app = create_app(system, metrics=metrics, auth=AUTH)
+    scope = {"type": "http", "method": method, "root_path": root_path,
+             "path": "/v2/models/double/versions/2/infer"}
+    endpoint = app.route(scope)
+    if not hot:
+        assert endpoint is None and "path_params" not in scope and "app" not in scope
+    else:
+        assert endpoint is app.endpoints["infer"]
+        assert scope["path_params"] == {"model": "double", "version": "2"}
+        assert scope["app"] is app.app
+
+
 @pytest.mark.parametrize("path", [
     "/calc/predict", "/nope/predict", "//predict", "/calc/predict/",
     "/v2/models/double/infer", "/v2/models/double/versions/1/infer",
