@@ -1,7 +1,8 @@
 """What the ASGI layer costs per request on one core: the same V2 work on Starlette and on a
 plain httptools protocol, under wrk.
 
-    python benchmarks/diagnostics/asgi_layer.py [--rounds 3] [--seconds 5]
+    python benchmarks/diagnostics/asgi_layer.py [--rounds 3] [--seconds 5]   # about 1 min
+    python benchmarks/diagnostics/asgi_layer.py --quick                      # 1 round x 2 s
 
 Both servers answer ``POST /v2/models/noop/infer`` in the V2 binary tensor extension with
 parityserve's own codec (``runtime/v2``), taking each request's first value as the answer, as
@@ -153,8 +154,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per 64-connection run")
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 s runs")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 2.0
     if args.serve is not None:
         _serve_plain(args.serve)
         return 0
