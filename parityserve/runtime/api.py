@@ -68,7 +68,9 @@ class ServingSystem(Protocol):
     async def predict(self, app: str, items: Sequence[Any],
                       uid: str | None = None) -> list[Prediction]:
         """Answer each item (one query each) in context ``uid`` (None: the global context).
-        Validates items; never returns fewer answers."""
+        Validates items; never returns fewer answers. An item is a decoded JSON value, or an
+        ``edge_json.EdgeArray`` where the HTTP layer decoded plain numbers straight to an
+        array (its ``as_decoded()`` is the JSON value)."""
         ...
 
     def has_graph(self, name: str) -> bool: ...

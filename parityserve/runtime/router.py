@@ -26,6 +26,7 @@ from parityserve.runtime.answers import Asked, answer, no_replica, succeeded
 from parityserve.runtime.api import Prediction
 from parityserve.runtime.applications import AppRuntime, QueryRecord, read_state
 from parityserve.runtime.dispatch import ModelPath
+from parityserve.runtime.edge_json import EdgeArray
 from parityserve.runtime.lookup import find_app, find_model
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.settle import settle
@@ -76,8 +77,11 @@ class QueryRouter:
         One pass over the JSON serves both."""
         # An input counts from depth 3 (body, input_batch, item) however it was sent, so one
         # query may nest max_json_depth - 2 levels in either form.
-        leaves = scan(item, max_depth=self.limits.max_json_depth,
-                      max_elements=self.limits.max_input_elements, depth=3)
+        if isinstance(item, EdgeArray):  # decoded and checked against the limits at the edge
+            leaves = item.leaves
+        else:
+            leaves = scan(item, max_depth=self.limits.max_json_depth,
+                          max_elements=self.limits.max_input_elements, depth=3)
         by_form: dict[Any, Any] = {}
         out = {}
         for name, path in paths.items():

@@ -11,6 +11,7 @@ from parityserve.config import TensorSpec
 from parityserve.core.inputs import Leaves, as_array, scan
 from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput
+from parityserve.runtime.edge_json import EdgeArray
 from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = ["coerce_item", "shape_matches"]
@@ -40,6 +41,8 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
     numeric signature means a rectangular array of JSON numbers (booleans for BOOL), finite for
     float types unless the deployment sets ``allow_nonfinite``.
     """
+    if isinstance(item, EdgeArray):
+        item, leaves = _from_edge(item, spec, json_arrays)
     if spec is None:
         return _no_signature(item, leaves) if json_arrays else item
     if spec.datatype == "BYTES":
@@ -60,6 +63,18 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
                            f"number too large for {spec.datatype}); set allow_nonfinite: true "
                            "on the deployment to accept NaN and infinity")
     return array
+
+
+def _from_edge(item: EdgeArray, spec: TensorSpec | None, json_arrays: bool
+               ) -> tuple[Any, Leaves | None]:
+    """The edge's array where the general path makes the same array of it (no signature with
+    ``json_arrays``, or a float signature: one rounding from the same exact values); the JSON
+    value as decoded where the model takes Python values or range-checks integers."""
+    if spec is None and json_arrays or (
+            spec is not None and spec.datatype != "BYTES"
+            and datatype_to_dtype(spec.datatype).kind == "f"):
+        return item.array, item.leaves
+    return item.as_decoded(), None
 
 
 def _no_signature(item: Any, leaves: Leaves | None) -> Any:

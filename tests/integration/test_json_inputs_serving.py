@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from parityserve.client import Client
+from parityserve.config import Limits
+from parityserve.runtime.edge_json import decode_predict
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +90,26 @@ def test_numbers_reach_a_model_without_a_signature_as_one_stacked_array(client) 
 def test_json_inputs_python_keeps_the_lists(client) -> None:
     answer = _served(client.predict("lists", [0.5, 1.0, 2.0]))
     assert answer == {"batch": "list", "dtype": None, "row": "list", "value": [0.5, 1.0, 2.0]}
+
+
+@pytest.mark.parametrize(("row", "dtype"), [
+    ([1, 2.5], "float64"),  # an int beside a float: the row is float64
+    ([1.0, 2.0], "float64"),  # whole numbers written as floats stay floats
+    ([[1, 2], [3, 4]], "int64"),
+])
+def test_plain_numbers_decoded_straight_to_arrays_match_the_general_path(
+        client, row: list[Any], dtype: str) -> None:
+    """Bodies of plain numbers take the HTTP layer's straight-to-array decoding
+    (runtime/edge_json.py): an array model gets the general path's dtype, and a model that
+    takes Python values gets the numbers with their JSON types (1 stays int, 2.0 float)."""
+    assert decode_predict(orjson.dumps({"input": row}), Limits()) is not None  # that path
+    array = _served(client.predict("arrays", row))
+    assert array == {"batch": "ndarray", "dtype": dtype, "row": "ndarray", "value": row}
+    listed = _served(client.predict("lists", row))
+    assert listed == {"batch": "list", "dtype": None, "row": "list", "value": row}
+    flat = [v for r in row for v in (r if isinstance(r, list) else [r])]
+    got = [v for r in listed["value"] for v in (r if isinstance(r, list) else [r])]
+    assert [type(v) for v in got] == [type(v) for v in flat]
 
 
 @pytest.mark.parametrize("app", ["arrays", "lists"])

@@ -16,6 +16,7 @@ from parityserve.client import Client
 from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.auth import AuthPolicy
+from parityserve.runtime.edge_json import json_value
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 
@@ -53,6 +54,7 @@ class FakeSystem:
                       uid: str | None = None) -> list[Prediction]:
         self._app(app)
         self.uids.append(uid)
+        items = [json_value(item) for item in items]  # the HTTP layer may decode to arrays
         for item in items:
             if not (isinstance(item, list) and len(item) == 3):
                 raise errors.InvalidInput(f"expected shape [3], got {item!r}")

@@ -21,6 +21,7 @@ from parityserve.runtime import http as http_module
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.auth import AuthPolicy
+from parityserve.runtime.edge_json import json_value
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 
@@ -74,6 +75,7 @@ class FakeSystem:
         return [self._answer(i, item) for i, item in enumerate(items)]
 
     def _answer(self, i: int, item: Any) -> Prediction:
+        item = json_value(item)  # numbers the HTTP layer decoded straight to an array, or not
         if item == "boom":
             raise RuntimeError("the fake blew up")
         if item == "late":
