@@ -89,3 +89,16 @@ _.unshipped
 # Test operators loaded by a "python:module:Class" source string, not by name.
 Unseeded
 RunOnly
+
+# httptools calls its parser's callbacks by name (the measuring-stick protocol of
+# benchmarks/diagnostics/asgi_layer.py).
+_.on_header
+_.on_body
+
+# uvicorn's protocol starts a request cycle by calling its run_asgi (runtime/hot_cycle.py's
+# HotCycle stands in for uvicorn's RequestResponseCycle).
+_.run_asgi
+
+# uvicorn asks its transport for these; the hot-cycle tests' recording transport answers them.
+_.get_extra_info
+_.get_write_buffer_size
