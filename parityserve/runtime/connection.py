@@ -200,6 +200,7 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
             self._chunk_bytes = 0
             self._pending: Refusal | None = None  # raised from a parser callback
             self._refused = False
+            self._running: Any = None  # the cycle answering now (the newest is self.cycle)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -281,7 +282,7 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
                              self.expect_100_continue, keep_alive, self.on_response_complete)
             self.cycle = cycle  # type: ignore[assignment]  # a stand-in: see HotCycle
             if existing is None or existing.response_complete:
-                self._start_asgi_task(cycle, endpoint)  # type: ignore[arg-type]
+                self._start_asgi_task(cycle, endpoint)
             else:  # pipelined behind a request still running, as uvicorn queues them
                 self.flow.pause_reading()
                 self.pipeline.appendleft((cycle, endpoint))  # type: ignore[arg-type]
@@ -338,11 +339,21 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
                 return
             if self._can_answer():
                 self.transport.write(render_refusal(refusal, self.server_state.default_headers))
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
+            for cycle in self._unanswered():
                 cycle.disconnected = True  # the app's receive() says so, and its send() is mute
                 cycle.message_event.set()
             self._linger()
+
+        def _unanswered(self) -> list[Any]:
+            """The cycles yet to answer: the running one, those pipelined behind it, and the
+            newest. None may write once the refusal has half-closed the connection."""
+            cycles = [self._running, *(cycle for cycle, _ in self.pipeline), self.cycle]
+            return [c for c in dict.fromkeys(cycles) if c is not None and not c.response_complete]
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            # Every cycle starts here, the first, the pipelined and the hot ones alike.
+            self._running = cycle
+            _base._start_asgi_task(self, cycle, app)
 
         def _can_answer(self) -> bool:
             """Whether a response written now would be the answer to the current request."""

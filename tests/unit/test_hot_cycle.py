@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
@@ -49,13 +50,20 @@ class Transport(asyncio.Transport):
         super().__init__()
         self.writes: list[bytes] = []
         self.closed = False
+        self.eof = False
         self.reading = True
 
     def write(self, data: Any) -> None:
+        self._check_open()
         self.writes.append(bytes(data))
 
     def writelines(self, chunks: Any) -> None:
+        self._check_open()
         self.writes.append(b"".join(bytes(c) for c in chunks))
+
+    def _check_open(self) -> None:
+        if self.eof:  # as asyncio's and uvloop's transports refuse it
+            raise RuntimeError("Cannot call write() after write_eof()")
 
     def close(self) -> None:
         self.closed = True
@@ -77,7 +85,7 @@ class Transport(asyncio.Transport):
         return True
 
     def write_eof(self) -> None:
-        pass
+        self.eof = True
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -354,3 +362,19 @@ async def test_status_codes_uvicorn_knows_no_phrase_for_still_get_a_status_line(
     await settle(transport, 1)
     assert transport.writes[0].startswith(b"HTTP/1.1 499 \r\n")
     assert answers(transport)[0][1]["content-length"] == "0"
+
+
+@on_a_loop
+async def test_a_refused_head_behind_pipelined_requests_mutes_every_unanswered_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One read holds a request, another pipelined behind it, then a head over the limit:
+    the connection is refused (half-closed, lingering), and neither request writes an answer
+    after that, the running one included; nothing is logged as an error."""
+    proto, transport = protocol(hot_paths(echo), max_header_bytes=1024)
+    big = b"POST /c/predict HTTP/1.1\r\nHost: t\r\nX-Big: " + b"x" * 4096 + b"\r\n\r\n"
+    with caplog.at_level(logging.DEBUG):
+        proto.data_received(post("/a/predict", b"1") + post("/b/predict", b"2") + big)
+        for _ in range(50):
+            await asyncio.sleep(0)
+    assert transport.eof and answers(transport) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
