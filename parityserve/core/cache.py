@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from parityserve.core.inputs import EXACT_IN_FLOAT64
 from parityserve.errors import ConfigError
 
 __all__ = ["CacheStats", "ClockCache", "cache_key", "input_digest"]
@@ -175,9 +176,6 @@ def _feed(h: hashlib.blake2b, x: object) -> None:
         _feed_scalar(h, x)
 
 
-_EXACT = float(2**53)  # integers up to this size survive a trip through float64
-
-
 def _feed_numbers(h: hashlib.blake2b, x: list[Any] | tuple[Any, ...]) -> bool:
     """Digest a flat list of plain floats and/or ints in one vectorised pass; False if it is
     anything else (the general encoding then takes it).
@@ -204,7 +202,7 @@ def _feed_numbers(h: hashlib.blake2b, x: list[Any] | tuple[Any, ...]) -> bool:
             return False
     else:
         ints = [v for v in x if type(v) is int]
-        if max(ints) > _EXACT or min(ints) < -_EXACT:
+        if max(ints) > EXACT_IN_FLOAT64 or min(ints) < -EXACT_IN_FLOAT64:
             return False
         is_float = np.fromiter(map(float.__instancecheck__, x), dtype=bool, count=len(x))
         values, tag, mask = np.array(x, dtype=np.float64), b"M", np.packbits(is_float).tobytes()

@@ -19,7 +19,7 @@ import numpy as np
 
 from parityserve.errors import LimitExceeded
 
-__all__ = ["Leaves", "array_dtype", "as_array", "depth_error", "scan"]
+__all__ = ["EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array", "depth_error", "scan"]
 
 _CONTAINERS = (list, dict)
 
@@ -88,7 +88,7 @@ def _check_count(count: int, budget: int, limit: int) -> None:
 
 _INTS = frozenset((int,))
 _NUMBERS = frozenset((int, float))
-_EXACT = 2**53  # integers up to this size survive a trip through float64
+EXACT_IN_FLOAT64 = 2**53  # integers up to this size survive a trip through float64
 
 
 def array_dtype(value: Any, leaves: Leaves) -> type[np.int64] | type[np.float64] | None:
@@ -137,6 +137,6 @@ def _ints_exact(array: np.ndarray[Any, Any], value: list[Any]) -> bool:
     """Whether the ints of a mixed int/float list kept their exact values in float64: surely
     so when every magnitude is below 2**53 (one vectorised pass), else compare value by value
     (Python compares an int and a float exactly)."""
-    if bool(np.abs(array).max() < _EXACT):  # NaN compares False: the slow path decides
+    if bool(np.abs(array).max() < EXACT_IN_FLOAT64):  # NaN compares False: the slow path decides
         return True
     return bool(array.tolist() == value)
