@@ -20,7 +20,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
@@ -32,7 +31,6 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/frontend_sha
 from benchmarks import _cli  # noqa: E402
 from benchmarks.frontend_cases import ROOT, Case, default_data_dir, load_case  # noqa: E402
 from benchmarks.frontend_wrk import (  # noqa: E402
-    _LUA,
     _cpu_split,
     _cpu_ticks,
     _rates,
@@ -40,6 +38,7 @@ from benchmarks.frontend_wrk import (  # noqa: E402
     _wait_listening,
     _write_bodies,
     run_wrk,
+    wrk_workspace,
 )
 from parityserve.bench.ports import free_port  # noqa: E402
 
@@ -90,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
     state = json.loads(state_path.read_text()) if args.resume and state_path.exists() else {}
     state.setdefault("points", {})
     state["command"] = _command(args)
-    with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
-        work = Path(tmp)
-        (work / "bodies.lua").write_text(_LUA)
+    with wrk_workspace("shards-") as (work, _):
         for case in cases.values():
             spec = _write_bodies(work, case)[ROUTE]
             for round_ in range(args.rounds):

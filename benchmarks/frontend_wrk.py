@@ -26,6 +26,7 @@ Results (JSON, markdown, plot, the command) go to ``--results-dir``; a stopped r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,10 +159,7 @@ def run(args: argparse.Namespace) -> int:
                         "bare_batch_run": args.bare_batch_run,
                         "litserve_batch_timeout_s": LITSERVE_BATCH_TIMEOUT_S}
     systems = _systems(args.systems)
-    with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
-        work = Path(tmp)
-        lua = work / "bodies.lua"
-        lua.write_text(_LUA)
+    with wrk_workspace("wrk-") as (work, lua):
         for case in cases.values():
             where = _Where(state, state_path, lua, _write_bodies(work, case), work)
             for round_ in range(args.rounds):
@@ -250,6 +248,18 @@ def _has(module: str) -> bool:
 
 
 # ---- bodies ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def wrk_workspace(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """A scratch folder holding wrk's body-cycling script (``bodies.lua``), for this benchmark
+    and the diagnostics that drive wrk the same way; the cases' bodies go beside it
+    (``_write_bodies``). Yields (folder, script)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        lua = work / "bodies.lua"
+        lua.write_text(_LUA)
+        yield work, lua
 
 
 def _write_bodies(work: Path, case: Case) -> dict[str, dict[str, Any]]:

@@ -31,7 +31,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,10 +166,7 @@ def main() -> int:
         "command": f"python benchmarks/diagnostics/asgi_layer.py --rounds {args.rounds} "
                    f"--seconds {args.seconds:g}",
         "machine": machine_info(), "runs": {}}
-    with tempfile.TemporaryDirectory(prefix="asgi-layer-") as tmp:
-        work = Path(tmp)
-        lua = work / "bodies.lua"
-        lua.write_text(fw._LUA)
+    with fw.wrk_workspace("asgi-layer-") as (work, lua):
         spec = fw._write_bodies(work, case)["v2-binary/distinct"]
         for round_ in range(args.rounds):
             order = VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]

@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +139,7 @@ def main() -> int:
                    f"--name {args.name}",
         "machine": f"{info.get('cpu_model')}, {info.get('cpu_count')} cores, {info.get('date')}",
         "trees": {n: _shown(p) for n, p in trees.items()}, "routes": routes, "runs": {}}
-    with tempfile.TemporaryDirectory(prefix="frontend-ab-") as tmp:
-        work = Path(tmp)
-        lua = work / "bodies.lua"
-        lua.write_text(fw._LUA)
+    with fw.wrk_workspace("frontend-ab-") as (work, lua):
         bodies = fw._write_bodies(work, case)
         for round_ in range(args.rounds):
             order = list(trees.items()) if round_ % 2 == 0 else list(trees.items())[::-1]

@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -58,10 +57,7 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not on PATH")
     case = load_case(args.model, args.data_dir)
-    with tempfile.TemporaryDirectory(prefix="fprof-") as tmp:
-        work = Path(tmp)
-        lua = work / "bodies.lua"
-        lua.write_text(fw._LUA)
+    with fw.wrk_workspace("fprof-") as (work, lua):
         spec = fw._write_bodies(work, case)[f"{args.route}/distinct"]
         port = free_port()
         proc, _ = fw._start("parityserve", port, case, work)

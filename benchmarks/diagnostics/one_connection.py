@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +118,7 @@ def main() -> int:
         "command": f"python benchmarks/diagnostics/one_connection.py --rounds {args.rounds} "
                    f"--seconds {args.seconds:g} --routes {','.join(routes)}",
         "machine": machine_info(), "runs": {}}
-    with tempfile.TemporaryDirectory(prefix="one-connection-") as tmp:
-        work = Path(tmp)
-        lua = work / "bodies.lua"
-        lua.write_text(fw._LUA)
+    with fw.wrk_workspace("one-connection-") as (work, lua):
         bodies = fw._write_bodies(work, case)
         for round_ in range(args.rounds):
             order = SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]
