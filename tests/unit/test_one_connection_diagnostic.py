@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from benchmarks.diagnostics import one_connection as diagnostic
 
@@ -37,3 +40,25 @@ def test_an_unknown_route_is_a_clear_error() -> None:
     done = subprocess.run([sys.executable, diagnostic.__file__, "--routes", "v3-binary"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown route(s) v3-binary" in done.stderr
+
+
+def test_a_system_answering_errors_stops_the_run(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """Numbers from a server that answered errors are not comparable: the run stops, saying
+    which system and how many (wrk, the server and /proc are stood in for)."""
+    stopped: list[object] = []
+    monkeypatch.setattr(diagnostic.fw, "_start", lambda *a: (SimpleProc(), 0))
+    monkeypatch.setattr(diagnostic.fw, "_stop", stopped.append)
+    monkeypatch.setattr(diagnostic.fw, "_wrk", lambda *a: None)
+    monkeypatch.setattr(diagnostic.fw, "_cpu_ticks", lambda pid: {"frontend": 0, "worker": 0})
+    run = {"requests": 100, "socket_errors": 0, "status_errors": 7, "p50_us": 200,
+           "p99_us": 400, "p999_us": 900}
+    monkeypatch.setattr(diagnostic.fw, "run_wrk", lambda *a: (run, 0.0))
+    case = diagnostic.load_case("noop", None)
+    with pytest.raises(SystemExit, match="floor answered 7 of 100 requests with an error"):
+        diagnostic._measure("floor", "v2-binary", case, {}, tmp_path / "x.lua", tmp_path, 1.0)
+    assert len(stopped) == 1  # the server is stopped all the same
+
+
+class SimpleProc:
+    pid = 0
