@@ -27,8 +27,8 @@ def test_public_names() -> None:
     assert sorted(admission.__all__) == sorted([
         "UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish",
         "queue_bound", "retry_after"])
-    assert sorted(inputs.__all__) == ["Leaves", "array_dtype", "as_array", "depth_error",
-                                      "scan"]
+    assert sorted(inputs.__all__) == ["EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array",
+                                      "depth_error", "scan"]
 
 
 @pytest.mark.parametrize(("estimate", "slo_s", "replicas", "max_batch", "bound"), [
