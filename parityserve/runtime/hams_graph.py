@@ -19,6 +19,7 @@ Everything that decides is in ``core/hams``; what is here is sockets, processes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -154,7 +155,7 @@ class GraphRuntime:
         self.failovers: list[FailoverRecord] = []
         self.replay_conflicts = 0  # checkpoint-replay: replayed outputs that differed
         self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
-        self._replaying: dict[int, asyncio.Future[tuple[dict[str, Any], list[Any]]]] = {}
+        self._replaying: dict[int, tuple[list[int], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._monitor: asyncio.Task[None] | None = None
 
@@ -194,7 +195,8 @@ class GraphRuntime:
             pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND),
             bind_host=self._host, ipc_dir=self._ipc_dir,
             checkpoint_every=self.graph.checkpoint_every,
-            checkpoint_path=os.path.join(self._store, f"{op}.ckpt") if self._store else "")
+            checkpoint_path=self._checkpoint_path(op),
+            restore_seq=self.replay[op].checkpoint if op in self.replay else 0)
         member = self.launcher.start(spec, self.clock())
         self._members[member.worker_id] = (op, member)
         return member
@@ -347,7 +349,7 @@ class GraphRuntime:
         elif kind == hw.OUT:
             self._on_outputs(self.pairs[op], member, header, buffers)
         elif kind == hw.CHECKPOINT:
-            self.replay[op].checkpointed(int(header["seq"]))
+            self._checkpointed(op, int(header["seq"]))
         elif kind == hw.DURABLE:
             self._on_durable(self.pairs[op], member, int(header["seq"]))
         elif kind in (hw.PROMOTED, hw.ALLOW, hw.DIGEST):
@@ -361,9 +363,14 @@ class GraphRuntime:
     def _on_outputs(self, pair: _Pair, member: Member, header: dict[str, Any],
                     buffers: list[Any]) -> None:
         bid = int(header["bid"])
-        waiter = self._replaying.pop(bid, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result((header, buffers))
+        replayed = self._replaying.pop(bid, None)
+        if replayed is not None:  # here, not in the replay's task: a checkpoint that follows
+            seqs, done = replayed  # on the socket must not drop these outputs' log first
+            if "error" not in header and member is pair.primary:
+                outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
+                self._replayed(pair.op, seqs, outputs)
+            if not done.done():
+                done.set_result(None)
             return
         batch = pair.inflight.pop(bid, None)
         if member is not pair.primary or batch is None:
@@ -390,6 +397,20 @@ class GraphRuntime:
                 backup = self.pairs[nxt].backup
                 if backup is not None:
                     self._send(backup, {"t": hw.NOTIFY, "op": pair.op, "seq": seq})
+
+    def _checkpoint_path(self, op: str) -> str:
+        return os.path.join(self._store, f"{op}.ckpt") if self._store else ""
+
+    def _checkpointed(self, op: str, seq: int) -> None:
+        """The operator's state after ``seq`` is stored, and its outputs are here (they came
+        first on the same socket): a fresh primary starts from it now, so the log before it
+        and the checkpoint before it can go. A checkpoint whose primary died before saying
+        so is never restored, and stays until the graph closes its store."""
+        older = self.replay[op].checkpoint
+        self.replay[op].checkpointed(seq)
+        if 0 < older < seq:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hw.checkpoint_file(self._checkpoint_path(op), older))
 
     def _send(self, member: Member, header: dict[str, Any], frames: list[Any] | None = None
               ) -> None:
@@ -624,17 +645,14 @@ class GraphRuntime:
         restored = int(hello.get("restored", 0))
         for header, rows in self.replay[pair.op].after(restored):
             bid = next(self._bids)
-            future = asyncio.get_running_loop().create_future()
-            self._replaying[bid] = future
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._replaying[bid] = (header["seqs"], done)
             self._send(primary, {**header, "bid": bid}, rows)
-            while not future.done():
+            while not done.done():
                 if primary.exited():
+                    self._replaying.pop(bid, None)
                     raise Unavailable(f"{pair.op}: the replaying process died")
-                await asyncio.wait([future], timeout=0.01)
-            reply, buffers = future.result()
-            if "error" not in reply:
-                outputs = np.array(wire.unpack_payload(reply["outputs"], buffers))
-                self._replayed(pair.op, header["seqs"], outputs)
+                await asyncio.wait([done], timeout=0.01)
         return restored
 
     def _replayed(self, op: str, seqs: list[int], outputs: np.ndarray) -> None:
@@ -730,6 +748,7 @@ class GraphRuntime:
                              backup_pid=pair.backup.pid if pair.backup else None,
                              backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
                              since_checkpoint=self.replay[op].since_checkpoint,
+                             checkpoint=self.replay[op].checkpoint,
                              whole=self._whole(pair),
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry

@@ -59,7 +59,7 @@ from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.keys import ClientKeys
 from parityserve.runtime.worker import keys_from_env
 
-__all__ = ["OperatorSpec", "lineage_from_wire", "lineage_to_wire", "main"]
+__all__ = ["OperatorSpec", "checkpoint_file", "lineage_from_wire", "lineage_to_wire", "main"]
 
 # message types on the frontend <-> operator and primary <-> backup links
 HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
@@ -84,7 +84,8 @@ class OperatorSpec:
     bind_host: str = "127.0.0.1"  # where a backup listens for its primary (across hosts)
     ipc_dir: str = ""  # a 0700 folder: primary and backup share this host, use a Unix socket
     checkpoint_every: int = 0  # checkpoint-replay: batches between checkpoints
-    checkpoint_path: str = ""  # checkpoint-replay: where checkpoints go (and are restored from)
+    checkpoint_path: str = ""  # checkpoint-replay: checkpoints go to PATH.SEQ (one per SEQ)
+    restore_seq: int = 0  # checkpoint-replay: the checkpoint a fresh primary starts from
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -162,7 +163,8 @@ class Primary:
             start_seq, operator.state)}  # the retained copy (H5) and those in flight
         self.received_upto = start_seq
         self.receipt = threading.Lock()  # guards received_upto
-        self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case)
+        self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case), or
+        # checkpoint-replay: between storing each checkpoint and announcing it
         self.batches = 0
         self.last_seq = start_seq  # the request the live state is after
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -213,15 +215,15 @@ class Primary:
             self._await_receipt(header["seqs"][-1])
         if self.mode != "hams":
             self._send_outputs(bid, outputs)
+        if self.mode == "checkpoint-replay":  # after the outputs, on the same socket: when
+            self._maybe_checkpoint(header["seqs"][-1])  # the frontend hears of a checkpoint,
+            # it has every output the checkpoint covers, and may drop their batches
 
     def _number(self, header: dict[str, Any]) -> CopyOrder | None:
-        """After the write, under the mutex: checkpoint, or give the shipper the batch."""
+        """After the write, under the mutex: give the shipper the batch."""
         seq = header["seqs"][-1]
         self.last_seq = seq
-        if self.mode == "checkpoint-replay":
-            self._maybe_checkpoint(seq)
-            return None
-        if self.mode == "bare":
+        if self.mode in ("checkpoint-replay", "bare"):
             return None
         lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
         order = self.shipper.batch_finished(lineages, seq)
@@ -241,7 +243,9 @@ class Primary:
             return
         save_checkpoint(self.proc.spec.checkpoint_path, FlatState.capture(seq,
                                                                           self.operator.state))
-        self.proc.tell({"t": CHECKPOINT, "seq": seq})
+        if self.slow_s:  # injected: stored, not yet announced (what a kill here leaves)
+            time.sleep(self.slow_s)
+        self.proc.tell({"t": CHECKPOINT, "seq": seq})  # the frontend deletes older ones
 
     def _await_receipt(self, seq: int) -> None:
         """Remus: hold the outputs until the backup has the state they belong to. Control
@@ -466,22 +470,37 @@ def _digest(seq: int, state: Any) -> dict[str, Any]:
     return {"t": DIGEST, "seq": seq, "digest": state_digest(state)}
 
 
+def checkpoint_file(path: str, seq: int) -> str:
+    """Each checkpoint keeps its own file. The newest on disk is not always the one to
+    restore: a primary killed just after writing one may never have sent the outputs it
+    covers, and a restore from it would skip them. The frontend names the checkpoint it was
+    told of (``restore_seq``), whose outputs it has, and deletes the older ones."""
+    return f"{path}.{seq}"
+
+
 def save_checkpoint(path: str, flat: FlatState) -> None:
-    """Write the state, then rename: a reader sees the old checkpoint or the new, whole."""
+    """Write the state, then rename: a reader sees no checkpoint or the whole one."""
     meta = orjson.dumps({"seq": flat.seq, "layout": flat.layout})
-    tmp = f"{path}.tmp"
+    final = checkpoint_file(path, flat.seq)
+    tmp = f"{final}.tmp"
     with open(tmp, "wb") as out:
         np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), buffer=flat.buffer)
-    os.replace(tmp, path)
+    os.replace(tmp, final)
 
 
-def restore_checkpoint(path: str, state: Any) -> int:
-    """Install the last checkpoint into ``state``; its sequence number (0: none yet)."""
-    if not os.path.exists(path):
+def restore_checkpoint(path: str, seq: int, state: Any) -> int:
+    """Install checkpoint ``seq`` into ``state`` and return ``seq`` (0: start fresh)."""
+    if seq == 0:
         return 0
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        data = np.load(checkpoint_file(path, seq), allow_pickle=False)
+    except OSError as exc:  # the only copy of the state: nothing else could stand in
+        raise ModelLoadError(f"checkpoint {seq} cannot be read: {exc}") from exc
+    with data:
         meta = orjson.loads(data["meta"].tobytes())
         flat = FlatState.received(int(meta["seq"]), meta["layout"], data["buffer"].copy())
+    if flat.seq != seq:
+        raise ModelLoadError(f"checkpoint file for {seq} holds the state after {flat.seq}")
     flat.install(state)
     return flat.seq
 
@@ -513,7 +532,7 @@ def serve(spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> int:
     torch.set_num_threads(1)
     operator = _Operator(spec)
     proc = _Process(spec, connect, keys)
-    restored = restore_checkpoint(spec.checkpoint_path, operator.state) \
+    restored = restore_checkpoint(spec.checkpoint_path, spec.restore_seq, operator.state) \
         if spec.role == "primary" and spec.checkpoint_path else 0
     role: Primary | Backup = Primary(proc, operator, restored) if spec.role == "primary" \
         else Backup(proc, operator)

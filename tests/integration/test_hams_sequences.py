@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import torch
 
@@ -255,3 +257,63 @@ def test_v2_inference_on_the_graph_entry_with_tritonclient(server: RunningServer
         assert follow["seqs"]["seq1"] > 0
     finally:
         client.close()
+
+
+def checkpoint_prefix(pid: int) -> Path:
+    """Where the primary writes its checkpoints (``PATH.SEQ``), from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    spec = orjson.loads(argv[argv.index(b"--spec") + 1])
+    return Path(spec["checkpoint_path"])
+
+
+def test_a_primary_killed_between_storing_a_checkpoint_and_announcing_it_loses_nothing(
+        tmp_path: Path) -> None:
+    """The newest checkpoint on disk can cover outputs that never left the process: the
+    primary stored it and was killed before its queued messages went out. A restore from it
+    would skip those requests for good, so a fresh primary starts from the checkpoint the
+    frontend was told of, and the batches after it run again. Set up for real: each
+    announcement is held back (the fault API's state delay), the primary is frozen the
+    moment a checkpoint file appears, and killed once the frontend is seen not to know of
+    it. Without noise the replays are deterministic, so every stream equals its replay."""
+    running = start_server(config(mode="checkpoint-replay"), tmp_path)
+    try:
+        url, data = running.url, series(4)
+        pid = graph_state(url)["operators"]["seq1"]["primary_pid"]
+        prefix = checkpoint_prefix(pid)
+        httpx.post(f"{url}/admin/graphs/stocks/faults",
+                   json={"operator": "seq1", "state_delay_ms": 200}).raise_for_status()
+        caught: list[tuple[int, int]] = []  # (checkpoint on disk, checkpoint heard of)
+        stop = threading.Event()
+
+        def kill_at_a_stored_checkpoint() -> None:
+            seen = 0
+            while not stop.is_set() and not caught:
+                stored = max([int(n.rsplit(".", 1)[1]) for n in os.listdir(prefix.parent)
+                              if n.startswith(prefix.name + ".")
+                              and n.rsplit(".", 1)[1].isdigit()], default=0)
+                if stored > seen:
+                    os.kill(pid, signal.SIGSTOP)  # nothing more leaves it from here
+                    heard = graph_state(url)["operators"]["seq1"]["checkpoint"]
+                    if heard == 0:  # the first: let it be announced, so the restore
+                        os.kill(pid, signal.SIGCONT)  # reads a checkpoint file
+                    else:
+                        caught.append((stored, heard))
+                        kill(pid)
+                    seen = stored
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=kill_at_a_stored_checkpoint, daemon=True)
+        watcher.start()
+        try:
+            replies = send_streams(url, data)
+        finally:
+            stop.set()
+            watcher.join()
+        assert caught, "no checkpoint was stored while the streams ran"
+        (on_disk, heard), = caught
+        assert 0 < heard < on_disk  # the frontend had not heard of the newest checkpoint
+        failover = graph_state(url)["failovers"][-1]
+        assert failover["op"] == "seq1" and failover["bounds"]["seq1"] == heard
+        check_against_replay(replies, data)
+    finally:
+        running.stop()

@@ -3,6 +3,7 @@ the wire, and the benchmark's rules (phases, overhead ratios, the consistency or
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -17,10 +18,11 @@ from benchmarks.hams_analysis import (
     render_markdown,
 )
 from parityserve.core.hams import Arrival, Executed, Hop
-from parityserve.errors import ProtocolError
+from parityserve.errors import ModelLoadError, ProtocolError
 from parityserve.runtime.hams_replay import ReplayLog
 from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.hams_worker import (
+    checkpoint_file,
     lineage_from_wire,
     lineage_to_wire,
     restore_checkpoint,
@@ -60,13 +62,31 @@ def test_a_peers_bad_layout_is_a_protocol_error(layout: Any) -> None:
         FlatState.received(1, layout, b"\0" * 64).arrays()
 
 
-def test_checkpoints_restore_the_last_state_whole(tmp_path: Any) -> None:
+def test_checkpoints_restore_the_one_the_frontend_names_whole(tmp_path: Any) -> None:
     path = str(tmp_path / "op.ckpt")
     target = {k: torch.zeros_like(v) for k, v in state().items()}
-    assert restore_checkpoint(path, target) == 0  # none yet: start from the initial state
+    assert restore_checkpoint(path, 0, target) == 0  # none yet: start from the initial state
+    assert torch.equal(target["w"], torch.zeros_like(state()["w"]))
     save_checkpoint(path, FlatState.capture(150, state()))
-    assert restore_checkpoint(path, target) == 150
+    newer = {k: v + 1 for k, v in state().items()}
+    save_checkpoint(path, FlatState.capture(160, newer))  # written, never announced
+    assert sorted(os.listdir(tmp_path)) == ["op.ckpt.150", "op.ckpt.160"]
+    assert restore_checkpoint(path, 150, target) == 150  # not the newest on disk
     assert torch.equal(target["w"], state()["w"])
+    assert restore_checkpoint(path, 160, target) == 160
+    assert torch.equal(target["w"], newer["w"])
+
+
+def test_a_checkpoint_that_cannot_be_read_stops_the_process_with_its_number(
+        tmp_path: Any) -> None:
+    path = str(tmp_path / "op.ckpt")
+    target = {k: torch.zeros_like(v) for k, v in state().items()}
+    with pytest.raises(ModelLoadError, match="checkpoint 150 cannot be read"):
+        restore_checkpoint(path, 150, target)
+    save_checkpoint(path, FlatState.capture(150, state()))
+    os.replace(checkpoint_file(path, 150), checkpoint_file(path, 170))  # a misnamed file
+    with pytest.raises(ModelLoadError, match="checkpoint file for 170 holds the state after 150"):
+        restore_checkpoint(path, 170, target)
 
 
 def test_lineage_survives_the_wire_and_garbage_does_not_pass() -> None:
