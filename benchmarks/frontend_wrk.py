@@ -2,7 +2,9 @@
 
 Each server is pinned to core 1 (``taskset -c 1``; its worker processes inherit the pin) and
 ``wrk`` to core 0. Closed loop: 64 connections for ``--duration`` seconds, then one connection
-for the p50 of an unloaded server. Systems, interleaved in every round: ``bare`` (Starlette
+for the p50 of an unloaded server. In each round every system's server is up, and each point
+is measured on every system back to back (the order alternating), so the ratios are pairs
+measured within a minute of each other (see ``_measure_round``). Systems: ``bare`` (Starlette
 calling the model in-process, with the same decoding: the ceiling), ``floor`` (the bare app
 plus one CURVE round trip per batch to a parityserve worker process: what any design with
 models in worker processes pays on the same core), ``litserve`` (when installed),
@@ -163,9 +165,8 @@ def run(args: argparse.Namespace) -> int:
         for case in cases.values():
             where = _Where(state, state_path, lua, _write_bodies(work, case), work)
             for round_ in range(args.rounds):
-                order = systems if round_ % 2 == 0 else systems[::-1]
-                for system in order:
-                    _measure_system(system, round_, case, args, where)
+                _measure_round(systems if round_ % 2 == 0 else systems[::-1], round_, case,
+                               args, where)
     _write_results(state, state_path, out)
     return 0
 
@@ -316,30 +317,59 @@ class _Where:
         self.state_path.write_text(json.dumps(self.state, indent=2))
 
 
-def _measure_system(system: str, round_: int, case: Case, args: argparse.Namespace,
-                    where: _Where) -> None:
-    prefix = f"{round_}/{case.name}/{system}"
-    wanted = [(r, k) for r in case.routes(system) for k in case.kinds]
-    keys = [f"{prefix}/{r}/{k}" for r, k in wanted]
-    grpc_key = f"{prefix}/grpc/distinct" if case.has_grpc(system) else None
-    points = where.state["points"]
-    if all(k in points for k in [*keys, *([grpc_key] if grpc_key else [])]):
+def _measure_round(order: list[str], round_: int, case: Case, args: argparse.Namespace,
+                   where: _Where) -> None:
+    """One round: every system's server up at once, and each point (route and bodies)
+    measured for every system back to back, the order alternating from point to point. The
+    VM's slow spells last tens of seconds here; measured one system after another, a spell
+    could fall on one system's whole block of points and skew its ratios. Paired this way it
+    falls on the systems of a point alike. The servers not being measured sit idle on the
+    same core; their CPU during each run is recorded (``bystander_share``)."""
+    points_of = {s: _points(s, case) for s in order}
+    todo = {s: [p for p in points if f"{round_}/{case.name}/{s}/{p}" not in where.state["points"]]
+            for s, points in points_of.items()}
+    todo = {s: points for s, points in todo.items() if points}
+    if not todo:
         return  # measured before this run resumed
-    print(f"== {case.name}, round {round_ + 1}: {system}", file=sys.stderr, flush=True)
-    port = free_port()
-    proc, grpc_port = _start(system, port, case, where.work)
+    servers: dict[str, tuple[subprocess.Popen[bytes], int, int]] = {}
     try:
-        for (route, kind), key in zip(wanted, keys, strict=True):
-            if key not in points:
-                print(f"   {route} {kind}", file=sys.stderr, flush=True)
-                url = f"http://127.0.0.1:{port}{_route_path(system, route, case)}"
-                batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
-                where.save(key, _http_point(proc.pid, url, where.bodies[f"{route}/{kind}"],
-                                            where.lua, args, batches))
-        if grpc_key and grpc_key not in points:
-            where.save(grpc_key, _grpc_point(proc.pid, grpc_port, args, where.work))
+        for system in todo:
+            port = free_port()
+            proc, grpc_port = _start(system, port, case, where.work)
+            servers[system] = (proc, port, grpc_port)
+        names = list(dict.fromkeys(p for points in points_of.values() for p in points))
+        for i, point in enumerate(names):
+            for system in (order if i % 2 == 0 else order[::-1]):
+                if point in todo.get(system, ()):
+                    others = [proc.pid for s, (proc, _, _) in servers.items() if s != system]
+                    _measure_point(system, point, round_, case, args, where, servers[system],
+                                   others)
     finally:
-        _stop(proc)
+        for proc, _, _ in servers.values():
+            _stop(proc)
+
+
+def _points(system: str, case: Case) -> list[str]:
+    """What a round measures on ``system``: ``route/bodies``, and gRPC where it speaks it."""
+    points = [f"{r}/{k}" for r in case.routes(system) for k in case.kinds]
+    return points + (["grpc/distinct"] if case.has_grpc(system) else [])
+
+
+def _measure_point(system: str, point: str, round_: int, case: Case, args: argparse.Namespace,
+                   where: _Where, server: tuple[subprocess.Popen[bytes], int, int],
+                   others: list[int]) -> None:
+    proc, port, grpc_port = server
+    print(f"== {case.name}, round {round_ + 1}: {point} on {system}", file=sys.stderr,
+          flush=True)
+    key = f"{round_}/{case.name}/{system}/{point}"
+    route, _, kind = point.partition("/")
+    if route == "grpc":
+        where.save(key, _grpc_point(proc.pid, grpc_port, args, where.work, others))
+        return
+    url = f"http://127.0.0.1:{port}{_route_path(system, route, case)}"
+    batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
+    where.save(key, _http_point(proc.pid, url, where.bodies[point], where.lua, args, batches,
+                                others))
 
 
 class _BatchCounter:
@@ -432,11 +462,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
-                args: argparse.Namespace, batches: _BatchCounter) -> dict[str, Any]:
-    """Warm up, then 64 connections (req/s, tail, CPU, mean batch), then one connection."""
+                args: argparse.Namespace, batches: _BatchCounter,
+                bystanders: Sequence[int] = ()) -> dict[str, Any]:
+    """Warm up, then 64 connections (req/s, tail, CPU, mean batch), then one connection.
+    ``bystanders``: other servers idling on the same core, whose CPU is recorded."""
     _wrk(url, spec, lua, 8, min(2.0, args.duration))
     batched = batches.read()  # first: the scrape's own CPU stays out of the figures
-    with StealSampler() as stolen:
+    with StealSampler() as stolen, _Bystanders(bystanders) as idle:
         before = _cpu_ticks(pid)
         loaded = _wrk(url, spec, lua, args.connections, args.duration)
         after = _cpu_ticks(pid)
@@ -444,7 +476,25 @@ def _http_point(pid: int, url: str, spec: dict[str, Any], lua: Path,
     single = _wrk(url, spec, lua, 1, max(2.0, args.duration / 2))
     return {**_rates(loaded), "p50_1conn_ms": single["p50_us"] / 1e3,
             **_cpu_split(before, after, loaded["requests"]), **batching,
-            "steal_share": stolen.samples().share()}
+            "steal_share": stolen.samples().share(), "bystander_share": idle.share}
+
+
+class _Bystanders:
+    """The share of one core the idle servers ``pids`` used while a measurement ran."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids, self.share = list(pids), 0.0
+
+    def _ticks(self) -> int:
+        return sum(sum(_cpu_ticks(pid).values()) for pid in self.pids)
+
+    def __enter__(self) -> _Bystanders:
+        self._start, self._at = self._ticks(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = max(time.monotonic() - self._at, 1e-9)
+        self.share = (self._ticks() - self._start) / _TICK / elapsed
 
 
 def _wrk(url: str, spec: dict[str, Any], lua: Path, connections: int,
@@ -483,15 +533,15 @@ def _rates(run: dict[str, Any]) -> dict[str, Any]:
             "p999_ms": run["p999_us"] / 1e3}
 
 
-def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path
-                ) -> dict[str, Any]:
+def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path,
+                bystanders: Sequence[int] = ()) -> dict[str, Any]:
     out = work / "grpc.json"
     tool = str(Path(sys.executable).with_name("parityserve"))
     common = ["taskset", "-c", CLIENT_CORE, tool, "bench", "load", f"127.0.0.1:{grpc_port}",
               "--protocol", "grpc", "--model", "noop", "--shape", "784", "--no-progress"]
     subprocess.run([*common, "--concurrency", "8", "--duration", "2"], check=True,
                    capture_output=True)  # warm up
-    with StealSampler() as stolen:
+    with StealSampler() as stolen, _Bystanders(bystanders) as idle:
         before = _cpu_ticks(pid)
         subprocess.run([*common, "--concurrency", str(args.connections), "--duration",
                         str(args.duration), "--json", str(out)], check=True, capture_output=True)
@@ -506,7 +556,8 @@ def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path
             "p99_ms": loaded["p99_ms"], "p999_ms": loaded["p999_ms"],
             "p50_1conn_ms": single["p50_ms"], "client": "parityserve bench load",
             "client_cpu_us_per_request": loaded["tool_cpu_us_per_request"],
-            **_cpu_split(before, after, loaded["n"]), "steal_share": stolen.samples().share()}
+            **_cpu_split(before, after, loaded["n"]), "steal_share": stolen.samples().share(),
+            "bystander_share": idle.share}
 
 
 # ---- CPU from /proc ----------------------------------------------------------------------

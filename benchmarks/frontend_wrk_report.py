@@ -17,11 +17,13 @@ _METRICS = ("rps", "p50_ms", "p99_ms", "p999_ms", "p50_1conn_ms",
 
 
 def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:
-    """Medians over rounds per (model, system, route, bodies), with ratios to bare and
-    LitServe serving the same model."""
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    """Medians over rounds per (model, system, route, bodies), with ratios to bare, the floor
+    and LitServe serving the same model: each the median over rounds of that round's ratio
+    (a round measures a point on every system back to back, so its ratio is a pair)."""
+    groups: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
     for key, point in points.items():
-        groups.setdefault(tuple(key.split("/")[1:]), []).append(point)
+        round_, *group = key.split("/")
+        groups.setdefault(tuple(group), {})[round_] = point
     rows = [_median_row(group, runs) for group, runs in sorted(groups.items())]
     by = {(r["model"], r["system"], r["route"], r["bodies"]): r for r in rows}
     for row in rows:
@@ -29,22 +31,34 @@ def summarise(points: dict[str, Any]) -> list[dict[str, Any]]:
         bare = by.get((row["model"], "bare", route, row["bodies"]))
         lit = by.get((row["model"], "litserve", "clipper-json", row["bodies"]))
         floor = by.get((row["model"], "floor", route, row["bodies"]))
-        row["vs_bare"] = row["rps"] / bare["rps"] if bare else None
-        row["vs_floor"] = row["rps"] / floor["rps"] if floor else None
-        row["vs_litserve"] = row["rps"] / lit["rps"] if lit else None
+        row["vs_bare"] = _paired_ratio(row, bare)
+        row["vs_floor"] = _paired_ratio(row, floor)
+        row["vs_litserve"] = _paired_ratio(row, lit)
         row["p50_over_bare_ms"] = row["p50_1conn_ms"] - bare["p50_1conn_ms"] if bare else None
     return rows
 
 
-def _median_row(group: tuple[str, ...], runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _paired_ratio(row: dict[str, Any], reference: dict[str, Any] | None) -> float | None:
+    """The median over the rounds both measured of ``row``'s req/s over ``reference``'s."""
+    if reference is None:
+        return None
+    mine, theirs = row["rps_by_round"], reference["rps_by_round"]
+    ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def _median_row(group: tuple[str, ...], runs_by_round: dict[str, dict[str, Any]]
+                ) -> dict[str, Any]:
     model, system, route, kind = group
+    runs = [runs_by_round[r] for r in sorted(runs_by_round, key=int)]
     row: dict[str, Any] = {"model": model, "system": system, "route": route, "bodies": kind,
                            "rounds": len(runs), "requests": runs[0]["requests"]}
     for metric in _METRICS:
         row[metric] = statistics.median(r[metric] for r in runs)
     row["rps_rounds"] = [round(r["rps"]) for r in runs]
+    row["rps_by_round"] = {r: p["rps"] for r, p in runs_by_round.items()}
     # absent where the server does not say (or, for steal, where the host has no counter)
-    for metric in ("mean_batch", "model_calls", "steal_share"):
+    for metric in ("mean_batch", "model_calls", "steal_share", "bystander_share"):
         known = [r[metric] for r in runs if r.get(metric) is not None]
         row[metric] = statistics.median(known) if known else None
     return row
@@ -83,7 +97,13 @@ def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-_INTRO = ("Medians over rounds (each round's req/s listed). `floor` is the bare app plus "
+_INTRO = ("Medians over rounds (each round's req/s listed). In a round every system's "
+          "server is up, and each point (route, bodies) is measured on every system back to "
+          "back, the order alternating from point to point, so the ratios (vs bare, vs floor, "
+          "vs LitServe) are medians over rounds of each round's ratio: pairs measured within "
+          "a minute of each other. The servers not being measured sit idle on the same core; "
+          "the last column is the share of that core they used during the 64-connection run "
+          "(median over rounds). `floor` is the bare app plus "
           "one CURVE round trip per batch to a parityserve worker process, through "
           "parityserve's RPC layer and nothing else of it: the ceiling for any design that "
           "runs models in worker processes. 64 connections closed loop for "
@@ -100,8 +120,8 @@ _INTRO = ("Medians over rounds (each round's req/s listed). `floor` is the bare 
           "steal reads slower for reasons of the host's.")
 _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs floor | vs LitServe "
            "| p50 1-conn ms | over bare ms | p50 / p99 / p99.9 ms @64 | n | frontend us/req | "
-           "worker us/req | mean batch @64 | CPU stolen @64 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "worker us/req | mean batch @64 | CPU stolen @64 | idle servers' CPU @64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def markdown(state: dict[str, Any], machine: dict[str, Any]) -> str:
@@ -156,7 +176,8 @@ def _table_row(r: dict[str, Any]) -> str:
             f" | {r['p50_1conn_ms']:.3f} | {_fmt(r['p50_over_bare_ms'], '+.3f')} | "
             f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['p999_ms']:.2f} | {r['requests']} | "
             f"{r['frontend_cpu_us_per_request']:.0f} | {r['worker_cpu_us_per_request']:.0f} | "
-            f"{_batch_cell(r)} | {_fmt(r.get('steal_share'), '.1%')} |")
+            f"{_batch_cell(r)} | {_fmt(r.get('steal_share'), '.1%')} | "
+            f"{_fmt(r.get('bystander_share'), '.1%')} |")
 
 
 def _batch_cell(r: dict[str, Any]) -> str:

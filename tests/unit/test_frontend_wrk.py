@@ -3,6 +3,7 @@ summarises rounds into ratios against the bare app and LitServe, and the MLP tar
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +38,9 @@ def test_summary_takes_medians_and_ratios_to_bare_and_litserve() -> None:
     rows = {(r["system"], r["route"]): r for r in frontend_wrk.summarise(points)}
     ours = rows["parityserve", "clipper-json"]
     assert ours["rps"] == 2800 and ours["rps_rounds"] == [3000, 2600]
-    assert ours["vs_bare"] == pytest.approx(2800 / 4200)
-    assert ours["vs_litserve"] == pytest.approx(3.5)
+    # each round's pair: 3000/4000 and 2600/4400; LitServe was measured in round 0 only
+    assert ours["vs_bare"] == pytest.approx(statistics.median([3000 / 4000, 2600 / 4400]))
+    assert ours["vs_litserve"] == pytest.approx(3000 / 800)
     assert ours["p50_over_bare_ms"] == pytest.approx(0.55 - 0.25)
     assert rows["parityserve", "grpc"]["vs_bare"] == pytest.approx(0.5)  # vs V2 binary
 
@@ -51,9 +53,64 @@ def test_stolen_cpu_is_a_median_where_measured_and_a_dash_where_not() -> None:
     rows = {r["system"]: r for r in frontend_wrk.summarise(points)}
     assert rows["bare"]["steal_share"] == pytest.approx(0.03)
     assert rows["parityserve"]["steal_share"] is None
-    cells = {name: frontend_wrk_report._table_row(row).rstrip(" |").rsplit("| ", 1)[1]
+    cells = {name: frontend_wrk_report._table_row(row).rstrip(" |").split(" | ")[-2]
              for name, row in rows.items()}
     assert cells == {"bare": "3.0%", "parityserve": "–"}
+
+
+def test_ratios_pair_the_rounds_so_a_slow_spell_does_not_skew_them() -> None:
+    """Round 1 ran in a slow spell of the VM for both systems: the ratio of the medians
+    (2000/6000) would mix a slow round of one with a fast round of the other."""
+    rps = {"bare": [10000, 5000, 6000], "parityserve": [6000, 3000, 2000]}
+    points = {f"{r}/noop/{system}/v2-binary/distinct": {**_point(v, 0.2),
+                                                      "bystander_share": 0.01 * (r + 1)}
+              for system, values in rps.items() for r, v in enumerate(values)}
+    rows = {r["system"]: r for r in frontend_wrk.summarise(points)}
+    assert rows["parityserve"]["vs_bare"] == pytest.approx(0.6)  # median of 0.6, 0.6, 0.33
+    assert rows["parityserve"]["bystander_share"] == pytest.approx(0.02)
+    assert frontend_wrk_report._table_row(rows["parityserve"]).endswith("| 2.0% |")
+
+
+def test_a_round_measures_each_point_on_every_system_back_to_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All servers up at once; per point every system in turn, the order alternating; the
+    idle servers are passed as bystanders; a resumed round measures only what is missing."""
+    started, stopped, measured = [], [], []
+
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    def start(system: str, port: int, case: object, work: Path) -> tuple[Proc, int]:
+        started.append(system)
+        return Proc(100 + len(started)), 0
+
+    def http_point(pid: int, url: str, spec: dict, lua: Path, args: object, batches: object,
+                   others: list[int]) -> dict:
+        measured.append((url.split("/", 3)[3], pid, sorted(others)))
+        return _point(1000, 0.2)
+
+    monkeypatch.setattr(frontend_wrk, "_start", start)
+    monkeypatch.setattr(frontend_wrk, "_stop", lambda proc: stopped.append(proc.pid))
+    monkeypatch.setattr(frontend_wrk, "_http_point", http_point)
+    case = frontend_cases.Case("noop", np.zeros((2, 784), np.float32), ("distinct",),
+                               None, "inline")
+    bodies = {f"{r}/distinct": {} for r in ("clipper-json", "v2-json", "v2-binary")}
+    state: dict = {"points": {"0/noop/bare/v2-json/distinct": _point(1, 1)}}
+    where = frontend_wrk._Where(state, tmp_path / "s.json", tmp_path / "b.lua", bodies,
+                                tmp_path)
+    args = frontend_wrk.build_parser().parse_args(["--systems", "bare,floor"])
+    frontend_wrk._measure_round(["bare", "floor"], 0, case, args, where)
+    assert started == ["bare", "floor"] and sorted(stopped) == [101, 102]
+    paths = [(path, pid) for path, pid, _ in measured]
+    assert paths == [("app/predict", 101), ("app/predict", 102),  # clipper-json
+                     ("v2/models/noop/infer", 102),  # v2-json: bare's was saved before
+                     ("v2/models/noop/infer", 101), ("v2/models/noop/infer", 102)]  # binary
+    assert all(others == [203 - pid] for _, pid, others in measured)
+    assert len(state["points"]) == 6
+    started.clear()
+    frontend_wrk._measure_round(["bare", "floor"], 0, case, args, where)
+    assert started == []  # the whole round is saved: no server starts
 
 
 def test_each_model_is_compared_with_its_own_baseline_and_the_target_judged() -> None:
