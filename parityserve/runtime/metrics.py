@@ -13,9 +13,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
+
+from parityserve.runtime.buffered_histogram import BufferedHistogram
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -43,9 +44,10 @@ class Metrics:
         reg = self.registry
         self._requests = Counter("parityserve_requests", "HTTP requests answered",
                                  ["route", "target", "outcome"], registry=reg)
-        self._latency = Histogram("parityserve_request_latency_seconds",
-                                  "Time from request start to response", ["route", "target"],
-                                  buckets=LATENCY_BUCKETS, registry=reg)
+        self._latency = BufferedHistogram("parityserve_request_latency_seconds",
+                                          "Time from request start to response",
+                                          ["route", "target"], buckets=LATENCY_BUCKETS,
+                                          registry=reg)
         self._bad = Counter("parityserve_bad_requests", "Requests refused with a 4xx",
                             ["code"], registry=reg)
         self._refused = Counter("parityserve_connections_refused",
@@ -57,10 +59,12 @@ class Metrics:
 
     def _define_models(self) -> None:
         reg = self.registry
-        self._queue = Histogram("parityserve_queue_time_seconds", "Time a query waited in queue",
-                                ["model"], buckets=LATENCY_BUCKETS, registry=reg)
-        self._batch = Histogram("parityserve_batch_size", "Queries per dispatched batch",
-                                ["model"], buckets=_BATCH_BUCKETS, registry=reg)
+        # observed per request, per query and per batch: counted in bulk (see its module)
+        self._queue = BufferedHistogram("parityserve_queue_time_seconds",
+                                        "Time a query waited in queue", ["model"],
+                                        buckets=LATENCY_BUCKETS, registry=reg)
+        self._batch = BufferedHistogram("parityserve_batch_size", "Queries per dispatched batch",
+                                        ["model"], buckets=_BATCH_BUCKETS, registry=reg)
         self._hits = Counter("parityserve_cache_hits", "Prediction cache hits", ["model"],
                              registry=reg)
         self._misses = Counter("parityserve_cache_misses", "Prediction cache misses",
