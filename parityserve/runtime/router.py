@@ -61,8 +61,9 @@ class QueryRouter:
         inputs = [self._coerce_for(paths, item) for item in items]  # validated before queueing
         state = await self._read_state(runtime, context)
         deadline = self.clock() + runtime.config.slo_ms / 1000
-        _shed_if_all_overloaded(paths.values(), len(inputs), deadline)
-        plans = [self._plan(runtime, state, context, paths, x, deadline) for x in inputs]
+        admitted = _shed_if_all_overloaded(paths.values(), len(inputs), deadline)
+        plans = [self._plan(runtime, state, context, paths, x, deadline, admitted)
+                 for x in inputs]
         await settle([f for _, asked in plans for f, _ in asked.values()
                       if isinstance(f, asyncio.Future)], max(0.0, deadline - self.clock()))
         return [self._answer(runtime, state, context, paths, x, selected, asked)
@@ -99,15 +100,17 @@ class QueryRouter:
             return runtime.current_state(None)
 
     def _plan(self, runtime: AppRuntime, state: dict[str, Any], context: str,
-              paths: dict[str, ModelPath], x: dict[str, Any], deadline: float
-              ) -> tuple[tuple[str, ...], Asked]:
+              paths: dict[str, ModelPath], x: dict[str, Any], deadline: float,
+              admitted: ModelPath | None = None) -> tuple[tuple[str, ...], Asked]:
+        """Ask the models the policy selects; ``admitted`` took the whole request already,
+        so its queries are not admitted a second time."""
         selected = tuple(runtime.policy.select(state, runtime.query_info(context), self._rng))
         asked: Asked = {}
         shed: list[Overloaded] = []
         for model in selected:
             self.metrics.selection(runtime.config.name, model)
             path = paths[model]
-            asked[model] = (_submit(path, x[model], deadline, shed)
+            asked[model] = (_submit(path, x[model], deadline, shed, admitted=path is admitted)
                             if path.has_capacity() else (no_replica(path), False))
         if selected and len(shed) == len(selected):
             raise shed[0]  # every model asked refused it: the query is shed (429/503)
@@ -171,8 +174,10 @@ class QueryRouter:
             self.metrics.set_weight(app, model, share)
 
 
-def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: float) -> None:
-    """Refuse an application's request when every model it links would shed it.
+def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: float
+                            ) -> ModelPath | None:
+    """Refuse an application's request when every model it links would shed it; else the
+    first model that admitted all ``count`` queries (None: the application links none).
 
     The rule for applications: a request is shed (Overloaded, 429/503) before anything is
     queued when no linked model can take all its queries, and a query is shed when every
@@ -188,16 +193,18 @@ def _shed_if_all_overloaded(paths: Collection[ModelPath], count: int, deadline: 
         except Overloaded as exc:
             first = first or exc
             continue
-        return
+        return path
     if first is not None:
         raise first
+    return None
 
 
 def _submit(path: ModelPath, item: Any, deadline: float,
-            shed: list[Overloaded] | None = None) -> tuple[Any, bool]:
+            shed: list[Overloaded] | None = None, *, admitted: bool = False
+            ) -> tuple[Any, bool]:
     """Queue one item; a model that sheds it counts as not answering (the reason)."""
     try:
-        return path.submit(item, deadline)
+        return path.submit(item, deadline, admitted=admitted)
     except Overloaded as exc:
         if shed is not None:
             shed.append(exc)

@@ -119,6 +119,33 @@ def test_clipper_batch_is_shed_whole_when_it_does_not_fit() -> None:
     run(body)
 
 
+def test_a_clipper_request_is_admitted_once_by_the_model_that_took_it_whole() -> None:
+    """The request-wide check admits all its queries; they are not admitted one by one
+    again on that model (the V2 route's rule too). A second model the policy asks admits
+    its own queries: the first check did not count them."""
+    async def body() -> None:
+        rig = Rig(["a", "b"], policy="exp4")
+        asked: list[tuple[str, int]] = []
+        for name in ("a", "b"):
+            machine = rig.path(name).machine
+            real = machine.admit
+
+            def counted(count: int, deadline: float, now: float, real=real, name=name):
+                asked.append((name, count))
+                return real(count, deadline, now)
+
+            machine.admit = counted  # type: ignore[method-assign]
+            rig.add(name)
+        rows = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]  # distinct: none shares another's answer
+        task = asyncio.ensure_future(rig.system.predict("app", rows))
+        await rig.answer_all("a")
+        await rig.answer_all("b")
+        assert len(await task) == 3
+        assert asked == [("a", 3), ("b", 1), ("b", 1), ("b", 1)]
+
+    run(body)
+
+
 def test_several_models_one_overloaded_the_others_answer() -> None:
     async def body() -> None:
         rig = Rig(["a", "b"], policy="exp4")
