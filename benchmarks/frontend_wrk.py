@@ -324,7 +324,9 @@ def _measure_round(order: list[str], round_: int, case: Case, args: argparse.Nam
     VM's slow spells last tens of seconds here; measured one system after another, a spell
     could fall on one system's whole block of points and skew its ratios. Paired this way it
     falls on the systems of a point alike. The servers not being measured sit idle on the
-    same core; their CPU during each run is recorded (``bystander_share``)."""
+    same core; their CPU during each run is recorded (``bystander_share``). LitServe is the
+    exception (``_SOLO``): it is started for its own points only, because idle with batching
+    on it polls its queue (it took 14% of the core while the others were measured)."""
     points_of = {s: _points(s, case) for s in order}
     todo = {s: [p for p in points if f"{round_}/{case.name}/{s}/{p}" not in where.state["points"]]
             for s, points in points_of.items()}
@@ -334,19 +336,33 @@ def _measure_round(order: list[str], round_: int, case: Case, args: argparse.Nam
     servers: dict[str, tuple[subprocess.Popen[bytes], int, int]] = {}
     try:
         for system in todo:
-            port = free_port()
-            proc, grpc_port = _start(system, port, case, where.work)
-            servers[system] = (proc, port, grpc_port)
+            if system not in _SOLO:
+                servers[system] = _serve(system, case, where)
         names = list(dict.fromkeys(p for points in points_of.values() for p in points))
         for i, point in enumerate(names):
             for system in (order if i % 2 == 0 else order[::-1]):
-                if point in todo.get(system, ()):
-                    others = [proc.pid for s, (proc, _, _) in servers.items() if s != system]
-                    _measure_point(system, point, round_, case, args, where, servers[system],
-                                   others)
+                if point not in todo.get(system, ()):
+                    continue
+                others = [proc.pid for s, (proc, _, _) in servers.items() if s != system]
+                server = servers.get(system) or _serve(system, case, where)
+                try:
+                    _measure_point(system, point, round_, case, args, where, server, others)
+                finally:
+                    if system in _SOLO:
+                        _stop(server[0])
     finally:
         for proc, _, _ in servers.values():
             _stop(proc)
+
+
+_SOLO = frozenset({"litserve"})  # started for each of its points, not left idling
+
+
+def _serve(system: str, case: Case, where: _Where) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``system``'s server, up: (process, HTTP port, gRPC port)."""
+    port = free_port()
+    proc, grpc_port = _start(system, port, case, where.work)
+    return proc, port, grpc_port
 
 
 def _points(system: str, case: Case) -> list[str]:
@@ -363,11 +379,11 @@ def _measure_point(system: str, point: str, round_: int, case: Case, args: argpa
           flush=True)
     key = f"{round_}/{case.name}/{system}/{point}"
     route, _, kind = point.partition("/")
+    batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
     if route == "grpc":
-        where.save(key, _grpc_point(proc.pid, grpc_port, args, where.work, others))
+        where.save(key, _grpc_point(proc.pid, grpc_port, args, where.work, others, batches))
         return
     url = f"http://127.0.0.1:{port}{_route_path(system, route, case)}"
-    batches = _BatchCounter(system, f"http://127.0.0.1:{port}")
     where.save(key, _http_point(proc.pid, url, where.bodies[point], where.lua, args, batches,
                                 others))
 
@@ -534,18 +550,21 @@ def _rates(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path,
-                bystanders: Sequence[int] = ()) -> dict[str, Any]:
+                bystanders: Sequence[int] = (), batches: _BatchCounter | None = None
+                ) -> dict[str, Any]:
     out = work / "grpc.json"
     tool = str(Path(sys.executable).with_name("parityserve"))
     common = ["taskset", "-c", CLIENT_CORE, tool, "bench", "load", f"127.0.0.1:{grpc_port}",
               "--protocol", "grpc", "--model", "noop", "--shape", "784", "--no-progress"]
     subprocess.run([*common, "--concurrency", "8", "--duration", "2"], check=True,
                    capture_output=True)  # warm up
+    batched = batches.read() if batches else None
     with StealSampler() as stolen, _Bystanders(bystanders) as idle:
         before = _cpu_ticks(pid)
         subprocess.run([*common, "--concurrency", str(args.connections), "--duration",
                         str(args.duration), "--json", str(out)], check=True, capture_output=True)
         after = _cpu_ticks(pid)
+    batching = _batching(batched, batches.read() if batches else None)
     loaded = json.loads(out.read_text())["run"]
     subprocess.run([*common, "--concurrency", "1", "--duration",
                     str(max(2.0, args.duration / 2)), "--json", str(out)], check=True,
@@ -556,8 +575,8 @@ def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path,
             "p99_ms": loaded["p99_ms"], "p999_ms": loaded["p999_ms"],
             "p50_1conn_ms": single["p50_ms"], "client": "parityserve bench load",
             "client_cpu_us_per_request": loaded["tool_cpu_us_per_request"],
-            **_cpu_split(before, after, loaded["n"]), "steal_share": stolen.samples().share(),
-            "bystander_share": idle.share}
+            **_cpu_split(before, after, loaded["n"]), **batching,
+            "steal_share": stolen.samples().share(), "bystander_share": idle.share}
 
 
 # ---- CPU from /proc ----------------------------------------------------------------------

@@ -65,25 +65,28 @@ def _median_row(group: tuple[str, ...], runs_by_round: dict[str, dict[str, Any]]
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
-    """The MLP target, judged per route on parityserve's median against the bare app's."""
+    """The MLP target, judged per route on parityserve's ratio to the bare app (the median
+    over rounds of each round's pair), with the floor's for scale."""
+    by = {(r["model"], r["system"], r["route"], r["bodies"]): r for r in rows}
     out = []
     for r in rows:
         if r["model"] != "mlp" or r["system"] not in PARITYSERVE_SYSTEMS:
             continue
-        if r["vs_bare"] is None:
+        bare = by.get((r["model"], "bare", r["route"], r["bodies"]))
+        if r["vs_bare"] is None or bare is None:
             out.append(f"mlp {r['route']}: no bare row in this run, target not judged")
             continue
         met = "met" if r["vs_bare"] >= MLP_TARGET else "missed"
-        line = (f"mlp {r['route']}: {r['system']} {r['rps']:.0f} req/s is {r['vs_bare']:.0%} "
-                f"of the bare app's {r['rps'] / r['vs_bare']:.0f} (target >= "
-                f"{MLP_TARGET:.0%}): **{met}**")
-        if r.get("vs_floor") is not None:
-            floor = r["rps"] / r["vs_floor"]
+        line = (f"mlp {r['route']}: {r['system']} {r['rps']:.0f} req/s (median) against the "
+                f"bare app's {bare['rps']:.0f} is {r['vs_bare']:.0%} of it, round by round "
+                f"(target >= {MLP_TARGET:.0%}): **{met}**")
+        floor = by.get((r["model"], "floor", r["route"], r["bodies"]))
+        if floor is not None and floor.get("vs_bare") is not None and r.get("vs_floor"):
             line += (f". The floor (the bare app with the same batcher plus one worker-process "
-                     f"round trip per batch, and nothing else) reaches {floor:.0f} req/s, "
-                     f"{floor * r['vs_bare'] / r['rps']:.0%} of the bare app: no design with "
-                     f"the model in a worker process does better on this core; {r['system']} "
-                     f"is {r['vs_floor']:.0%} of the floor")
+                     f"round trip per batch, and nothing else) reaches {floor['rps']:.0f} "
+                     f"req/s, {floor['vs_bare']:.0%} of the bare app: no design with the model "
+                     f"in a worker process does better on this core; {r['system']} is "
+                     f"{r['vs_floor']:.0%} of the floor")
         out.append(line)
     return out
 
@@ -103,7 +106,8 @@ _INTRO = ("Medians over rounds (each round's req/s listed). In a round every sys
           "vs LitServe) are medians over rounds of each round's ratio: pairs measured within "
           "a minute of each other. The servers not being measured sit idle on the same core; "
           "the last column is the share of that core they used during the 64-connection run "
-          "(median over rounds). `floor` is the bare app plus "
+          "(median over rounds). LitServe is started for its own points only: idle with "
+          "batching on, it polls its queue. `floor` is the bare app plus "
           "one CURVE round trip per batch to a parityserve worker process, through "
           "parityserve's RPC layer and nothing else of it: the ceiling for any design that "
           "runs models in worker processes. 64 connections closed loop for "

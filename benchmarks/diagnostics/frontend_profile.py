@@ -10,6 +10,14 @@ flamegraph.pl or speedscope) and prints the self time per line, the top ``--top`
 
 Needs ``wrk`` and ``py-spy`` (``pip install py-spy``; sampling another process needs
 ptrace rights: root, or ``kernel.yama.ptrace_scope=0``).
+
+``--profiler cprofile`` counts instead of sampling: cProfile runs on the frontend's main
+thread for the loaded run (started and stopped by signals, through a ``sitecustomize`` this
+script puts on the server's ``PYTHONPATH``), and the report gives every function's calls,
+self time and cumulative time *per request*. cProfile's own cost per call about doubles the
+times, so read them as shares and counts; and its times are wall clock, so a call that
+blocks or is preempted (a ZeroMQ send, whose I/O thread and worker share the core) reads
+long. Writes OUT (pstats) and OUT.txt.
 """
 
 from __future__ import annotations
@@ -17,10 +25,13 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import pstats
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +47,11 @@ def main() -> int:
     p.add_argument("--model", default="mlp", choices=("noop", "mlp"))
     p.add_argument("--route", default="clipper-json",
                    choices=("clipper-json", "v2-json", "v2-binary"))
-    p.add_argument("--profiler", default="py-spy", choices=("py-spy", "perf"),
+    p.add_argument("--profiler", default="py-spy", choices=("py-spy", "perf", "cprofile"),
                    help="py-spy: Python stacks (collapsed, --format raw); perf: native "
                         "samples, reported by shared object (interpreter, kernel, numpy, "
-                        "ZeroMQ...), to see how much of the core is Python at all")
+                        "ZeroMQ...), to see how much of the core is Python at all; cprofile: "
+                        "every function's calls and time per request, on the main thread")
     p.add_argument("--seconds", type=float, default=10.0, help="sampling time")
     p.add_argument("--rate", type=int, default=200, help="samples per second")
     p.add_argument("--top", type=int, default=25)
@@ -54,18 +66,24 @@ def main() -> int:
                         "shared object goes beside it, OUT.dso.txt)")
     args = p.parse_args()
     for tool in ("wrk", args.profiler):
-        if shutil.which(tool) is None:
+        if tool != "cprofile" and shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not on PATH")
     case = load_case(args.model, args.data_dir)
     with fw.wrk_workspace("fprof-") as (work, lua):
         spec = fw._write_bodies(work, case)[f"{args.route}/distinct"]
         port = free_port()
+        if args.profiler == "cprofile":
+            _install_cprofile_hook(work, args.out)
         proc, _ = fw._start("parityserve", port, case, work)
         try:
             url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', args.route, case)}"
             if args.worker_core is not None:
                 _pin_children(proc.pid, args.worker_core)
             fw._wrk(url, spec, lua, 8, 2.0)  # warm up
+            if args.profiler == "cprofile":
+                requests = _cprofile_run(proc.pid, url, spec, lua, args)
+                _print_per_request(args.out, requests, args.top)
+                return 0
             load = threading.Thread(target=fw._wrk,
                                     args=(url, spec, lua, 64, args.seconds + 4.0))
             load.start()
@@ -79,6 +97,69 @@ def main() -> int:
     else:
         _print_self_time(args.out, args.top)
     return 0
+
+
+# In the frontend only (its argv[0] is the ``parityserve`` script), SIGUSR1 starts cProfile
+# on the main thread, where Python runs signal handlers, and SIGUSR2 stops it and writes it.
+_CPROFILE_HOOK = """
+import os, sys
+if os.environ.get("PARITYSERVE_CPROFILE_OUT") and sys.argv[0].endswith("parityserve"):
+    import cProfile, signal
+    _profile = cProfile.Profile()
+    def _stop(*_):
+        _profile.disable()
+        _profile.dump_stats(os.environ["PARITYSERVE_CPROFILE_OUT"])
+    signal.signal(signal.SIGUSR1, lambda *_: _profile.enable())
+    signal.signal(signal.SIGUSR2, _stop)
+"""
+
+
+def _install_cprofile_hook(work: Path, out: Path) -> None:
+    """The server started next imports ``work/sitecustomize.py`` (it inherits this
+    environment); a ``sitecustomize`` of the environment's own is shadowed meanwhile."""
+    (work / "sitecustomize.py").write_text(_CPROFILE_HOOK)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(work), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PARITYSERVE_CPROFILE_OUT"] = str(out.resolve())
+
+
+def _cprofile_run(pid: int, url: str, spec: dict[str, object], lua: Path,
+                  args: argparse.Namespace) -> int:
+    """Profile one 64-connection run; the requests it answered."""
+    os.kill(pid, signal.SIGUSR1)
+    loaded = fw._wrk(url, spec, lua, 64, args.seconds)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not args.out.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server wrote no profile to {args.out}")
+        time.sleep(0.1)
+    time.sleep(0.5)  # written whole: dump_stats writes it in one go, but give it the time
+    return int(loaded["requests"])
+
+
+def _print_per_request(stats_file: Path, requests: int, top: int) -> None:
+    """Calls and times per request, by function and by module; written beside the stats."""
+    stats = pstats.Stats(str(stats_file)).stats  # type: ignore[attr-defined]
+    per = 1e6 / max(requests, 1)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])
+    calls = sum(v[1] for v in stats.values()) / max(requests, 1)
+    lines = [f"cProfile of the frontend's main thread: {requests:,} requests, "
+             f"{calls:.0f} calls per request (times per request, us, cProfile's included)",
+             "", "calls/req   self us   cum us  function"]
+    for (file, line, name), (_, ncalls, self_s, cum_s, _) in rows[:top]:
+        lines.append(f"{ncalls / requests:9.2f} {self_s * per:9.1f} {cum_s * per:8.1f}  "
+                     f"{_short(file)}:{line} {name}")
+    modules: collections.Counter[str] = collections.Counter()
+    for (file, _, _), (_, _, self_s, _, _) in stats.items():
+        modules[_short(file).split(":")[0]] += self_s
+    lines += ["", "self us per request, by file", *(
+        f"{t * per:9.1f}  {m}" for m, t in modules.most_common(top))]
+    text = "\n".join(lines) + "\n"
+    stats_file.with_suffix(stats_file.suffix + ".txt").write_text(text)
+    print(text)
 
 
 def _record(args: argparse.Namespace, pid: int) -> None:
@@ -124,13 +205,15 @@ def _print_self_time(raw: Path, top: int) -> None:
         counts[_short(frames[-1])] += int(n)
         total += int(n)
     print(f"{total} busy samples ({raw})")
-    for where, n in counts.most_common(top):
-        print(f"{100 * n / total:5.1f}%  {where}")
+    for where, count in counts.most_common(top):
+        print(f"{100 * count / total:5.1f}%  {where}")
 
 
 def _short(frame: str) -> str:
-    return frame.replace(str(ROOT) + os.sep, "").replace(
-        str(Path(sys.prefix)) + os.sep, "")
+    """Paths relative to the project, the environment and the interpreter's library."""
+    for base in (sys.prefix, ROOT, sys.base_prefix):
+        frame = frame.replace(str(base) + os.sep, "")
+    return frame
 
 
 if __name__ == "__main__":

@@ -113,6 +113,41 @@ def test_a_round_measures_each_point_on_every_system_back_to_back(
     assert started == []  # the whole round is saved: no server starts
 
 
+def test_litserve_runs_alone_for_its_own_points(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle with batching on, LitServe polls its queue: it is started for each of its
+    points and stopped after, and is never a bystander of another system's run."""
+    events: list[str] = []
+
+    class Proc:
+        def __init__(self, system: str) -> None:
+            self.system, self.pid = system, {"bare": 1, "litserve": 2}[system]
+
+    def start(system: str, port: int, case: object, work: Path) -> tuple[Proc, int]:
+        events.append(f"start {system}")
+        return Proc(system), 0
+
+    def http_point(pid: int, url: str, spec: dict, lua: Path, args: object, batches: object,
+                   others: list[int]) -> dict:
+        events.append(f"measure {pid} beside {others}")
+        return _point(1000, 0.2)
+
+    monkeypatch.setattr(frontend_wrk, "_start", start)
+    monkeypatch.setattr(frontend_wrk, "_stop", lambda proc: events.append(f"stop {proc.system}"))
+    monkeypatch.setattr(frontend_wrk, "_http_point", http_point)
+    case = frontend_cases.Case("noop", np.zeros((2, 784), np.float32), ("distinct",),
+                               None, "inline")
+    bodies = {f"{r}/distinct": {} for r in ("clipper-json", "v2-json", "v2-binary")}
+    state: dict = {"points": {f"0/noop/bare/{r}/distinct": _point(1, 1)
+                              for r in ("v2-json", "v2-binary")}}
+    where = frontend_wrk._Where(state, tmp_path / "s.json", tmp_path / "b.lua", bodies,
+                                tmp_path)
+    args = frontend_wrk.build_parser().parse_args(["--systems", "bare,litserve"])
+    frontend_wrk._measure_round(["bare", "litserve"], 0, case, args, where)
+    assert events == ["start bare", "measure 1 beside []", "start litserve",
+                      "measure 2 beside [1]", "stop litserve", "stop bare"]
+
+
 def test_each_model_is_compared_with_its_own_baseline_and_the_target_judged() -> None:
     points = {"0/noop/bare/v2-binary/distinct": _point(10000, 0.1),
               "0/mlp/bare/v2-binary/distinct": _point(5000, 0.2),
