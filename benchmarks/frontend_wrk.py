@@ -502,7 +502,8 @@ class _Bystanders:
         self.pids, self.share = list(pids), 0.0
 
     def _ticks(self) -> int:
-        return sum(sum(_cpu_ticks(pid).values()) for pid in self.pids)
+        stats = _proc_stats()  # one scan of /proc for all of them
+        return sum(sum(_cpu_ticks(pid, stats).values()) for pid in self.pids)
 
     def __enter__(self) -> _Bystanders:
         self._start, self._at = self._ticks(), time.monotonic()
@@ -550,21 +551,20 @@ def _rates(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path,
-                bystanders: Sequence[int] = (), batches: _BatchCounter | None = None
-                ) -> dict[str, Any]:
+                bystanders: Sequence[int], batches: _BatchCounter) -> dict[str, Any]:
     out = work / "grpc.json"
     tool = str(Path(sys.executable).with_name("parityserve"))
     common = ["taskset", "-c", CLIENT_CORE, tool, "bench", "load", f"127.0.0.1:{grpc_port}",
               "--protocol", "grpc", "--model", "noop", "--shape", "784", "--no-progress"]
     subprocess.run([*common, "--concurrency", "8", "--duration", "2"], check=True,
                    capture_output=True)  # warm up
-    batched = batches.read() if batches else None
+    batched = batches.read()
     with StealSampler() as stolen, _Bystanders(bystanders) as idle:
         before = _cpu_ticks(pid)
         subprocess.run([*common, "--concurrency", str(args.connections), "--duration",
                         str(args.duration), "--json", str(out)], check=True, capture_output=True)
         after = _cpu_ticks(pid)
-    batching = _batching(batched, batches.read() if batches else None)
+    batching = _batching(batched, batches.read())
     loaded = json.loads(out.read_text())["run"]
     subprocess.run([*common, "--concurrency", "1", "--duration",
                     str(max(2.0, args.duration / 2)), "--json", str(out)], check=True,
@@ -582,9 +582,22 @@ def _grpc_point(pid: int, grpc_port: int, args: argparse.Namespace, work: Path,
 # ---- CPU from /proc ----------------------------------------------------------------------
 
 
-def _cpu_ticks(pid: int) -> dict[str, int]:
+def _cpu_ticks(pid: int, stats: dict[int, tuple[int, int, bytes]] | None = None
+               ) -> dict[str, int]:
     """utime+stime ticks of the server process (``frontend``) and of its descendants that
-    are parityserve workers (``worker``), or everything below ``pid`` for other servers."""
+    are parityserve workers (``worker``), or everything below ``pid`` for other servers.
+    ``stats``: a ``_proc_stats`` snapshot to read instead of scanning /proc again."""
+    stats = _proc_stats() if stats is None else stats
+    below = _descendants(pid, stats)
+    frontend = stats.get(pid, (0, 0, b""))[1]
+    workers = sum(stats[p][1] for p in below if b"runtime.worker" in stats[p][2])
+    others = sum(stats[p][1] for p in below if b"runtime.worker" not in stats[p][2])
+    # taskset execs the server in place, so ``pid`` is the server itself.
+    return {"frontend": frontend + others, "worker": workers}
+
+
+def _proc_stats() -> dict[int, tuple[int, int, bytes]]:
+    """Every process now: pid -> (parent pid, utime+stime ticks, command line)."""
     stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -595,12 +608,7 @@ def _cpu_ticks(pid: int) -> dict[str, int]:
                 continue
             fields = text.rsplit(")", 1)[1].split()
             stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), cmd)
-    below = _descendants(pid, stats)
-    frontend = stats.get(pid, (0, 0, b""))[1]
-    workers = sum(stats[p][1] for p in below if b"runtime.worker" in stats[p][2])
-    others = sum(stats[p][1] for p in below if b"runtime.worker" not in stats[p][2])
-    # taskset execs the server in place, so ``pid`` is the server itself.
-    return {"frontend": frontend + others, "worker": workers}
+    return stats
 
 
 def _descendants(pid: int, stats: dict[int, tuple[int, int, bytes]]) -> set[int]:

@@ -108,7 +108,9 @@ if os.environ.get("PARITYSERVE_CPROFILE_OUT") and sys.argv[0].endswith("parityse
     _profile = cProfile.Profile()
     def _stop(*_):
         _profile.disable()
-        _profile.dump_stats(os.environ["PARITYSERVE_CPROFILE_OUT"])
+        out = os.environ["PARITYSERVE_CPROFILE_OUT"]
+        _profile.dump_stats(out + ".part")
+        os.replace(out + ".part", out)  # the file appears whole
     signal.signal(signal.SIGUSR1, lambda *_: _profile.enable())
     signal.signal(signal.SIGUSR2, _stop)
 """
@@ -132,11 +134,10 @@ def _cprofile_run(pid: int, url: str, spec: dict[str, object], lua: Path,
     loaded = fw._wrk(url, spec, lua, 64, args.seconds)
     os.kill(pid, signal.SIGUSR2)
     deadline = time.monotonic() + 30
-    while not args.out.exists():
+    while not args.out.exists():  # renamed into place whole by the hook
         if time.monotonic() > deadline:
             raise SystemExit(f"the server wrote no profile to {args.out}")
         time.sleep(0.1)
-    time.sleep(0.5)  # written whole: dump_stats writes it in one go, but give it the time
     return int(loaded["requests"])
 
 

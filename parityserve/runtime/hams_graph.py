@@ -367,8 +367,7 @@ class GraphRuntime:
         if replayed is not None:  # here, not in the replay's task: a checkpoint that follows
             seqs, done = replayed  # on the socket must not drop these outputs' log first
             if "error" not in header and member is pair.primary:
-                outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
-                self._replayed(pair.op, seqs, outputs)
+                self._replayed(pair.op, seqs, _outputs(header, buffers))
             if not done.done():
                 done.set_result(None)
             return
@@ -380,7 +379,7 @@ class GraphRuntime:
             self._fail_batch(pair.op, batch, kind(f"{pair.op}: {header['error']}"))
             self._pump_all()
             return
-        outputs = np.array(wire.unpack_payload(header["outputs"], buffers))
+        outputs = _outputs(header, buffers)
         if self.mode == "checkpoint-replay":
             self.replay[pair.op].answered(batch, outputs)
         for entry, row in zip(batch, outputs, strict=True):
@@ -758,6 +757,11 @@ class GraphRuntime:
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,
                 "failovers": [r.to_json() for r in self.failovers]}
+
+
+def _outputs(header: dict[str, Any], buffers: list[Any]) -> np.ndarray:
+    """An operator's outputs, one row per request of the batch."""
+    return np.array(wire.unpack_payload(header["outputs"], buffers))
 
 
 def _combine(parts: Sequence[np.ndarray]) -> np.ndarray:

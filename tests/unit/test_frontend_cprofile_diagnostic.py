@@ -46,7 +46,6 @@ def test_the_hook_profiles_the_frontend_between_the_signals(
         while not out.exists():
             assert time.monotonic() < deadline, "no profile written"
             time.sleep(0.05)
-        time.sleep(0.2)
     finally:
         server.terminate()
         server.communicate(timeout=10)  # reaps it and closes its pipe
