@@ -4,6 +4,7 @@ report divides every count and time by the requests answered."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -64,3 +65,17 @@ def test_other_processes_are_left_alone(tmp_path: Path,
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=os.environ, check=True)
     assert done.stdout.strip() == "True"
+
+
+def test_a_server_that_writes_no_profile_stops_the_run_with_where_it_looked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server never renames a profile into place (it died, or the hook did not load):
+    the harness says so after its wait instead of hanging or reading a partial file."""
+    clock = iter([0.0, 10.0, 31.0])
+    monkeypatch.setattr(diagnostic.os, "kill", lambda pid, sig: None)
+    monkeypatch.setattr(diagnostic.fw, "_wrk", lambda *a: {"requests": 5})
+    monkeypatch.setattr(diagnostic.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(diagnostic.time, "sleep", lambda s: None)
+    args = argparse.Namespace(seconds=1.0, out=tmp_path / "never.prof")
+    with pytest.raises(SystemExit, match="the server wrote no profile to .*never.prof"):
+        diagnostic._cprofile_run(1, "http://x/", {}, tmp_path / "b.lua", args)
