@@ -37,7 +37,7 @@ from parityserve.bench.ports import free_port  # noqa: E402
 from parityserve.bench.report import machine_info  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/frontend-ab"
-ROUTES = ("clipper-json", "v2-json", "v2-binary")
+ROUTES = ("clipper-json", "v2-json", "v2-binary", "grpc")
 
 
 def _tree(value: str) -> tuple[str, Path]:
@@ -50,28 +50,32 @@ def _tree(value: str) -> tuple[str, Path]:
     return name, where
 
 
-def _start(tree: Path, case: Any, work: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``parityserve start`` from ``tree`` on the server core; (process, HTTP port)."""
-    port = free_port()
+def _start(tree: Path, case: Any, work: Path
+           ) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``parityserve start`` from ``tree`` on the server core; (process, HTTP port, gRPC
+    port)."""
+    port, grpc_port = free_port(), free_port()
     config = work / f"{case.name}.yaml"
-    config.write_text(json.dumps(case.parityserve_config(port, 0)))
+    config.write_text(json.dumps(case.parityserve_config(port, grpc_port)))
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen(["taskset", "-c", fw.SERVER_CORE, sys.executable, "-m",
                              "parityserve.cli", "start", "-c", str(config)],
                             cwd=tree, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     fw._wait_listening(port, f"http://127.0.0.1:{port}/v2/health/ready", proc)
-    return proc, port
+    return proc, port, grpc_port
 
 
 def measure(tree: Path, case: Any, route: str, seconds: float, work: Path,
             bodies: dict[str, Any], lua: Path) -> dict[str, Any]:
     """One fresh server from ``tree``: warm-up, 64 connections, then one connection."""
-    proc, port = _start(tree, case, work)
+    proc, port, grpc_port = _start(tree, case, work)
     try:
-        url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', route, case)}"
         batches = fw._BatchCounter("parityserve", f"http://127.0.0.1:{port}")
         args = argparse.Namespace(duration=seconds, connections=64)
+        if route == "grpc":  # ``parityserve bench load``, as frontend_wrk measures gRPC
+            return fw._grpc_point(proc.pid, grpc_port, args, work, (), batches)
+        url = f"http://127.0.0.1:{port}{fw._route_path('parityserve', route, case)}"
         return fw._http_point(proc.pid, url, bodies[f"{route}/distinct"], lua, args, batches)
     finally:
         fw._stop(proc)
@@ -118,7 +122,8 @@ def main() -> int:
                              "first is the baseline of the ratios)")
     parser.add_argument("--model", default="noop", choices=("noop", "mlp"))
     parser.add_argument("--routes", default="clipper-json,v2-binary",
-                        help=f"comma list of {', '.join(ROUTES)}")
+                        help=f"comma list of {', '.join(ROUTES)} (grpc: ModelInfer with raw "
+                             "contents, driven by `parityserve bench load`)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per 64-connection run")
     parser.add_argument("--data-dir", type=Path, default=default_data_dir())
@@ -129,6 +134,8 @@ def main() -> int:
     routes = args.routes.split(",")
     if set(routes) - set(ROUTES):
         parser.error(f"unknown routes {sorted(set(routes) - set(ROUTES))}; choose from {ROUTES}")
+    if "grpc" in routes and args.model != "noop":
+        parser.error("the grpc route is measured on the no-op model only (--model noop)")
     trees = dict(args.tree)
     case = load_case(args.model, args.data_dir if args.model == "mlp" else None)
     info = machine_info()

@@ -150,6 +150,7 @@ class ModelPath:
         self.output_spec: TensorSpec | None = deployment.output
         self.platform = "unknown"
         self._wake: asyncio.TimerHandle | None = None
+        self._pump_due = False  # a pump is scheduled for the end of this loop pass
         self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
         # Read once: the hot path should not build a statistics record per query.
         self._caching = cache.statistics().capacity_bytes > 0
@@ -246,13 +247,22 @@ class ModelPath:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         query = Query(item, key, future)
         now = self.clock()
-        actions = self.machine.submit(query, deadline, now)
+        self.machine.enqueue(query, deadline, now)
         if self.probe is not None:
             self.probe(now, future)
         if key is not None:
             self._track_pending(key, query)
-        self._apply(actions)
+        if not self._pump_due:
+            # One pump per event-loop pass, after the callbacks already runnable: the queries
+            # of requests that arrived together leave as one batch instead of the first going
+            # alone to an idle replica and the rest waiting for its round trip.
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._pump_queued)
         return future, False
+
+    def _pump_queued(self) -> None:
+        self._pump_due = False
+        self._apply(self.machine.pump_at(self.clock()))
 
     def admit(self, count: int, deadline: float) -> None:
         """Raise Overloaded unless ``count`` more queries can still be served by ``deadline``."""

@@ -211,6 +211,8 @@ class _World:
         item = np.array([float(qid)], dtype=np.float32)
         deadline = ARRIVALS[qid] + self.config.slo_s
         self.path.submit(item, deadline, admitted=True)  # no admission: as the simulator
+        # Each arrival is an event-loop pass of its own: its pump runs before the next event.
+        self.path.pump()
         self.arrive(qid + 1)
 
     def crash(self, replica: Replica) -> None:

@@ -51,6 +51,9 @@ class Rig:
         future, cached = self.path.submit(np.asarray(value, dtype=np.float32),
                                           self.clock() + ttl)
         assert not cached
+        # The path pumps once per event-loop pass; these tests step it query by query, as
+        # if each query came in a pass of its own (the coalescing has tests of its own).
+        self.path.pump()
         return future
 
     def answer(self, replica: Replica, header: dict[str, Any], outputs: Any,
@@ -96,6 +99,39 @@ def test_query_goes_to_an_idle_replica_and_its_result_resolves_the_future() -> N
         rig.echo(r1, scale=10)
         np.testing.assert_array_equal(future.result(), [10.0, 20.0])
         assert r1.idle and r1.served == 1 and not rig.path.inflight
+
+    run(body)
+
+
+def test_queries_of_one_event_loop_pass_leave_as_one_batch() -> None:
+    async def body() -> None:
+        rig = Rig()
+        r1 = rig.add("r1", initial=8)
+        futures = [rig.path.submit(np.full(2, i, np.float32), T0 + 10)[0] for i in range(5)]
+        assert rig.link.sent == []  # nothing leaves before the pass ends
+        await asyncio.sleep(0)
+        assert len(rig.link.sent) == 1  # one pump for the pass, one batch of all five
+        np.testing.assert_array_equal(rig.link.batch(0)[:, 0], [0, 1, 2, 3, 4])
+        later = rig.path.submit(np.full(2, 9, np.float32), T0 + 10)[0]
+        await asyncio.sleep(0)
+        assert len(rig.link.sent) == 1 and len(rig.path.queue) == 1  # r1 is busy: it waits
+        rig.echo(r1)
+        assert all(f.done() for f in futures) and len(rig.link.sent) == 2
+        rig.echo(r1)
+        assert later.result().tolist() == [9.0, 9.0]
+
+    run(body)
+
+
+def test_a_pass_pump_finding_the_queue_already_served_sends_nothing_more() -> None:
+    async def body() -> None:
+        rig = Rig()
+        rig.add("r1", initial=8)
+        rig.path.submit(np.ones(2, np.float32), T0 + 10)
+        rig.path.pump()  # something else (a replica joining) pumped first
+        assert len(rig.link.sent) == 1
+        await asyncio.sleep(0)
+        assert len(rig.link.sent) == 1 and not rig.path.queue
 
     run(body)
 
@@ -438,6 +474,7 @@ def test_equal_inputs_share_a_pending_future_then_hit_the_cache() -> None:
         assert rig.cache.statistics().hits == hits + 1
         assert len(rig.link.sent) == 1  # never computed twice
         other, cached = rig.path.submit(np.array([1.0, 2.5], dtype=np.float32), T0 + 10)
+        await asyncio.sleep(0)  # the end of this event-loop pass pumps it out
         assert not cached and len(rig.link.sent) == 2
 
     run(body)

@@ -62,6 +62,7 @@ class Rig:
         future, cached = self.path.submit(np.asarray(value, dtype=np.float32),
                                           self.clock() + ttl)
         assert not cached
+        self.path.pump()  # as if each query came in an event-loop pass of its own
         return future
 
     def answer(self, index: int, outputs: Any) -> None:

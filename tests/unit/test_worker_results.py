@@ -35,7 +35,9 @@ def _replica(path: ModelPath, rid: str) -> Replica:
 
 
 def _submit(path: ModelPath, n: int) -> list[asyncio.Future[Any]]:
-    return [path.submit(np.ones(2, np.float32) * i, 1e9)[0] for i in range(n)]
+    futures = [path.submit(np.ones(2, np.float32) * i, 1e9)[0] for i in range(n)]
+    path.pump()  # what the end of this event-loop pass would do
+    return futures
 
 
 def _bid(path: ModelPath, replica: Replica) -> int:

@@ -105,9 +105,15 @@ class Scheduler:
 
     # ---- events ----------------------------------------------------------------------------
     def submit(self, query: Query, deadline: float, now: float) -> list[Action]:
-        """Queue one query (raises QueueFull at the queue's capacity, changing nothing)."""
-        self.queue.try_put(query, deadline=deadline, enqueued_at=now)
+        """Queue one query (raises QueueFull at the queue's capacity, changing nothing) and
+        hand work to idle replicas."""
+        self.enqueue(query, deadline, now)
         return self.pump_at(now)
+
+    def enqueue(self, query: Query, deadline: float, now: float) -> None:
+        """Queue one query without dispatching: the driver pumps later (``pump_at``), so the
+        queries that arrive together can leave as one batch. Raises QueueFull as ``submit``."""
+        self.queue.try_put(query, deadline=deadline, enqueued_at=now)
 
     def admit(self, count: int, deadline: float, now: float) -> Admission:
         """May ``count`` more queries with ``deadline`` still be served? Counts a refusal."""
