@@ -26,7 +26,8 @@ __all__ = ["BATCHED_DELAY_MS", "BODIES", "LITSERVE_BATCH_TIMEOUT_S", "MAX_BATCH"
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("noop", "mlp")
-# parityserve as it ships (no batching delay: a query leaves as soon as a replica is free),
+# parityserve as it ships (no fixed batching delay: a query leaves as soon as a replica is
+# free, but for the busy hold of ``batching.busy_delay_ms`` while the loop is saturated),
 # and with the batching delay a throughput-minded deployment sets (``batching.max_delay_ms``,
 # Triton's max_queue_delay): a partial batch waits up to that long for more queries.
 BATCHED_DELAY_MS = 2.0

@@ -8,7 +8,8 @@ measured within a minute of each other (see ``_measure_round``). Systems: ``bare
 calling the model in-process, with the same decoding: the ceiling), ``floor`` (the bare app
 plus one CURVE round trip per batch to a parityserve worker process: what any design with
 models in worker processes pays on the same core), ``litserve`` (when installed),
-``parityserve`` (one replica, as it ships: no batching delay) and ``parityserve-batched`` (the
+``parityserve`` (one replica, as it ships: no fixed batching delay, only the busy hold
+while its loop is saturated) and ``parityserve-batched`` (the
 same with ``batching.max_delay_ms: 2``, the setting a throughput-minded deployment makes, as
 Triton users set max_queue_delay). CPU per request is read from /proc for the
 server process and, separately, its workers. Two models (``--models``, see

@@ -59,6 +59,11 @@ class BatchingConfig(_Frozen):
     max_delay_ms: float = Field(
         0.0, ge=0, le=10_000, description="wait this long for a batch to fill"
     )
+    busy_delay_ms: float = Field(
+        2.0, ge=0, le=10_000,
+        description="while the frontend's event loop is saturated and queries arrive faster "
+        "than this, a partial batch waits up to this long for more (never over a tenth of the "
+        "model's SLO); 0 turns it off. An idle frontend sends a lone query at once")
     additive_step: int = Field(1, ge=1, description="AIMD additive increase per on-time batch")
     backoff: float = Field(0.9, gt=0, lt=1, description="AIMD multiplicative factor on an SLO miss")
 

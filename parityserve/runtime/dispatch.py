@@ -109,7 +109,7 @@ def deployed_parity_pools(deployment: Deployment) -> list[str]:
 
 def batching_of(deployment: Deployment) -> Batching:
     b = deployment.batching
-    return Batching(b.max_batch_size, b.max_delay_ms / 1000)
+    return Batching(b.max_batch_size, b.max_delay_ms / 1000, b.busy_delay_ms / 1000)
 
 
 def mode_of(deployment: Deployment) -> ModeSettings:
@@ -133,7 +133,8 @@ class ModelPath:
     def __init__(self, deployment: Deployment, *, link: Link, metrics: Metrics,
                  cache: ClockCache[tuple[str, int, bytes], Any], clock: Callable[[], float],
                  slo_s: float, max_queue: int | None,
-                 expected: ExpectedAccuracy | None = None) -> None:
+                 expected: ExpectedAccuracy | None = None,
+                 saturated: Callable[[], bool] | None = None) -> None:
         self.name = deployment.name
         self.expected = expected  # measured accuracy of rebuilt answers (core/reconstruction)
         self.version = deployment.version
@@ -151,6 +152,9 @@ class ModelPath:
         self.platform = "unknown"
         self._wake: asyncio.TimerHandle | None = None
         self._pump_due = False  # a pump is scheduled for the end of this loop pass
+        # Is the event loop saturated (runtime/loop_pressure.py)? Read before each pass's pump,
+        # for the scheduler's busy hold; None: never (a batch leaves as soon as it can).
+        self._saturated = saturated
         self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
         # Read once: the hot path should not build a statistics record per query.
         self._caching = cache.statistics().capacity_bytes > 0
@@ -262,6 +266,8 @@ class ModelPath:
 
     def _pump_queued(self) -> None:
         self._pump_due = False
+        if self._saturated is not None:
+            self.machine.saturated = self._saturated()
         self._apply(self.machine.pump_at(self.clock()))
 
     def admit(self, count: int, deadline: float) -> None:

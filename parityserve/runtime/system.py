@@ -48,6 +48,7 @@ from parityserve.runtime.inbox import Inbox
 from parityserve.runtime.keys import ServerKeys
 from parityserve.runtime.launcher import LocalLauncher, WorkerProcess
 from parityserve.runtime.lookup import find_model
+from parityserve.runtime.loop_pressure import LoopPressure
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.model_infer import infer_rows
 from parityserve.runtime.parallelism import Controllers, SystemApplier, build_policy
@@ -84,6 +85,8 @@ class ServingSystem:
         self.clock = clock
         self.log_dir = log_dir
         self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
+        # Shared by every model's path: there is one event loop to saturate.
+        self.loop_pressure = LoopPressure()
         self.models: dict[str, ModelPath] = {}
         self.apps: dict[str, AppRuntime] = {
             a.name: AppRuntime.build(a) for a in config.applications}
@@ -186,6 +189,7 @@ class ServingSystem:
             clock=self.clock, slo_s=slo_for(self.apps, deployment.name, deployment),
             max_queue=self.config.server.max_queue,  # None: derived (core/admission.py)
             expected=expected_accuracy(deployment, self.base_dir),
+            saturated=self.loop_pressure.saturated,
         )
 
     async def _supervise(self) -> None:
@@ -368,6 +372,10 @@ class ServingSystem:
             "cache": _record(self.cache.statistics()),
             "rpc_address": self._link.address if self._link else None,
             "graphs": self.graphs.state() if self.graphs is not None else {},
+            # What the scheduler's busy hold reads (runtime/loop_pressure.py), as of the last
+            # pump that asked: the loop's smoothed busy share of wall time.
+            "event_loop": {"busy": round(self.loop_pressure.level, 3),
+                           "saturated": self.loop_pressure.last_verdict},
         }
 
     def _model_state(self, path: ModelPath) -> dict[str, Any]:
@@ -386,6 +394,7 @@ class ServingSystem:
             "emulation": _emulation_state(path),
             "queue": _record(path.queue.statistics()),
             "admission": path.admission_state(),
+            "busy_hold_ms": path.machine.busy_hold_s() * 1000,
             "replicas": [_record(s) for s in path.replica_stats()],
             "load_error": None if error is None else scrub_paths(error),
             "failed": supervisor is not None and supervisor.gave_up_on(path),

@@ -61,9 +61,9 @@ def line(action: Action) -> str:
 
 class Rig:
     def __init__(self, mode: ModeSettings, *, max_batch: int = 8, max_delay_s: float = 0.0,
-                 slo_s: float = SLO) -> None:
-        self.machine = Scheduler(Batching(max_batch, max_delay_s), mode, slo_s=slo_s,
-                                 max_queue=100, assemble=stack)
+                 slo_s: float = SLO, busy_delay_s: float = 0.0) -> None:
+        self.machine = Scheduler(Batching(max_batch, max_delay_s, busy_delay_s), mode,
+                                 slo_s=slo_s, max_queue=100, assemble=stack)
         self.now = T0
         self.lines: list[str] = []
         self.actions: list[Action] = []

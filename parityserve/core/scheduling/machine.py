@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,12 @@ __all__ = ["EXPIRED", "UNFINISHABLE", "Scheduler"]
 
 EXPIRED = "deadline passed while queued"
 UNFINISHABLE = "cannot finish before its deadline"
+
+# The busy hold (``Scheduler.busy_hold_s``): at most this share of the model's SLO, and only
+# while the smoothed gap between queries (the newest gap weighs this much) is shorter than
+# the hold.
+_BUSY_HOLD_SLO_SHARE = 0.1
+_GAP_SMOOTHING = 0.125
 Assemble = Callable[[list[Entry[Query]]], object]
 
 
@@ -102,6 +109,11 @@ class Scheduler:
         # Service parallelism c (issue 18): at most this many data replicas hold a batch at
         # once; the rest stay ready ("warm") but do not pull. None: every idle replica pulls.
         self.parallelism = parallelism
+        # Whether the driver's event loop has no idle time now (runtime/loop_pressure.py); the
+        # simulator has no loop to saturate and leaves it False. See ``busy_hold_s``.
+        self.saturated = False
+        self._last_arrival: float | None = None
+        self._arrival_gap_s = math.inf  # smoothed gap between queries; the first gap sets it
 
     # ---- events ----------------------------------------------------------------------------
     def submit(self, query: Query, deadline: float, now: float) -> list[Action]:
@@ -114,6 +126,12 @@ class Scheduler:
         """Queue one query without dispatching: the driver pumps later (``pump_at``), so the
         queries that arrive together can leave as one batch. Raises QueueFull as ``submit``."""
         self.queue.try_put(query, deadline=deadline, enqueued_at=now)
+        if self._last_arrival is not None:
+            gap = now - self._last_arrival
+            previous = self._arrival_gap_s
+            self._arrival_gap_s = gap if previous == math.inf else (
+                previous + _GAP_SMOOTHING * (gap - previous))
+        self._last_arrival = now
 
     def admit(self, count: int, deadline: float, now: float) -> Admission:
         """May ``count`` more queries with ``deadline`` still be served? Counts a refusal."""
@@ -270,7 +288,7 @@ class Scheduler:
     def _dispatch_to(self, replica: Replica) -> bool:
         now = self.now
         limit = replica.aimd.max_batch_size * self.mode.batches_per_dispatch
-        wait = max(self.batching.max_delay_s, self.mode.form_wait_s)
+        wait = max(self.batching.max_delay_s, self.mode.form_wait_s, self.busy_hold_s())
         decision = decide_batch(len(self.queue), self.queue.oldest_enqueued_at(), now, limit,
                                 wait)
         if not decision.dispatch:
@@ -284,6 +302,24 @@ class Scheduler:
         elif self.queue:  # all it popped expired (some perhaps requeued for a later sharer)
             return self._dispatch_to(replica)
         return True
+
+    def busy_hold_s(self) -> float:
+        """How long a partial batch may wait for more queries now: ``busy_delay_s`` while the
+        driver's loop is saturated and queries arrive faster than that, else 0.
+
+        Why: every batch costs a worker round trip (messages, wake-ups, the worker's own
+        per-batch work) on the cores the frontend needs. A saturated frontend has requests
+        waiting to be read anyway (in sockets, or in grpc's queue, which hands the loop one
+        RPC per pass so that no two gRPC queries ever share a pass), so holding a batch back
+        for them costs little latency and saves round trips; an idle one answers a lone query
+        at once. A model that is rarely asked does not wait on a busy frontend, and the hold
+        never exceeds a tenth of the model's SLO.
+        """
+        hold = self.batching.busy_delay_s
+        if not hold or not self.saturated:
+            return 0.0
+        hold = min(hold, self.slo_s * _BUSY_HOLD_SLO_SHARE)
+        return hold if self._arrival_gap_s < hold else 0.0
 
     def _drop_doomed(self, entries: list[Entry[Query]], now: float) -> list[Entry[Query]]:
         """Answer at once the queries one batch can no longer finish in time (see

@@ -59,10 +59,12 @@ def check_cores(parallelism: int, threads: int, cores: int, *,
 
 @dataclass(frozen=True, slots=True)
 class Batching:
-    """The batch ceiling and delayed batching's wait for a partial batch."""
+    """The batch ceiling, delayed batching's wait for a partial batch, and how long a partial
+    batch may wait while the frontend is saturated (``Scheduler.saturated``)."""
 
     max_batch_size: int
     max_delay_s: float = 0.0
+    busy_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
