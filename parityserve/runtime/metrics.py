@@ -6,6 +6,7 @@ several servers (or tests) can live in one process without "duplicated timeserie
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -69,6 +70,9 @@ class Metrics:
                              registry=reg)
         self._misses = Counter("parityserve_cache_misses", "Prediction cache misses",
                                ["model"], registry=reg)
+        self._loop_busy = Gauge("parityserve_event_loop_busy", "The frontend event loop's "
+                                "smoothed busy share of wall time (on a CPU or waiting for one), "
+                                "as batching's busy hold reads it", registry=reg)
 
     def _define_replicas(self) -> None:
         reg, labels = self.registry, ["model", "replica"]
@@ -131,6 +135,10 @@ class Metrics:
 
     def cache(self, model: str, hit: bool) -> None:
         (self._hits if hit else self._misses).labels(model).inc()
+
+    def watch_event_loop(self, level: Callable[[], float]) -> None:
+        """Read the loop's busy level at each scrape (nothing on the hot path)."""
+        self._loop_busy.set_function(level)
 
     def set_inflight(self, model: str, replica: str, n: int) -> None:
         self._child(self._inflight, model, replica).set(n)

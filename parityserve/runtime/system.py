@@ -87,6 +87,7 @@ class ServingSystem:
         self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
         # Shared by every model's path: there is one event loop to saturate.
         self.loop_pressure = LoopPressure()
+        self.metrics.watch_event_loop(lambda: self.loop_pressure.level)
         self.models: dict[str, ModelPath] = {}
         self.apps: dict[str, AppRuntime] = {
             a.name: AppRuntime.build(a) for a in config.applications}

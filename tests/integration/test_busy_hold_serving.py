@@ -45,6 +45,14 @@ def _batches(served) -> tuple[float, float]:
     return totals["sum"], totals["count"]
 
 
+def _metric(served, name: str) -> float:
+    """One unlabelled sample from /metrics."""
+    for line in httpx.get(served.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
 def _state(served) -> dict:
     """What /admin/state serves, read on the server's loop."""
     async def read() -> dict:
@@ -115,6 +123,7 @@ def test_a_saturated_loop_batches_grpc_queries_and_an_idle_one_does_not_hold(ser
                                stdout=subprocess.PIPE, text=True)
     time.sleep(2.0)
     state = _state(served)
+    gauge = _metric(served, "parityserve_event_loop_busy")
     out, _ = clients.communicate(timeout=60)
     answered, errors, shown = out.split(" ", 2)
     assert stopped.wait(30)
@@ -122,6 +131,7 @@ def test_a_saturated_loop_batches_grpc_queries_and_an_idle_one_does_not_hold(ser
     queries, batches = _batches(served)
     mean_batch = (queries - queries0) / (batches - batches0)
     assert state["event_loop"]["saturated"], state["event_loop"]
+    assert gauge >= 0.7, gauge  # /metrics shows what the hold reads (read a moment later)
     assert mean_batch > 1.5, mean_batch  # one RPC per pass: 1.0 without the hold
 
     pressure.threshold = LoopPressure().threshold
