@@ -151,11 +151,11 @@ class ModelPath:
         self.output_spec: TensorSpec | None = deployment.output
         self.platform = "unknown"
         self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
         self._pump_due = False  # a pump is scheduled for the end of this loop pass
         # Is the event loop saturated (runtime/loop_pressure.py)? Read before each pass's pump,
         # for the scheduler's busy hold; None: never (a batch leaves as soon as it can).
         self._saturated = saturated
-        self._wake_at = 0.0  # when ``_wake`` fires, on ``clock`` (TimerHandle.when() is loop time)
         # Read once: the hot path should not build a statistics record per query.
         self._caching = cache.statistics().capacity_bytes > 0
         # Futures answered by decoding, and how; a late real prediction still goes to the cache.

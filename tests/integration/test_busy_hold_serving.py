@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+from prometheus_client.parser import text_string_to_metric_families
 
 from parityserve.runtime.loop_pressure import LoopPressure
 
@@ -35,22 +36,20 @@ def served(server_factory):
     return server_factory({"server": {"http_port": 0, "cache_bytes": 0}, "models": [ECHO]})
 
 
+def _samples(served) -> dict[str, float]:
+    """Every sample on /metrics by name, summed over its label sets."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(served.url + "/metrics").text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
 def _batches(served) -> tuple[float, float]:
     """(queries, batches) the model has run so far, from its batch-size histogram."""
-    totals = {"sum": 0.0, "count": 0.0}
-    for line in httpx.get(served.url + "/metrics").text.splitlines():
-        for kind in totals:
-            if line.startswith(f"parityserve_batch_size_{kind}"):
-                totals[kind] += float(line.rsplit(" ", 1)[1])
-    return totals["sum"], totals["count"]
-
-
-def _metric(served, name: str) -> float:
-    """One unlabelled sample from /metrics."""
-    for line in httpx.get(served.url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} is not in /metrics")
+    samples = _samples(served)  # none before the model's first batch
+    return (samples.get("parityserve_batch_size_sum", 0.0),
+            samples.get("parityserve_batch_size_count", 0.0))
 
 
 def _state(served) -> dict:
@@ -66,8 +65,6 @@ _CLIENTS = """
 import sys, threading, time
 import numpy as np
 import tritonclient.grpc as tg
-
-from parityserve.runtime.loop_pressure import LoopPressure
 url, threads, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 answered, errors = [], []
 def run():
@@ -123,7 +120,7 @@ def test_a_saturated_loop_batches_grpc_queries_and_an_idle_one_does_not_hold(ser
                                stdout=subprocess.PIPE, text=True)
     time.sleep(2.0)
     state = _state(served)
-    gauge = _metric(served, "parityserve_event_loop_busy")
+    gauge = _samples(served)["parityserve_event_loop_busy"]
     out, _ = clients.communicate(timeout=60)
     answered, errors, shown = out.split(" ", 2)
     assert stopped.wait(30)
