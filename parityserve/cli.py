@@ -361,8 +361,10 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
+    from parityserve.models.extras import check_extras, needed_extras
 
     config = load_config(args.config)
+    check_extras(needed_extras(config), where=str(args.config))
     schedulers = _check_schedulers(config, Path(args.config).parent, args.config)
     print(f"{args.config}: ok — {len(config.models)} models, "
           f"{len(config.applications)} applications")

@@ -35,6 +35,7 @@ __all__ = [
     "NoopModel",
     "ParMMLP",
     "SleepModel",
+    "TORCH_ZOO_NAMES",
     "load_zoo",
 ]
 
@@ -199,3 +200,6 @@ _BUILDERS: dict[str, Callable[[_Request], LoadedModel]] = {
 }
 
 ZOO_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+# The zoo models built with torch (``_torch_model``); the rest are numpy and serve without it.
+TORCH_ZOO_NAMES: tuple[str, ...] = ("parm-mlp", "lenet5", "digits-mlp",
+                                    *(f"resnet{d}" for d in (20, 32, 44, 56)))

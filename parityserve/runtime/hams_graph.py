@@ -53,7 +53,7 @@ from parityserve.errors import (
     Unavailable,
     UnknownModel,
 )
-from parityserve.runtime import hams_worker as hw
+from parityserve.runtime import hams_protocol as hp
 from parityserve.runtime import wire
 from parityserve.runtime.hams_members import Member, MemberLauncher
 from parityserve.runtime.hams_replay import ReplayLog
@@ -189,7 +189,7 @@ class GraphRuntime:
 
     def _launch(self, op: str, role: str) -> Member:
         model = self._deployments[self._ops[op].model]
-        spec = hw.OperatorSpec(
+        spec = hp.OperatorSpec(
             worker_id=self.launcher.next_id(self.graph.name, op, role), op=op,
             source=model.source, role=role, mode=self.mode, options=dict(model.options),
             pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND),
@@ -264,12 +264,12 @@ class GraphRuntime:
                     batch: list[Executed[np.ndarray]]) -> None:
         clients = [client_of(e.lineage) for e in batch]
         desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
-        header = {"t": hw.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
+        header = {"t": hp.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
                   "streams": [self._waiting[c].stream if c in self._waiting else ""
                               for c in clients],
                   "labels": [self._waiting[c].label if c in self._waiting else -1
                              for c in clients],
-                  "lineages": [hw.lineage_to_wire(e.lineage) for e in batch]}
+                  "lineages": [hp.lineage_to_wire(e.lineage) for e in batch]}
         if self.mode == "checkpoint-replay":
             self.replay[op].logged(header, frames)
         self._send(primary, header, frames)
@@ -342,21 +342,21 @@ class GraphRuntime:
         op, member = found
         member.last_beat = self.clock()  # any message shows the process is alive
         kind = header["t"]
-        if kind == hw.BEAT:
+        if kind == hp.BEAT:
             pass
-        elif kind == hw.HELLO and not member.hello.done():
+        elif kind == hp.HELLO and not member.hello.done():
             member.hello.set_result(header)
-        elif kind == hw.OUT:
+        elif kind == hp.OUT:
             self._on_outputs(self.pairs[op], member, header, buffers)
-        elif kind == hw.CHECKPOINT:
+        elif kind == hp.CHECKPOINT:
             self._checkpointed(op, int(header["seq"]))
-        elif kind == hw.DURABLE:
+        elif kind == hp.DURABLE:
             self._on_durable(self.pairs[op], member, int(header["seq"]))
-        elif kind in (hw.PROMOTED, hw.ALLOW, hw.DIGEST):
+        elif kind in (hp.PROMOTED, hp.ALLOW, hp.DIGEST):
             future = member.extra.pop(kind, None)
             if future is not None and not future.done():
                 future.set_result(header)
-        elif kind == hw.FAILED and not member.hello.done():
+        elif kind == hp.FAILED and not member.hello.done():
             member.hello.set_exception(ModelLoadError(f"{op}: {header.get('error')}"))
             member.hello.exception()  # the start raises it once, for the first member
 
@@ -395,7 +395,7 @@ class GraphRuntime:
             if pair.op in self.topology.prev_stateful(nxt):
                 backup = self.pairs[nxt].backup
                 if backup is not None:
-                    self._send(backup, {"t": hw.NOTIFY, "op": pair.op, "seq": seq})
+                    self._send(backup, {"t": hp.NOTIFY, "op": pair.op, "seq": seq})
 
     def _checkpoint_path(self, op: str) -> str:
         return os.path.join(self._store, f"{op}.ckpt") if self._store else ""
@@ -409,7 +409,7 @@ class GraphRuntime:
         self.replay[op].checkpointed(seq)
         if 0 < older < seq:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(hw.checkpoint_file(self._checkpoint_path(op), older))
+                os.unlink(hp.checkpoint_file(self._checkpoint_path(op), older))
 
     def _send(self, member: Member, header: dict[str, Any], frames: list[Any] | None = None
               ) -> None:
@@ -440,8 +440,8 @@ class GraphRuntime:
         hello = await self._hello(pair.backup)
         key = pair.primary.keys.public.decode() if pair.primary.keys is not None else ""
         durable = {m: self.router.commit.durable[m] for m in pair.backup.spec.pfm}
-        await self._ask(pair.backup, hw.ALLOW, {"t": hw.ALLOW, "key": key, "durable": durable})
-        self._send(pair.primary, {"t": hw.ATTACH, "address": hello["address"],
+        await self._ask(pair.backup, hp.ALLOW, {"t": hp.ALLOW, "key": key, "durable": durable})
+        self._send(pair.primary, {"t": hp.ATTACH, "address": hello["address"],
                                   "key": hello.get("key", "")})
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
@@ -596,7 +596,7 @@ class GraphRuntime:
         if not backup.extra.get("synced"):  # H6: a new backup is no backup until seeded
             raise Unavailable(f"{pair.op}: primary lost while its new backup was still "
                               "receiving its first full state")
-        seq = int((await self._ask(backup, hw.PROMOTED, {"t": hw.PROMOTE}))["seq"])
+        seq = int((await self._ask(backup, hp.PROMOTED, {"t": hp.PROMOTE}))["seq"])
         pair.primary, pair.backup = backup, None
         pair.inflight.clear()
         return seq
@@ -617,7 +617,7 @@ class GraphRuntime:
             raise Unavailable(f"{pair.op}: primary and backup both lost")
         record.rolled_back_in_place.append(pair.op)
         pair.inflight.clear()
-        return int((await self._ask(primary, hw.PROMOTED, {"t": hw.ROLLBACK}))["seq"])
+        return int((await self._ask(primary, hp.PROMOTED, {"t": hp.ROLLBACK}))["seq"])
 
     async def _replay(self, pair: _Pair, record: FailoverRecord) -> None:
         """Checkpoint-replay: a fresh process restores the last checkpoint, then every
@@ -709,7 +709,7 @@ class GraphRuntime:
             raise UnknownModel(f"graph {self.graph.name!r} has no stateful operator {op!r}; "
                                f"stateful: {sorted(self.pairs)}")
         self.slow[op] = delay_s
-        self._send(pair.primary, {"t": hw.SLOW, "s": delay_s})
+        self._send(pair.primary, {"t": hp.SLOW, "s": delay_s})
 
     # ---- inspection ------------------------------------------------------------------------
     async def state_digests(self) -> dict[str, dict[str, Any]]:
@@ -729,7 +729,7 @@ class GraphRuntime:
     async def _digest(self, member: Member | None) -> dict[str, Any] | None:
         if member is None or member.lost or not member.hello.done():
             return None
-        answer = await self._ask(member, hw.DIGEST, {"t": hw.DIGEST})
+        answer = await self._ask(member, hp.DIGEST, {"t": hp.DIGEST})
         return {"seq": int(answer["seq"]), "digest": str(answer["digest"]), "pid": member.pid}
 
     def statistics(self) -> dict[str, Any]:

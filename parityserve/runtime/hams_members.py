@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parityserve.runtime.hams_worker import OperatorSpec
+from parityserve.runtime.hams_protocol import OperatorSpec
 from parityserve.runtime.keys import ClientKeys, ServerKeys
 from parityserve.runtime.launcher import kill_and_reap, spawn_worker_process
 from parityserve.runtime.rpc import WorkerLink

@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,67 +45,44 @@ from zmq.auth.thread import ThreadAuthenticator
 from parityserve.core.hams import (
     BackupApplier,
     CopyOrder,
-    Hop,
     Lineage,
     PrimaryShipper,
     StateRecord,
 )
-from parityserve.errors import ModelLoadError, ProtocolError
+from parityserve.errors import ModelLoadError
 from parityserve.models._stateful_base import OperatorBatch
 from parityserve.models._stateful_run import CopyGate, drive
 from parityserve.runtime import wire
+from parityserve.runtime.hams_protocol import (
+    ALLOW,
+    APPLIED,
+    ATTACH,
+    BATCH,
+    BEAT,
+    CHECKPOINT,
+    DIGEST,
+    DURABLE,
+    FAILED,
+    HELLO,
+    NOTIFY,
+    OUT,
+    PROMOTE,
+    PROMOTED,
+    RECEIVED,
+    ROLLBACK,
+    SLOW,
+    STATE,
+    STOP,
+    OperatorSpec,
+    checkpoint_file,
+    lineage_from_wire,
+    lineage_to_wire,
+)
 from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.keys import ClientKeys
 from parityserve.runtime.worker import keys_from_env
 
-__all__ = ["OperatorSpec", "checkpoint_file", "lineage_from_wire", "lineage_to_wire", "main"]
-
-# message types on the frontend <-> operator and primary <-> backup links
-HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
-ATTACH, ALLOW, NOTIFY, DURABLE = "h.attach", "h.allow", "h.notify", "h.durable"
-PROMOTE, PROMOTED, ROLLBACK, STOP = "h.promote", "h.promoted", "h.rollback", "h.stop"
-STATE, RECEIVED, APPLIED, SLOW = "h.state", "h.recv", "h.applied", "h.slow"
-CHECKPOINT, DIGEST = "h.ckpt", "h.digest"
-
-
-@dataclass(frozen=True)
-class OperatorSpec:
-    """Everything a stateful operator process needs; travels as JSON on the command line."""
-
-    worker_id: str
-    op: str
-    source: str
-    role: str  # "primary" | "backup"
-    mode: str = "hams"  # "hams" | "remus" | "bare" | "checkpoint-replay"
-    options: dict[str, Any] = field(default_factory=dict)
-    pfm: tuple[str, ...] = ()  # previous stateful operators (whose durability we wait for)
-    heartbeat_s: float = 0.05
-    bind_host: str = "127.0.0.1"  # where a backup listens for its primary (across hosts)
-    ipc_dir: str = ""  # a 0700 folder: primary and backup share this host, use a Unix socket
-    checkpoint_every: int = 0  # checkpoint-replay: batches between checkpoints
-    checkpoint_path: str = ""  # checkpoint-replay: checkpoints go to PATH.SEQ (one per SEQ)
-    restore_seq: int = 0  # checkpoint-replay: the checkpoint a fresh primary starts from
-
-    def to_json(self) -> str:
-        return orjson.dumps(asdict(self)).decode()
-
-    @classmethod
-    def from_json(cls, text: str) -> OperatorSpec:
-        raw = orjson.loads(text)
-        raw["pfm"] = tuple(raw.get("pfm", ()))
-        return cls(**raw)
-
-
-def lineage_to_wire(lineage: Lineage) -> list[list[Any]]:
-    return [[h.pred, h.pred_seq, h.op, h.seq] for h in lineage]
-
-
-def lineage_from_wire(raw: Any) -> Lineage:
-    try:
-        return tuple(Hop(str(p), int(ps), str(o), int(s)) for p, ps, o, s in raw)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad lineage: {exc}") from exc
-
+__all__ = ["main", "restore_checkpoint", "save_checkpoint", "serve"]
 
 class _Operator:
     """The model and its live state, shared by both roles."""
@@ -468,14 +444,6 @@ def _digest(seq: int, state: Any) -> dict[str, Any]:
     from parityserve.models.stateful import state_digest
 
     return {"t": DIGEST, "seq": seq, "digest": state_digest(state)}
-
-
-def checkpoint_file(path: str, seq: int) -> str:
-    """Each checkpoint keeps its own file. The newest on disk is not always the one to
-    restore: a primary killed just after writing one may never have sent the outputs it
-    covers, and a restore from it would skip them. The frontend names the checkpoint it was
-    told of (``restore_seq``), whose outputs it has, and deletes the older ones."""
-    return f"{path}.{seq}"
 
 
 def save_checkpoint(path: str, flat: FlatState) -> None:

@@ -34,6 +34,7 @@ from parityserve.config import (
 )
 from parityserve.core.cache import ClockCache
 from parityserve.errors import ConfigError, InvalidInput, ModelLoadError, Unavailable, WorkerError
+from parityserve.models.extras import check_extras, deployment_needs, needed_extras
 from parityserve.models.sources import scrub_paths
 from parityserve.runtime.admin_ops import AppAdmin, ModelAdmin, revalidated, slo_for
 from parityserve.runtime.api import ModelMetadata, Prediction
@@ -78,6 +79,7 @@ class ServingSystem:
         log_dir: Path | None = None,
     ) -> None:
         self._graph_models = stateful_models(config)  # a clash is refused before anything starts
+        check_extras(needed_extras(config))  # a missing framework, before any process starts
         self.config = config
         self.base_dir = base_dir
         self.data_dir = data_dir
@@ -313,6 +315,10 @@ class ServingSystem:
         return self._model_admin
 
     async def deploy(self, deployment: Deployment) -> None:
+        try:  # a framework this install lacks: refused now, not in a worker later
+            check_extras(deployment_needs(deployment))
+        except ConfigError as exc:
+            raise InvalidInput(str(exc)) from None
         if deployment.scheduler is not None:  # a bad profile is refused before any launch
             self._checked_policy(deployment, deployment.scheduler)
         await self.model_admin.deploy(deployment)

@@ -1,107 +1,192 @@
-"""A plain ``pip install parityserve`` serves: no module of the ``bench`` or ``ray`` extras is
-needed.
+"""A plain ``pip install parityserve`` serves: ``parityserve start`` loads no optional framework
+that its config does not use.
 
-The check (``plain_install_check.py``) runs in a subprocess whose import system refuses every
-module that only those extras bring: aiohttp, matplotlib, ray and whatever they pull in that
-serving does not. The list comes from the installed packages' own metadata and
-``pyproject.toml``, so a new extra-only dependency is refused here without anyone updating
-this file.
-``make check-plain-install`` runs the same check in a fresh venv with a real plain install.
+The server runs in a subprocess with ``import_watch/sitecustomize.py`` on its path, which
+records every watched module whose code really runs, in the frontend and in every worker
+(they inherit the environment), with the parityserve frames that imported it. A config of
+plain models (a ``python:`` class, a scikit-learn pipeline, a zoo model) must load none of
+them anywhere; an ONNX model loads onnxruntime in its own worker only; the stateful graph of
+the README loads torch in its operators' workers only, never in the frontend.
+
+``make check-plain-install`` (run by ``.ci/run``) does the same with a real plain install in a
+fresh venv, where importing torch would fail outright.
 """
 
 from __future__ import annotations
 
-import importlib.metadata as md
+import json
 import os
 import subprocess
 import sys
-import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import joblib
+import numpy as np
 import pytest
-from packaging.requirements import Requirement
+from sklearn.linear_model import LinearRegression
+
+from parityserve.bench.serverproc import ServerProcess, write_config
+from parityserve.client import Client
+from parityserve.errors import InvalidInput
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).parents[2]
-CHECK = Path(__file__).with_name("plain_install_check.py")
+WATCH_SITE = Path(__file__).with_name("import_watch")
+# What a config may need but a plain install does not have (pyproject's extras), and what
+# only the benchmarks and plots use.
+OPTIONAL = ("torch", "onnxruntime", "onnx", "ray", "redis", "matplotlib", "aiohttp")
 
-# Installed into the subprocess as sitecustomize: it runs before anything else is imported.
-REFUSER = '''
-import os, sys
+PLAIN_MODEL = '''
+import numpy as np
 
-class _RefuseBenchOnly:
-    refused = frozenset(os.environ["PARITYSERVE_REFUSE_MODULES"].split(","))
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in self.refused:
-            raise ModuleNotFoundError(f"No module named {name!r} (a plain install)", name=name)
-        return None
-
-sys.meta_path.insert(0, _RefuseBenchOnly())
+class Doubler:
+    def predict(self, batch):
+        return [2.0 * np.asarray(x, dtype=np.float32) for x in batch]
 '''
 
 
-def _project() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+@pytest.fixture
+def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The import log that every process started from here appends to."""
+    log = tmp_path / "imports.jsonl"
+    log.touch()
+    monkeypatch.setenv("PARITYSERVE_WATCH_IMPORTS", ",".join(OPTIONAL))
+    monkeypatch.setenv("PARITYSERVE_IMPORT_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(WATCH_SITE), os.environ.get("PYTHONPATH")])))
+    yield log
 
 
-def _closure(requirements: Iterable[str]) -> set[str]:
-    """Every installed distribution that ``requirements`` pull in, their extras included."""
-    seen: set[str] = set()
-    todo = [Requirement(r) for r in requirements]
-    while todo:
-        req = todo.pop()
-        name = _canonical(req.name)
-        if name in seen or name == "parityserve" or not _installed(name):
-            continue
-        seen.add(name)
-        for line in md.requires(name) or []:
-            sub = Requirement(line)
-            wanted = [{"extra": e} for e in req.extras] or [{"extra": ""}]
-            if sub.marker is None or any(sub.marker.evaluate(env) for env in wanted):
-                todo.append(sub)
-    return seen
+def _loads(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+def _describe(records: list[dict[str, Any]]) -> str:
+    return "\n".join(f"pid {r['pid']} {' '.join(r['argv'])}: {r['module']} via "
+                     f"{' -> '.join(r['chain']) or '(no parityserve frame)'}" for r in records)
 
 
-def _installed(name: str) -> bool:
-    try:
-        md.distribution(name)
-    except md.PackageNotFoundError:
-        return False
-    return True
+def _write_onnx(path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(np.eye(3, dtype=np.float32) * 2, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
 
 
-def bench_only_modules() -> set[str]:
-    """Top-level modules that the bench and ray extras bring and a plain install does not."""
-    project = _project()
-    core = _closure(project["dependencies"])
-    extras = project["optional-dependencies"]
-    bench_only = _closure([*extras["bench"], *extras["ray"]]) - core
-    owners = md.packages_distributions()
-    return {module for module, dists in owners.items()
-            if {_canonical(d) for d in dists} <= bench_only}
+def _plain_models(folder: Path) -> dict[str, Any]:
+    (folder / "plainmodel.py").write_text(PLAIN_MODEL)
+    x = np.arange(12, dtype=np.float64).reshape(4, 3)
+    joblib.dump(LinearRegression().fit(x, x.sum(axis=1)), folder / "linear.joblib")
+    models = [{"name": "double", "source": "python:plainmodel:Doubler"},
+              {"name": "linear", "source": "sklearn:linear.joblib"},
+              {"name": "echo", "source": "zoo:echo"}]
+    return {"server": {"http_port": 0}, "models": models,
+            "applications": [{"name": m["name"], "models": [m["name"]], "slo_ms": 5000}
+                             for m in models]}
 
 
-def test_the_refused_modules_cover_the_bench_extra() -> None:
-    refused = bench_only_modules()
-    assert {"aiohttp", "matplotlib"} <= refused
-    assert "ray" in refused  # the local launcher, the default, serves without Ray
-    assert not refused & {"numpy", "starlette", "uvicorn", "httpx", "zmq", "yaml", "sklearn"}
+def test_plain_models_load_no_optional_framework(tmp_path: Path, watched: Path) -> None:
+    config = write_config(_plain_models(tmp_path), tmp_path / "serving.yaml")
+    with ServerProcess(config) as server, Client(server.url) as client:
+        assert client.predict("double", [1.0, 2.0, 3.0])["output"] == [2.0, 4.0, 6.0]
+        assert client.predict("linear", [1.0, 2.0, 3.0])["output"] == pytest.approx(6.0)
+        assert client.predict("echo", [5.0])["output"] == [5.0]
+    records = _loads(watched)
+    assert not records, "optional frameworks loaded serving plain models:\n" + \
+        _describe(records)
 
 
-def test_the_server_starts_and_answers_without_the_bench_extra(tmp_path: Path) -> None:
-    (tmp_path / "sitecustomize.py").write_text(REFUSER)
-    env = {**os.environ, "PARITYSERVE_REFUSE_MODULES": ",".join(sorted(bench_only_modules())),
-           "PARITYSERVE_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
-                                                      os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(CHECK)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "OK: served" in done.stdout and "on httpx" in done.stdout
+def test_an_onnx_model_loads_onnxruntime_in_its_worker_only(tmp_path: Path,
+                                                             watched: Path) -> None:
+    _write_onnx(tmp_path / "double.onnx")
+    config = {"server": {"http_port": 0},
+              "models": [{"name": "double", "source": "onnx:double.onnx"}],
+              "applications": [{"name": "double", "models": ["double"], "slo_ms": 5000}]}
+    path = write_config(config, tmp_path / "serving.yaml")
+    with ServerProcess(path) as server, Client(server.url) as client:
+        assert client.predict("double", [1.0, 2.0, 3.0])["output"] == [2.0, 4.0, 6.0]
+        frontend = server.proc.pid if server.proc else -1
+    records = _loads(watched)
+    assert {r["module"] for r in records} <= {"onnxruntime", "onnx"}, _describe(records)
+    assert any(r["module"] == "onnxruntime" for r in records)  # the premise: it was watched
+    assert not [r for r in records if r["pid"] == frontend], _describe(records)
+
+
+README_GRAPH = {
+    "server": {"http_port": 0},
+    "models": [
+        {"name": "features", "source": "zoo:echo"},
+        {"name": "lstm1", "source": "zoo:stream-lstm",
+         "options": {"input_size": 4, "outputs": 4, "seed": 1}},
+        {"name": "lstm2", "source": "zoo:stream-lstm",
+         "options": {"input_size": 4, "outputs": 1, "seed": 2}},
+        {"name": "scorer", "source": "zoo:echo"},
+    ],
+    "graphs": [{
+        "name": "stocks", "stream_key": "ticker", "fault_tolerance": "hams",
+        "operators": [
+            {"name": "feat", "model": "features", "inputs": ["frontend"]},
+            {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
+            {"name": "seq2", "model": "lstm2", "inputs": ["seq1"], "stateful": True},
+            {"name": "score", "model": "scorer", "inputs": ["seq2"]},
+        ],
+        "output": "score",
+    }],
+}
+
+
+def test_a_stateful_graph_loads_torch_in_its_operators_never_in_the_frontend(
+        tmp_path: Path, watched: Path) -> None:
+    path = write_config(README_GRAPH, tmp_path / "serving.yaml")
+    with ServerProcess(path) as server, Client(server.url) as client:
+        answer = client.predict_graph("stocks", [0.1, 0.2, 0.3, 0.4], stream="IBM",
+                                      stream_key="ticker")
+        frontend = server.proc.pid if server.proc else -1
+    assert answer["durable"] is True and len(answer["output"]) == 1, answer
+    records = _loads(watched)
+    assert {r["module"] for r in records} == {"torch"}, _describe(records)
+    assert not [r for r in records if r["pid"] == frontend], _describe(records)
+
+
+@pytest.fixture
+def without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes started from here run as if torch were not installed."""
+    monkeypatch.setenv("PARITYSERVE_REFUSE_MODULES", "torch")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(REFUSE_SITE), os.environ.get("PYTHONPATH")])))
+
+
+REFUSE_SITE = Path(__file__).with_name("import_refuse")
+PARITYSERVE = str(Path(sys.executable).with_name("parityserve"))
+TORCH_HINT = "pip install 'parityserve[torch]'"
+
+
+@pytest.mark.parametrize("command", ["validate", "start"])
+def test_without_torch_a_stateful_graph_is_refused_naming_the_extra(
+        tmp_path: Path, without_torch: None, command: str) -> None:
+    path = write_config(README_GRAPH, tmp_path / "serving.yaml")
+    done = subprocess.run([PARITYSERVE, command, "-c", str(path)], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert TORCH_HINT in done.stderr, done.stderr
+    assert "model lstm1: a stateful graph operator" in done.stderr
+    assert "model lstm2: a stateful graph operator" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_without_torch_a_torch_deploy_is_refused_with_400_and_the_server_serves_on(
+        tmp_path: Path, without_torch: None) -> None:
+    config = write_config(_plain_models(tmp_path), tmp_path / "serving.yaml")
+    with ServerProcess(config) as server, Client(server.url) as client:
+        with pytest.raises(InvalidInput) as refused:  # InvalidInput: a 400 invalid_input
+            client.deploy({"name": "lenet", "source": "zoo:lenet5"})
+        assert TORCH_HINT in str(refused.value) and "zoo:lenet5" in str(refused.value)
+        assert client.predict("double", [1.0])["output"] == [2.0]

@@ -19,15 +19,10 @@ from benchmarks.hams_analysis import (
 )
 from parityserve.core.hams import Arrival, Executed, Hop
 from parityserve.errors import ModelLoadError, ProtocolError
+from parityserve.runtime.hams_protocol import checkpoint_file, lineage_from_wire, lineage_to_wire
 from parityserve.runtime.hams_replay import ReplayLog
 from parityserve.runtime.hams_state import FlatState
-from parityserve.runtime.hams_worker import (
-    checkpoint_file,
-    lineage_from_wire,
-    lineage_to_wire,
-    restore_checkpoint,
-    save_checkpoint,
-)
+from parityserve.runtime.hams_worker import restore_checkpoint, save_checkpoint
 
 
 def state() -> dict[str, torch.Tensor]:
