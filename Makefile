@@ -10,7 +10,8 @@ ARGS ?=
 
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
 	bench-simulate bench-frontend_wrk bench-parm_testbed bench-parm_calibration bench-serf bench-serf_noise \
-	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams check-plain-install \
+	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams bench-cold_start \
+	check-plain-install \
 	fuzz clean venv
 
 venv: $(STAMP)
@@ -56,7 +57,7 @@ bench-overhead: $(BENCH_STAMP)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
 BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed parm_calibration serf serf_noise \
-	parity_curve berrut_group_wait ray_cluster hams
+	parity_curve berrut_group_wait ray_cluster hams cold_start
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
@@ -73,14 +74,12 @@ WRK_READY:
 bench-frontend_shards: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.frontend_shards $(ARGS)
 
-# A real plain install (no extras) in a throwaway venv: the server starts and answers a
-# prediction there. Not part of `make test`: it installs the serving dependencies afresh.
+# A real install in a throwaway venv: `pip install .` with no extras serves python:, sklearn and
+# zoo models and refuses a stateful graph naming the torch extra; then '.[torch]' in the same
+# venv serves a torch model and the graph. Each step timed. .ci/run runs it after the tests.
 PLAIN_VENV ?= .cache/plain-venv
 check-plain-install:
-	rm -rf $(PLAIN_VENV)
-	$(PYTHON) -m venv $(PLAIN_VENV)
-	$(PLAIN_VENV)/bin/pip install --quiet .
-	cd $(PLAIN_VENV) && PARITYSERVE_HOME=home bin/python $(CURDIR)/tests/e2e/plain_install_check.py
+	PYTHON=$(PYTHON) PLAIN_VENV=$(PLAIN_VENV) scripts/check_plain_install.sh
 
 # A long schemathesis pass over every route of a live zoo:noop server (>= 10,000 requests);
 # counts per operation, failures and the command go to benchmarks/results/fuzz/. An interrupted
