@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from parityserve.core.coding.berrut import minimum_workers
+from parityserve.core.edge_guards import check_host_entry
 from parityserve.core.emulation import ServiceProfile, profile_named
 from parityserve.core.hams.topology import GraphError, Topology
 from parityserve.core.reconstruction import ExpectedAccuracy
@@ -562,6 +563,12 @@ class Limits(_Frozen):
         30.0, gt=0, description="and then its whole body within this")
     keep_alive_timeout_s: float = Field(5.0, gt=0, description="close idle connections after")
     max_connections: int = Field(1024, ge=1, description="open connections per listener")
+    # A quarter of max_connections: it takes four addresses to fill the listener, and it is
+    # above what one ordinary client opens (browsers 6, requests 10, httpx and aiohttp 100,
+    # parityserve's load tool 256). Raise it behind a proxy, whose address is every client's.
+    max_connections_per_address: int = Field(
+        256, ge=1, description="open connections from one client address per listener; the "
+        "excess is answered 429 at once and closed")
 
 
 class PeersConfig(_Frozen):
@@ -626,6 +633,10 @@ class Server(_Frozen):
         False, description="let the admin API deploy python:, torch:, torchscript: and pickle "
         "(sklearn:) sources, non-.npz weights and python: policies, which run code on this host")
     tls: TLSConfig | None = None
+    allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host header names served besides the listeners' addresses and "
+        "localhost names (a DNS-rebinding guard; others get 421): 'api.example.com', "
+        "'.example.com' (it and its subdomains), or '*' (any: behind a proxy that checks Host)")
     worker_auth: bool = Field(
         True, description="workers authenticate with ZeroMQ CURVE keys; false accepts any peer "
         "(allowed only when the worker port is on loopback)")
@@ -664,6 +675,8 @@ class Server(_Frozen):
                 "that reaches the worker port could read queries and forge answers")
         if (self.admin_port is not None) != (self.admin_host is not None):
             raise ValueError("admin_host and admin_port go together")
+        for entry in self.allowed_hosts:
+            check_host_entry(entry)
         # Settings that would do nothing are a mistake (the default passes: a dump of a
         # memory-store config holds it, and must load again).
         if self.peers not in (None, PeersConfig()) and not self.shares_admin_changes():

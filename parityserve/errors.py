@@ -12,11 +12,13 @@
     │   ├── LimitExceeded      400   a configured limit (JSON depth, elements, batch length)
     │   ├── Unauthorized       401   missing or wrong admin token
     │   ├── Forbidden          403   authenticated, but not allowed (e.g. a code source)
+    │   │   └── CrossOrigin    403   an admin request from another origin's web page
     │   ├── UnknownModel       404
     │   ├── UnknownApplication 404
     │   ├── UnknownQuery       404
     │   ├── Conflict           409   e.g. adding an application that exists
-    │   └── PayloadTooLarge    413
+    │   ├── PayloadTooLarge    413
+    │   └── UnsupportedMediaType 415 an admin body that is not application/json
     ├── ServiceError                 the server's state: maps to an HTTP 5xx
     │   ├── Unavailable        503   no ready replica
     │   ├── Overloaded   503 or 429   shed at admission: the queue holds all it can serve in time
@@ -36,6 +38,7 @@ __all__ = [
     "CodingError",
     "ConfigError",
     "Conflict",
+    "CrossOrigin",
     "DataError",
     "DeadlineExceeded",
     "Forbidden",
@@ -57,6 +60,7 @@ __all__ = [
     "UnknownApplication",
     "UnknownModel",
     "UnknownQuery",
+    "UnsupportedMediaType",
     "WorkerCrashed",
     "WorkerError",
 ]
@@ -115,6 +119,10 @@ class Forbidden(RequestError):
     code = "forbidden"
 
 
+class CrossOrigin(Forbidden):
+    code = "cross_origin"
+
+
 class UnknownModel(RequestError):
     status_code = 404
     code = "unknown_model"
@@ -138,6 +146,11 @@ class Conflict(RequestError):
 class PayloadTooLarge(RequestError):
     status_code = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(RequestError):
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class ServiceError(ParityServeError):

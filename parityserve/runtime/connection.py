@@ -12,9 +12,23 @@ The decisions (which phase a connection is in, when it must end, what to answer)
 ``ReadClock``; the protocol only feeds it events and does the I/O. Timers are armed lazily, after
 a chunk has been parsed, so a request whose head and body arrive in one read arms none.
 
+The edge's guards against one client taking what is everyone's (``core/edge_guards.py``)
+act here too, once per connection or request, before any application code runs:
+
+* ``max_connections_per_address``: a connection from an address that already holds that
+  many is answered 429 as soon as it opens and closed after the linger, before it sends a
+  byte, so holding idle sockets (each kept up to ``header_timeout_s``) cannot take the
+  listener. The listener's ``max_connections`` counts only the connections admitted.
+* ``max_connections`` is checked when a request's head is in (the kernel and asyncio have
+  accepted the connection by then either way). A health probe (``edge_guards.is_probe``) is
+  answered past it: answering one costs no more than refusing it, and an orchestrator that
+  sees no answer restarts a server that is only busy.
+* The Host allowlist, on every request of every route, hot ones included: 421.
+
 h11 (uvicorn's fallback when httptools is missing) gets uvicorn's own settings only: the
 keep-alive timeout, a connection limit and a head size limit, answered in plain text, and no
-read timeouts. ``uvicorn[standard]``, a dependency, installs httptools.
+read timeouts and no per-address cap; ``host_guard`` checks Host there as an ASGI wrapper.
+``uvicorn[standard]``, a dependency, installs httptools.
 """
 
 from __future__ import annotations
@@ -30,9 +44,10 @@ from typing import Any
 import orjson
 
 from parityserve.config import Limits
+from parityserve.core.edge_guards import AddressTally, HostAllowlist, is_probe
 from parityserve.runtime.hot_cycle import HotCycle, HotRoutes
 
-__all__ = ["Phase", "ReadClock", "Refusal", "render_refusal", "uvicorn_settings"]
+__all__ = ["Phase", "ReadClock", "Refusal", "host_guard", "render_refusal", "uvicorn_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +75,7 @@ class Refusal:
     message: str
     reason: str  # the metric label
     answer: bool = True  # False: close without a word (nobody asked anything yet)
+    retry_after_s: int | None = None  # a Retry-After header: the limit frees up by itself
 
 
 def _malformed(detail: str) -> Refusal:
@@ -69,7 +85,22 @@ def _malformed(detail: str) -> Refusal:
 def _over_capacity(limit: int) -> Refusal:  # answered like uvicorn's own, but in JSON
     return Refusal(503, "too_many_connections",
                    f"the server has more than max_connections={limit} open connections; "
-                   "retry later", "too_many_connections")
+                   "retry later", "too_many_connections", retry_after_s=1)
+
+
+def _address_full(limit: int) -> Refusal:  # the client's own doing: 429, as for a rate limit
+    return Refusal(429, "too_many_connections_per_address",
+                   f"this client address already has max_connections_per_address={limit} "
+                   "open connections; reuse them, or retry once some are closed",
+                   "too_many_connections_per_address", retry_after_s=1)
+
+
+def _host_refused(host: bytes) -> Refusal:
+    shown = host[:100].decode("latin-1")
+    return Refusal(421, "host_not_allowed",
+                   f"Host {shown!r} is not a name this server answers to (a guard against "
+                   "DNS rebinding by web pages); its operator can add it to "
+                   "server.allowed_hosts", "host_not_allowed")
 
 
 class ReadClock:
@@ -154,24 +185,29 @@ def render_refusal(refusal: Refusal, default_headers: list[tuple[bytes, bytes]])
     body = orjson.dumps({"error": refusal.message, "code": refusal.code})
     lines = [f"HTTP/1.1 {refusal.status} {_PHRASES[refusal.status]}".encode()]
     lines += [name + b": " + value for name, value in default_headers]
+    if refusal.retry_after_s is not None:
+        lines.append(b"retry-after: %d" % refusal.retry_after_s)
     lines += [b"content-type: application/json", b"content-length: %d" % len(body),
               b"connection: close", b"", body]
     return b"\r\n".join(lines)
 
 
-_PHRASES = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+_PHRASES = {400: "Bad Request", 408: "Request Timeout", 421: "Misdirected Request",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
 
 
 def _refusal_app(refusal: Refusal) -> Callable[..., Any]:
     """An ASGI app that answers ``refusal`` (uvicorn's own over-limit path runs an app too)."""
     body = orjson.dumps({"error": refusal.message, "code": refusal.code})
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+               (b"connection", b"close")]
+    if refusal.retry_after_s is not None:
+        headers.append((b"retry-after", b"%d" % refusal.retry_after_s))
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": refusal.status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", b"%d" % len(body)),
-                                (b"retry-after", b"1"), (b"connection", b"close")]})
+                    "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -190,10 +226,15 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
         """uvicorn's httptools protocol with ``ReadClock``'s limits and JSON refusals."""
 
         def __init__(self, *args: Any, limits: Limits, on_refuse: Callable[[str], None],
+                     tally: AddressTally, hosts: HostAllowlist | None = None,
                      hot: HotRoutes | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._limits, self._on_refuse, self._hot = limits, on_refuse, hot
             self._max_connections = limits.max_connections
+            self._tally, self._hosts = tally, hosts  # shared by the listener's connections
+            self._address: str | None = None
+            self._admitted = False  # counted in the tally (released when the connection ends)
+            self._host_ok: bytes | None = None  # the Host value last found allowed
             self._clock = ReadClock(limits)
             self._timer: asyncio.TimerHandle | None = None
             self._timer_at: float | None = None
@@ -204,10 +245,18 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._address = self.client[0] if self.client else None
+            if not self._tally.admit(self._address):
+                self._refuse(_address_full(self._tally.max_per_address))
+                return
+            self._admitted = True
             self._sync_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_timer()
+            if self._admitted:
+                self._admitted = False
+                self._tally.release(self._address)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -247,10 +296,28 @@ def _httptools_protocol() -> Callable[..., asyncio.Protocol] | None:
             self._pending = self._clock.headers_complete(self._chunk_bytes, self._head_size)
             if self._pending is not None:
                 raise _Refused  # stops the parser; data_received answers it
-            if len(self.connections) > self._max_connections:
-                self._start_refused(_over_capacity(self._limits.max_connections))
+            refusal = self._edge_refusal()
+            if refusal is not None:
+                self._start_refused(refusal)
             elif self._hot is None or not self._start_hot(self._hot):
                 _base.on_headers_complete(self)
+
+        def _edge_refusal(self) -> Refusal | None:
+            """A Host outside the allowlist, or a request past the listener's cap that is
+            not a health probe; None for every other request."""
+            if self._hosts is not None:
+                for name, value in self.headers:  # every Host: a second one could differ
+                    if name == b"host" and value != self._host_ok:
+                        if not self._hosts.allows(value.decode("latin-1")):
+                            return _host_refused(value)
+                        self._host_ok = value  # keep-alive requests repeat it: check once
+            if self._tally.total > self._max_connections and not self._probe():
+                return _over_capacity(self._max_connections)
+            return None
+
+        def _probe(self) -> bool:
+            path = httptools.parse_url(self.url).path.decode("latin-1")
+            return is_probe(self.parser.get_method().decode("latin-1"), path)
 
         def _start_hot(self, hot: HotRoutes) -> bool:
             """Start a hot route's request on a ``HotCycle`` (see ``runtime/hot_cycle.py``),
@@ -381,12 +448,17 @@ def _ignore(reason: str) -> None:
 
 
 def uvicorn_settings(limits: Limits, on_refuse: Callable[[str], None] = _ignore,
-                     hot: HotRoutes | None = None) -> dict[str, Any]:
+                     hot: HotRoutes | None = None, hosts: HostAllowlist | None = None
+                     ) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.Config`` that enforce ``limits`` on every connection.
+    Call it once per listener: the connections per address are counted per call.
 
     ``on_refuse(reason)`` is called once per connection closed on a limit or a framing error
     (e.g. to count it), with reason one of header_timeout, body_timeout, idle_timeout,
-    header_too_large, malformed, too_many_connections.
+    header_too_large, malformed, too_many_connections, too_many_connections_per_address,
+    host_not_allowed.
+
+    ``hosts``: the Host names answered (421 for others); None answers any.
 
     ``hot``: the application's hot routes (``runtime.http.HotPaths``), served on a
     ``HotCycle`` instead of a round of ASGI messages. Pass it only when the application
@@ -399,5 +471,21 @@ def uvicorn_settings(limits: Limits, on_refuse: Callable[[str], None] = _ignore,
                 # uvicorn refuses a request when connections >= the limit, counting its own
                 "limit_concurrency": limits.max_connections + 1,
                 "h11_max_incomplete_event_size": limits.max_header_bytes}
-    return {"http": functools.partial(protocol, limits=limits, on_refuse=on_refuse, hot=hot),
+    tally = AddressTally(limits.max_connections_per_address)
+    return {"http": functools.partial(protocol, limits=limits, on_refuse=on_refuse, hot=hot,
+                                      tally=tally, hosts=hosts),
             "timeout_keep_alive": limits.keep_alive_timeout_s}
+
+
+def host_guard(app: Any, hosts: HostAllowlist, on_refuse: Callable[[str], None] = _ignore
+               ) -> Callable[..., Any]:
+    """``app`` answering 421 to a Host outside ``hosts``: the check ``uvicorn_settings``'
+    protocol makes, for the h11 fallback, which has no protocol of ours."""
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"host" and not hosts.allows(value.decode("latin-1")):
+                    on_refuse("host_not_allowed")
+                    return await _refusal_app(_host_refused(value))(scope, receive, send)
+        return await app(scope, receive, send)
+    return guarded

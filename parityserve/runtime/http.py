@@ -37,9 +37,11 @@ from parityserve.config import (
     SchedulerConfig,
     TensorSpec,
 )
+from parityserve.core.edge_guards import same_origin
 from parityserve.core.inputs import depth_error, scan
 from parityserve.core.scheduling import is_parity_slot
 from parityserve.errors import (
+    CrossOrigin,
     InvalidInput,
     LimitExceeded,
     MalformedRequest,
@@ -52,6 +54,7 @@ from parityserve.errors import (
     Unauthorized,
     UnknownApplication,
     UnknownModel,
+    UnsupportedMediaType,
 )
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime import v2
@@ -442,6 +445,32 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
     return uid, body["input"], body["label"]
 
 
+# ---------------------------------------------------------------- browser-borne requests
+
+
+def _from_no_web_page(handler: Handler) -> Handler:
+    """``handler`` refusing what a web page can make a browser send: a request from another
+    origin (403), and a body that is not JSON (415; a cross-site form post can send
+    ``text/plain`` without asking, but ``application/json`` only after a CORS preflight,
+    which this server never grants). Other clients send no ``Origin``."""
+    async def checked(request: Request) -> tuple[Response, Outcome]:
+        origin = _header(request, b"origin")
+        if origin is not None and not same_origin(origin, _header(request, b"host"),
+                                                  request.url.scheme):
+            raise CrossOrigin(f"admin requests from a web page of another origin "
+                              f"({origin[:100]!r}) are refused")
+        if request.method not in ("GET", "HEAD", "DELETE") and not _is_json(request):
+            raise UnsupportedMediaType("admin request bodies must be sent as Content-Type: "
+                                       "application/json")
+        return await handler(request)
+    return checked
+
+
+def _is_json(request: Request) -> bool:
+    content_type = _header(request, b"content-type") or ""
+    return content_type.partition(";")[0].strip().lower() == _JSON
+
+
 # ---------------------------------------------------------------- the frontend
 
 
@@ -552,7 +581,8 @@ class _Frontend:
 
     def _admin_route(self, path: str, handler: Handler, name: str, target: str | None = None,
                      methods: Sequence[str] = ("GET",)) -> Route:
-        return self._route(path, self._checked(handler, True), name, target, methods)
+        return self._route(path, self._checked(_from_no_web_page(handler), True), name,
+                           target, methods)
 
     def _route(self, path: str, handler: Handler, name: str, target: str | None = None,
                methods: Sequence[str] = ("GET",)) -> Route:

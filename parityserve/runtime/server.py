@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 import uvicorn
 
 from parityserve.config import ServingConfig
+from parityserve.core.edge_guards import HostAllowlist
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
-from parityserve.runtime.connection import uvicorn_settings
+from parityserve.runtime.connection import host_guard, uvicorn_settings
 from parityserve.runtime.http import HotPaths, create_admin_app, create_app
 from parityserve.runtime.peers import PeerPlan, Peers, plan_group
 from parityserve.runtime.shard_mesh import ShardMesh
@@ -91,8 +92,11 @@ def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
     # uvicorn_settings: the HTTP parser that enforces server.limits on every connection.
     # A HotPaths app itself (not a shard's or a peer stream's wrapper, which must see every
     # request) has its hot routes served without ASGI messages: runtime/hot_cycle.py.
+    hosts = _allowed_hosts(config)
     settings = uvicorn_settings(config.server.limits, on_refuse,
-                                hot=app if isinstance(app, HotPaths) else None)
+                                hot=app if isinstance(app, HotPaths) else None, hosts=hosts)
+    if settings["http"] == "h11":  # no protocol of ours to check Host: an ASGI wrapper does
+        app = host_guard(app, hosts, on_refuse)
     tls, base = config.server.tls, base_dir or Path.cwd()
     if tls is not None:
         settings.update(ssl_certfile=str(base / tls.cert), ssl_keyfile=str(base / tls.key))
@@ -102,6 +106,14 @@ def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
     # after its shutdown and kill this process before the workers are stopped in order.
     uv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return uv
+
+
+def _allowed_hosts(config: ServingConfig) -> HostAllowlist:
+    """The Host names every listener answers: its addresses, localhost names, the
+    operator's ``allowed_hosts``, and this machine's name when bound to every interface."""
+    s = config.server
+    bound = [s.host, *([s.admin_host] if s.admin_host else [])]
+    return HostAllowlist(bound, s.allowed_hosts, machine_names=[socket.gethostname()])
 
 
 def _bind_grpc(config: ServingConfig, system: ServingSystem, policy: AuthPolicy,

@@ -383,7 +383,9 @@ def test_oversized_body_with_content_length(client, system):
     assert_error(client.post("/calc/predict", json=big), 413, "payload_too_large", "4096")
     assert_error(client.post("/v2/models/double/infer", content=b"x" * 5000), 413,
                  "payload_too_large")
-    assert_error(client.post("/admin/models", content=b"x" * 5000), 413, "payload_too_large")
+    assert_error(client.post("/admin/models", content=b"x" * 5000,
+                             headers={"content-type": "application/json"}), 413,
+                 "payload_too_large")
 
 
 def test_oversized_chunked_body(client):
@@ -476,7 +478,9 @@ def test_admin_bad_bodies_list_the_fields(client, system, path, body, fields):
 
 
 def test_admin_malformed_json(client):
-    assert_error(client.post("/admin/models", content=b"nope"), 400, "malformed_request")
+    assert_error(client.post("/admin/models", content=b"nope",
+                             headers={"content-type": "application/json"}), 400,
+                 "malformed_request")
     assert_error(client.post("/admin/models", json=[1]), 400, "malformed_request")
 
 
