@@ -1,5 +1,7 @@
 """One pass over a decoded JSON value: its nesting depth, its leaf count and its leaf types;
-and what that pass decides for a model that declares no input signature (``as_array``).
+what that pass decides for a model that declares no input signature (``as_array``) and for a
+numeric one (``check_leaves``); and what a tensor's shape may claim before its data is read
+(``element_count``, ``check_raw_size``).
 
 The request limits (``server.limits``) and the numeric checks share this pass, so a normal
 body is walked once, at C speed: ``set(map(type, row))`` reads a flat row of numbers without a
@@ -12,14 +14,17 @@ is the limit a client sees either way.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from parityserve.errors import LimitExceeded
+from parityserve.errors import InvalidInput, LimitExceeded
 
-__all__ = ["EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array", "depth_error", "scan"]
+__all__ = ["BYTES_PREFIX", "EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array",
+           "check_leaves", "check_raw_size", "depth_error", "element_count", "scan"]
 
 _CONTAINERS = (list, dict)
 
@@ -140,3 +145,74 @@ def _ints_exact(array: np.ndarray[Any, Any], value: list[Any]) -> bool:
     if bool(np.abs(array).max() < EXACT_IN_FLOAT64):  # NaN compares False: the slow path decides
         return True
     return bool(array.tolist() == value)
+
+
+# ---- what a numeric input may hold -------------------------------------------------------------
+# One check for every route that turns JSON into numbers (the model routes, V2 JSON tensors and
+# the graph routes): numpy would otherwise turn "1.5" into 1.5, true into 1.0 and null into NaN.
+
+_LEAVES = {"f": frozenset((float, int)), "c": frozenset((float, int)), "i": frozenset((int,)),
+           "u": frozenset((int,)), "b": frozenset((bool,))}
+_TAKES = {"b": "booleans", "i": "integers", "u": "integers"}
+_NAMES = {bool: "booleans", str: "strings", type(None): "null", float: "floats", int: "integers",
+          dict: "objects"}
+
+
+def check_leaves(leaves: Leaves, dtype: np.dtype[Any], datatype: str, where: str) -> None:
+    """Raise InvalidInput unless every leaf ``scan`` found fits ``dtype``: numbers for float
+    types (never strings, null or booleans), ints for integer types, booleans for BOOL, and no
+    JSON object or list beside a number. Run it before numpy sees the value: ``np.array`` of
+    one long string among short ones pads them all to its width (4 MB each for a 1 MB one)."""
+    wrong = leaves.types - _LEAVES.get(dtype.kind, leaves.types)
+    if leaves.objects:  # scan counts an object's values as leaves: numbers, maybe
+        wrong |= {dict}
+    if wrong or leaves.ragged:
+        names = sorted(_NAMES.get(t, t.__name__) for t in wrong) or ["lists beside numbers"]
+        raise InvalidInput(f"{where}: {datatype} data takes only "
+                           f"{_TAKES.get(dtype.kind, 'numbers')}, got {', '.join(names)}")
+
+
+# ---- shapes a client wrote ---------------------------------------------------------------------
+# A V2 tensor's shape arrives before its data. Nothing may be sized by it until the data that
+# fills it has been counted (issue 38: a 150-byte request whose BYTES shape said 2**30 elements
+# made the frontend build 2**30 object pointers, 8 GiB, before reading its 4 data bytes).
+
+BYTES_PREFIX = 4  # each binary BYTES element starts with its length, a little-endian uint32
+
+
+def element_count(name: str, shape: Sequence[int], *, max_dims: int,
+                  max_rows: int | None = None, max_per_row: int | None = None) -> int:
+    """The elements a tensor of ``shape`` holds, from the shape alone: O(rank), nothing sized.
+
+    Refuses a rank above ``max_dims`` before multiplying (a 16 MiB header holds 800,000 dims,
+    whose product takes minutes), a negative size, and, when given, more than ``max_rows`` rows
+    (the first axis) or more than ``max_per_row`` values per row.
+    """
+    if len(shape) > max_dims:
+        raise InvalidInput(f"tensor {name!r} has {len(shape)} dimensions, more than {max_dims}")
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"tensor {name!r}: shape {list(shape)} has a negative size")
+    rows = shape[0] if shape else 1
+    if max_rows is not None and rows > max_rows:
+        raise LimitExceeded(f"tensor {name!r} has {rows} rows, more than max_batch_items = "
+                            f"{max_rows}")
+    per_row = math.prod(shape[1:])
+    if max_per_row is not None and per_row > max_per_row:
+        raise LimitExceeded(f"tensor {name!r} has {per_row} values per row, more than "
+                            f"max_input_elements = {max_per_row}")
+    return rows * per_row
+
+
+def check_raw_size(name: str, datatype: str, shape: Sequence[int], count: int,
+                   itemsize: int | None, size: int) -> None:
+    """Raise InvalidInput unless ``size`` raw bytes can hold ``count`` elements: exactly
+    ``count * itemsize`` for a number type, at least ``BYTES_PREFIX`` per element for BYTES
+    (``itemsize`` None), whose elements are then read one by one."""
+    if itemsize is None:
+        if count * BYTES_PREFIX > size:
+            raise InvalidInput(f"tensor {name!r}: shape {list(shape)} of {datatype} needs at "
+                               f"least {count * BYTES_PREFIX} bytes ({BYTES_PREFIX} per "
+                               f"element), got {size}")
+    elif count * itemsize != size:
+        raise InvalidInput(f"tensor {name!r}: {size} bytes of data, but shape {list(shape)} of "
+                           f"{datatype} needs {count * itemsize}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import ServingConfig
+from parityserve.core.inputs import check_leaves, scan
+from parityserve.datatypes import dtype_to_datatype
 from parityserve.errors import ConfigError, InvalidInput, MalformedRequest, UnknownApplication
 from parityserve.runtime.hams_graph import GraphAnswer, GraphRuntime, Infer
 from parityserve.runtime.keys import ServerKeys
@@ -95,9 +98,21 @@ def graph_items(body: dict[str, Any], stream_key: str
         _checked(labels, int, "label", len(inputs))
 
 
+_FP32 = np.dtype(np.float32)
+_WHERE = "graph input"
+
+
 def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
+    """Rows of float32 numbers. JSON inputs pass the model routes' check first (no numeric
+    strings, booleans or null, which numpy would turn into numbers); V2 tensors must be of
+    a number type (a BYTES row's b"abc" failed in numpy's float parser: a 500)."""
     if all(isinstance(x, np.ndarray) for x in inputs):  # V2: rows of a decoded tensor
+        if inputs[0].dtype.kind not in "iuf":  # one tensor: its rows share one dtype
+            raise InvalidInput(f"{_WHERE}: FP32 data takes only numbers, got a "
+                               f"{dtype_to_datatype(inputs[0].dtype)} tensor")
         return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+    check_leaves(scan(inputs, max_depth=sys.maxsize, max_elements=sys.maxsize), _FP32, "FP32",
+                 _WHERE)
     with contextlib.suppress(TypeError, ValueError):  # ragged or not numbers: see below
         whole = np.asarray(inputs, dtype=np.float32)  # one C pass, not one call per row
         if whole.ndim >= 2 and whole[0].size:

@@ -15,7 +15,8 @@ answer UNIMPLEMENTED, as grpc does for any method a servicer leaves out.
 
 from __future__ import annotations
 
-import math
+import logging
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from parityserve.runtime.auth import AuthPolicy, authorized
 __all__ = ["GrpcFrontend", "bind_grpc", "status_for"]
 
 _R = TypeVar("_R")
+logger = logging.getLogger(__name__)
 
 # Which typed ``contents`` field carries each V2 datatype (FP16 and BF16 have none: raw only).
 _CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -154,7 +156,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _answer(self, context: Any, work: Callable[[], Awaitable[_R]], *,
                       guarded: bool = True) -> _R:
-        """Run ``work``; our errors become gRPC status codes with the same message."""
+        """Run ``work``; our errors become gRPC status codes with the same message. Anything
+        else is a bug: INTERNAL with an error id that the log has beside the traceback, never
+        the exception's own text (it may hold paths, values or library internals)."""
         try:
             if guarded:
                 self._check_token(context)
@@ -164,6 +168,13 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
                 context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
             await context.abort(status_for(exc), str(exc))
             raise  # abort raises; this line only satisfies the type checker
+        except Exception:
+            error_id = secrets.token_hex(8)
+            logger.exception("unexpected error in gRPC %s (error id %s)", work.__name__,
+                             error_id)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal server error (error id {error_id})")
+            raise
 
     def _check_token(self, context: Any) -> None:
         if not self.auth.protect_inference or self.auth.token is None:
@@ -229,38 +240,24 @@ def _the_input(request: Any, meta: ModelMetadata, limits: Limits) -> np.ndarray:
     tensor = request.inputs[0]
     if "shared_memory_region" in tensor.parameters:
         raise InvalidInput(f"input {tensor.name!r}: shared-memory tensors are not supported")
-    shape = tuple(int(d) for d in tensor.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidInput(f"input {tensor.name!r}: shape {list(shape)} has a negative size")
-    _check_limits(tensor.name, shape, limits)
+    shape = tuple(tensor.shape)
+    count = v2.tensor_count(tensor.name, shape, limits)  # before anything is sized by it
     if raws:
         array = v2.array_from_raw(tensor.name, tensor.datatype, shape, raws[0])
     else:
-        array = _from_contents(tensor, shape)
+        array = _from_contents(tensor, shape, count)
     if meta.inputs:
         v2.check_against_spec(array, meta.inputs[0])
     return array
 
 
-def _check_limits(name: str, shape: tuple[int, ...], limits: Limits) -> None:
-    rows = shape[0] if shape else 1
-    if rows > limits.max_batch_items:
-        raise LimitExceeded(f"tensor {name!r} has {rows} rows, more than max_batch_items = "
-                            f"{limits.max_batch_items}")
-    per_row = math.prod(shape[1:])
-    if per_row > limits.max_input_elements:
-        raise LimitExceeded(f"tensor {name!r} has {per_row} values per row, more than "
-                            f"max_input_elements = {limits.max_input_elements}")
-
-
-def _from_contents(tensor: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _from_contents(tensor: Any, shape: tuple[int, ...], count: int) -> np.ndarray:
     dtype = v2.datatype_to_dtype(tensor.datatype)
     field = _CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
         raise InvalidInput(f"input {tensor.name!r}: {tensor.datatype} has no typed contents; "
                            "send it in raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = math.prod(shape)
     if len(values) != count:
         raise InvalidInput(f"input {tensor.name!r}: shape {list(shape)} needs {count} values, "
                            f"contents.{field} has {len(values)}")

@@ -8,20 +8,13 @@ from typing import Any
 import numpy as np
 
 from parityserve.config import TensorSpec
-from parityserve.core.inputs import Leaves, as_array, scan
+from parityserve.core.inputs import Leaves, as_array, check_leaves, scan
 from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput
 from parityserve.runtime.edge_json import EdgeArray
 from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = ["coerce_item", "shape_matches"]
-
-# Which JSON leaf types each numeric kind accepts: never strings, null or (outside BOOL)
-# booleans, which numpy would otherwise turn into 1.0, NaN or a parsed number.
-_LEAVES = {"f": frozenset((float, int)), "c": frozenset((float, int)), "i": frozenset((int,)),
-           "u": frozenset((int,)), "b": frozenset((bool,))}
-_NAMES = {bool: "booleans", str: "strings", type(None): "null", float: "floats", int: "integers",
-          dict: "objects"}
 
 
 def shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
@@ -49,7 +42,7 @@ def coerce_item(item: Any, spec: TensorSpec | None, *, where: str,
         return item
     dtype = datatype_to_dtype(spec.datatype)
     if not isinstance(item, np.ndarray):
-        _check_leaves(leaves or _leaves(item), dtype, spec.datatype, where)
+        check_leaves(leaves or _leaves(item), dtype, spec.datatype, where)
     try:
         with np.errstate(over="ignore"):  # 1e39 as FP32 is infinity: refused just below
             array = np.asarray(item, dtype=dtype)
@@ -90,11 +83,3 @@ def _leaves(item: Any) -> Leaves:
     # Limits were enforced where the body was read; this pass only reads leaf types.
     return scan(item, max_depth=sys.maxsize, max_elements=sys.maxsize)
 
-
-def _check_leaves(leaves: Leaves, dtype: np.dtype[Any], datatype: str, where: str) -> None:
-    wrong = leaves.types - _LEAVES.get(dtype.kind, leaves.types)
-    if wrong or leaves.ragged:
-        names = sorted(_NAMES.get(t, t.__name__) for t in wrong) or ["lists beside numbers"]
-        raise InvalidInput(f"{where}: a {datatype} input takes only "
-                           f"{'booleans' if dtype.kind == 'b' else 'numbers'}, got "
-                           f"{', '.join(names)}")

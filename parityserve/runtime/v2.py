@@ -5,14 +5,16 @@ A body is a JSON header, optionally followed by raw tensor buffers in tensor ord
 tensors are little-endian; binary BYTES elements each carry a 4-byte little-endian length.
 
 Decoding never copies binary tensor data: arrays are read-only views of the request body.
+A shape is the client's word, not the data: element counts come from the shape in O(rank) and
+are checked against the data actually received before anything is sized by them.
 Requests and responses share one tensor format, so the server and ``parityserve.client`` use
 the same functions in opposite directions.
 """
 
 from __future__ import annotations
 
-import math
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -21,9 +23,17 @@ import numpy as np
 import orjson
 
 from parityserve.config import Limits, TensorSpec
-from parityserve.core.inputs import Leaves, depth_error, scan
+from parityserve.core.inputs import (
+    Leaves,
+    check_leaves,
+    check_raw_size,
+    depth_error,
+    element_count,
+    scan,
+)
 from parityserve.datatypes import DATATYPES, datatype_to_dtype, dtype_to_datatype  # re-exported
-from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
+from parityserve.errors import InvalidInput, MalformedRequest
+from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = [
     "DATATYPES",
@@ -42,8 +52,8 @@ __all__ = [
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-# Which inferred JSON kinds may become each target kind: no strings into numbers, no
-# floats into integers, numbers only into BOOL when they are true/false.
+# Which inferred kinds may become each target kind, once check_leaves has passed the JSON
+# leaves: an int past 64 bits makes an object array, refused here.
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 _U32 = struct.Struct("<I")
 _DUMP = orjson.OPT_SERIALIZE_NUMPY
@@ -181,7 +191,8 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
         raise InvalidInput(f"{kind} {name!r}: unknown datatype {datatype!r}; expected one of "
                            f"{', '.join(DATATYPES)}")
     shape = _shape(obj.get("shape"), name)
-    leaves = None if limits is None else _check_limits(name, shape, obj.get("data"), limits)
+    count = tensor_count(name, shape, limits)
+    leaves = _scan_data(obj.get("data"), shape, limits)
     size = _parameters(obj, f"{kind} {name!r}").get("binary_data_size")
     if size is not None:
         if "data" in obj:
@@ -189,23 +200,27 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
         return Tensor(name, datatype, shape, _from_binary(name, datatype, shape, size, buffers))
     if "data" not in obj:
         raise MalformedRequest(f"{kind} {name!r} has neither 'data' nor binary_data_size")
-    return Tensor(name, datatype, shape, _from_json(name, datatype, shape, obj["data"], leaves))
+    return Tensor(name, datatype, shape,
+                  _from_json(name, datatype, shape, count, obj["data"], leaves))
 
 
-def _check_limits(name: str, shape: tuple[int, ...], data: Any, limits: Limits
-                  ) -> Leaves | None:
-    """Rows per request and values per row from the shape (O(1)); JSON depth from ``data``,
-    whose scan is returned for the type checks (one pass over the JSON)."""
-    rows = shape[0] if shape else 1
-    if rows > limits.max_batch_items:
-        raise LimitExceeded(f"tensor {name!r} has {rows} rows, more than max_batch_items = "
-                            f"{limits.max_batch_items}")
-    per_row = math.prod(shape[1:])
-    if per_row > limits.max_input_elements:
-        raise LimitExceeded(f"tensor {name!r} has {per_row} values per row, more than "
-                            f"max_input_elements = {limits.max_input_elements}")
+def tensor_count(name: str, shape: tuple[int, ...], limits: Limits | None) -> int:
+    """The elements ``shape`` claims, within ``limits`` (rows per request, values per row)
+    when given; the one check of a shape for HTTP and gRPC alike, before any data is read."""
+    if limits is None:
+        return element_count(name, shape, max_dims=MAX_DIMS)
+    return element_count(name, shape, max_dims=MAX_DIMS, max_rows=limits.max_batch_items,
+                         max_per_row=limits.max_input_elements)
+
+
+def _scan_data(data: Any, shape: tuple[int, ...], limits: Limits | None) -> Leaves | None:
+    """One pass over JSON ``data`` (its depth and leaf count within ``limits``), whose leaves
+    the count and type checks read before numpy sees the data."""
     if not isinstance(data, list):
         return None
+    if limits is None:
+        return scan(data, max_depth=sys.maxsize, max_elements=sys.maxsize)
+    rows = shape[0] if shape else 1
     return scan(data, max_depth=limits.max_json_depth,  # body, inputs, tensor, data: 4
                 max_elements=max(1, rows) * limits.max_input_elements, depth=4)
 
@@ -267,26 +282,23 @@ def _from_binary(name: str, datatype: str, shape: tuple[int, ...], size: Any,
     if type(size) is not int or size < 0:
         raise MalformedRequest(f"tensor {name!r}: binary_data_size must be a non-negative "
                                f"integer, got {size!r}")
-    chunk = buffers.take(size, name)
-    dtype, count = datatype_to_dtype(datatype), math.prod(shape)
-    if datatype != "BYTES" and size != count * dtype.itemsize:
-        raise InvalidInput(f"tensor {name!r}: binary_data_size is {size} bytes, but shape "
-                           f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
-    return array_from_raw(name, datatype, shape, chunk)
+    return array_from_raw(name, datatype, shape, buffers.take(size, name))
 
 
 def array_from_raw(name: str, datatype: str, shape: tuple[int, ...],
                    raw: bytes | memoryview) -> np.ndarray:
     """A tensor from its raw little-endian bytes: the binary extension's buffer, or gRPC's
-    ``raw_input_contents``. BYTES elements are each a 4-byte length and the bytes."""
+    ``raw_input_contents``. BYTES elements are each a 4-byte length and the bytes.
+
+    The shape is checked against the bytes before anything is sized by it."""
     dtype = datatype_to_dtype(datatype)
     chunk = memoryview(raw)
-    count = math.prod(shape)
-    if datatype == "BYTES":
+    count = element_count(name, shape, max_dims=MAX_DIMS)
+    is_bytes = datatype == "BYTES"
+    check_raw_size(name, datatype, shape, count, None if is_bytes else dtype.itemsize,
+                   len(chunk))
+    if is_bytes:
         return _unpack_bytes(chunk, count, name).reshape(shape)
-    if len(chunk) != count * dtype.itemsize:
-        raise InvalidInput(f"tensor {name!r}: {len(chunk)} bytes of data, but shape "
-                           f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
 
 
@@ -314,20 +326,21 @@ def _unpack_bytes(chunk: memoryview, count: int, name: str) -> np.ndarray:
     return out
 
 
-def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any,
-               leaves: Leaves | None = None) -> np.ndarray:
+def _from_json(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any,
+               leaves: Leaves | None) -> np.ndarray:
+    # The leaves are counted and typed before numpy sees them: np.array sizes a string
+    # array by its longest string. A scalar ``data`` is one leaf.
+    leaves = leaves or Leaves(frozenset((type(data),)), 1)
+    _check_count(name, shape, count, leaves.count)
     if datatype == "BYTES":
         return _json_bytes(name, shape, data)
+    dtype = datatype_to_dtype(datatype)
+    check_leaves(leaves, dtype, datatype, f"tensor {name!r}")
     try:
-        arr = np.array(data)  # dtype inferred first, so "1" cannot sneak into FP32
+        arr = np.array(data)  # dtype inferred first: UINT8's range is checked, not wrapped
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"tensor {name!r}: 'data' is not a rectangular array of numbers "
                            f"({exc})") from exc
-    _check_count(name, shape, arr.size)
-    dtype = datatype_to_dtype(datatype)
-    if dtype.kind != "b" and arr.dtype.kind in "iuf" and _has_bools(data, leaves):
-        raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
-                           "booleans among the numbers")
     if arr.size and arr.dtype.kind not in _JSON_KINDS[dtype.kind]:
         raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
                            f"{_describe_kind(arr.dtype)}")
@@ -336,17 +349,7 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any,
         return arr.astype(dtype, copy=False).reshape(shape)
 
 
-def _has_bools(data: Any, leaves: Leaves | None) -> bool:
-    # numpy turns [true, 1.5] into [1.0, 1.5]; only the JSON leaves can tell.
-    if leaves is None:
-        if not isinstance(data, list):
-            return False
-        leaves = scan(data, max_depth=1 << 30, max_elements=1 << 62)
-    return bool in leaves.types
-
-
-def _check_count(name: str, shape: tuple[int, ...], count: int) -> None:
-    want = math.prod(shape)
+def _check_count(name: str, shape: tuple[int, ...], want: int, count: int) -> None:
     if count != want:
         raise InvalidInput(f"tensor {name!r}: 'data' has {count} elements, but shape "
                            f"{list(shape)} needs {want}")
@@ -372,7 +375,6 @@ def _json_bytes(name: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
         arr = np.array(data, dtype=object)  # ragged lists become list elements, rejected below
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"tensor {name!r}: 'data' is not a rectangular array ({exc})") from exc
-    _check_count(name, shape, arr.size)
     flat = arr.reshape(-1)
     for i, value in enumerate(flat):
         if not isinstance(value, str):

@@ -27,8 +27,9 @@ def test_public_names() -> None:
     assert sorted(admission.__all__) == sorted([
         "UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish",
         "queue_bound", "retry_after"])
-    assert sorted(inputs.__all__) == ["EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array",
-                                      "depth_error", "scan"]
+    assert sorted(inputs.__all__) == [
+        "BYTES_PREFIX", "EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array", "check_leaves",
+        "check_raw_size", "depth_error", "element_count", "scan"]
 
 
 @pytest.mark.parametrize(("estimate", "slo_s", "replicas", "max_batch", "bound"), [

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+
 import grpc
 import numpy as np
 import pytest
@@ -19,7 +23,7 @@ from parityserve.errors import (
     Unavailable,
     UnknownModel,
 )
-from parityserve.runtime import grpc_v2
+from parityserve.runtime import grpc_v2, v2
 
 
 @pytest.mark.parametrize(("error", "code"), [
@@ -63,25 +67,85 @@ def _tensor(datatype: str, shape: list[int], field: str, values: list) -> pb.Mod
     ("BOOL", "bool_contents", [True, False], np.bool_),
 ])
 def test_typed_contents_become_arrays_of_their_datatype(datatype, field, values, dtype) -> None:
-    array = grpc_v2._from_contents(_tensor(datatype, [1, 2], field, values), (1, 2))
+    array = grpc_v2._from_contents(_tensor(datatype, [1, 2], field, values), (1, 2), 2)
     assert array.dtype == dtype and array.shape == (1, 2)
     np.testing.assert_array_equal(array.reshape(-1), np.array(values, dtype=dtype))
 
 
 def test_a_value_that_does_not_fit_its_datatype_is_refused_not_wrapped() -> None:
     with pytest.raises(InvalidInput, match=r"values must fit INT8 \[-128, 127\], got 0..300"):
-        grpc_v2._from_contents(_tensor("INT8", [2], "int_contents", [0, 300]), (2,))
+        grpc_v2._from_contents(_tensor("INT8", [2], "int_contents", [0, 300]), (2,), 2)
 
 
 def test_fp16_has_no_typed_contents() -> None:
     with pytest.raises(InvalidInput, match="FP16 has no typed contents"):
-        grpc_v2._from_contents(_tensor("FP16", [1], "fp32_contents", [1.0]), (1,))
+        grpc_v2._from_contents(_tensor("FP16", [1], "fp32_contents", [1.0]), (1,), 1)
 
 
 def test_rows_and_values_per_row_are_limited() -> None:
+    # One check of a shape for HTTP and gRPC (v2.tensor_count), before any data is read.
     limits = Limits(max_batch_items=4, max_input_elements=10)
-    grpc_v2._check_limits("x", (4, 10), limits)
+    assert v2.tensor_count("x", (4, 10), limits) == 40
     with pytest.raises(LimitExceeded, match="5 rows, more than max_batch_items = 4"):
-        grpc_v2._check_limits("x", (5, 10), limits)
+        v2.tensor_count("x", (5, 10), limits)
     with pytest.raises(LimitExceeded, match="11 values per row"):
-        grpc_v2._check_limits("x", (1, 11), limits)
+        v2.tensor_count("x", (1, 11), limits)
+
+
+class _Aborted(Exception):
+    """What grpc.aio's ``context.abort`` raises, in the fake."""
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def set_trailing_metadata(self, metadata: tuple) -> None:
+        pass
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise _Aborted(details)
+
+
+class _System:
+    """Its metadata lookup raises what it is given."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def model_metadata(self, name: str, version: int | None) -> None:
+        raise self.error
+
+
+def _metadata_call(error: Exception) -> tuple[grpc.StatusCode, str]:
+    from parityserve.runtime.auth import AuthPolicy
+
+    frontend = grpc_v2.GrpcFrontend(_System(error), auth=AuthPolicy.open(),
+                                    limits=Limits(), version="test")
+    context = _Context()
+    with pytest.raises(_Aborted):
+        asyncio.run(frontend.ModelMetadata(pb.ModelMetadataRequest(name="m"), context))
+    assert context.aborted is not None
+    return context.aborted
+
+
+def test_an_unexpected_error_answers_internal_with_an_id_never_its_text(caplog) -> None:
+    secret = RuntimeError("cannot open /srv/models/m/weights.pt: token=abc123")
+    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.grpc_v2"):
+        code, details = _metadata_call(secret)
+    assert code == grpc.StatusCode.INTERNAL
+    assert "weights" not in details and "abc123" not in details
+    error_id = re.fullmatch(r"internal server error \(error id ([0-9a-f]{16})\)", details)
+    assert error_id, details
+    logged = [r for r in caplog.records if error_id.group(1) in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info and logged[0].exc_info[1] is secret
+
+
+def test_an_expected_error_keeps_its_clear_message() -> None:
+    code, details = _metadata_call(InvalidInput("input 'x': expected shape [-1, 4]"))
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                               "input 'x': expected shape [-1, 4]")
