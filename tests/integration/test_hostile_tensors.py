@@ -88,11 +88,9 @@ def _refusal(call: Callable[[], object]) -> tuple[str, str]:
     raise AssertionError("the request was answered")
 
 
-def hostile_calls(server: RunningServer) -> dict[str, tuple[Callable[[], object], str]]:
-    """Each hostile request, as a call that returns (status, message), and the words its
-    message must hold."""
-    http = th.InferenceServerClient(server.url.removeprefix("http://"))
-    grpc = tg.InferenceServerClient(server.grpc_url)
+def hostile_calls(http: th.InferenceServerClient, grpc: tg.InferenceServerClient
+                  ) -> dict[str, tuple[Callable[[], object], str]]:
+    """Each hostile request, as a call, and the words its refusal's message must hold."""
     calls: dict[str, tuple[Callable[[], object], str]] = {}
     for datatype in ("BYTES", "FP32"):
         data = _sample(datatype)
@@ -115,8 +113,20 @@ def hostile_calls(server: RunningServer) -> dict[str, tuple[Callable[[], object]
     return calls
 
 
-def test_huge_shapes_are_refused_while_health_is_answered(server: RunningServer) -> None:
-    calls = hostile_calls(server)
+@pytest.fixture
+def clients(server: RunningServer) -> Iterator[tuple[th.InferenceServerClient,
+                                                    tg.InferenceServerClient]]:
+    http = th.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        with tg.InferenceServerClient(server.grpc_url) as grpc:
+            yield http, grpc
+    finally:
+        http.close()
+
+
+def test_huge_shapes_are_refused_while_health_is_answered(server: RunningServer,
+                                                          clients) -> None:
+    calls = hostile_calls(*clients)
     results: dict[str, tuple[str, str]] = {}
 
     def attack() -> None:
