@@ -27,6 +27,7 @@ import zmq
 import zmq.auth
 
 from parityserve.errors import ConfigError
+from parityserve.runtime.auth import warn_if_exposed
 
 __all__ = [
     "ENV_VAR",
@@ -130,4 +131,6 @@ def _load(path: Path, *, need_secret: bool) -> tuple[bytes, bytes | None]:
         raise ConfigError(f"cannot read CURVE key file {path}: {exc}") from exc
     if need_secret and not secret:
         raise ConfigError(f"{path} holds no secret key; pass the .key_secret file")
+    if need_secret:  # auth's module docstring says why a warning, not a refusal
+        warn_if_exposed(path, "the CURVE secret key file")
     return public, secret

@@ -22,7 +22,7 @@ import uvicorn
 from parityserve.config import ServingConfig
 from parityserve.core.edge_guards import HostAllowlist
 from parityserve.models.sources import SourcePolicy
-from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token
+from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token, vetted
 from parityserve.runtime.connection import host_guard, uvicorn_settings
 from parityserve.runtime.http import HotPaths, create_admin_app, create_app
 from parityserve.runtime.peers import PeerPlan, Peers, plan_group
@@ -81,10 +81,11 @@ def auth_policy(config: ServingConfig, token: ResolvedToken | None) -> AuthPolic
 
 
 def resolve_admin_token(config: ServingConfig, base_dir: Path | None) -> ResolvedToken | None:
-    """The token to serve with (generated if none exists), or None when turned off."""
+    """The token to serve with (generated if none exists), or None when turned off;
+    ``ConfigError`` when it is too short (auth.vetted)."""
     if not config.server.require_admin_token:
         return None
-    return resolve_token(config.server, base_dir)
+    return vetted(resolve_token(config.server, base_dir))
 
 
 def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,

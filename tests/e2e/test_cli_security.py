@@ -97,7 +97,7 @@ def test_start_generates_the_token_says_where_and_never_prints_it(tmp_path):
 
 
 def test_start_with_a_config_token_says_so(tmp_path):
-    token = "config-token-e2e-123456"
+    token = "config-token-e2e-0123456789abcdef"
     config = _config(tmp_path / "serving.yaml", {"http_port": 0, "admin_token": token})
     out = tmp_path / "stdout"
     with out.open("wb") as o:
@@ -122,3 +122,49 @@ def test_rotate_writes_a_new_token(tmp_path):
     assert done.returncode == 0 and "restarted" in done.stdout
     new = (tmp_path / "admin-token").read_text().strip()
     assert new != "old-token" and new not in done.stdout
+
+
+@pytest.mark.parametrize("where", ["config", "env", "file"])
+def test_start_refuses_a_token_shorter_than_32_characters(tmp_path, where):
+    short = "fifteen-chars-x"  # 15
+    server: dict = {"http_port": 0}
+    env = _env(tmp_path)
+    if where == "config":
+        server["admin_token"] = short
+    elif where == "env":
+        env["PARITYSERVE_ADMIN_TOKEN"] = short
+    else:
+        (tmp_path / "admin-token").write_text(short + "\n")
+        (tmp_path / "admin-token").chmod(0o600)
+    config = _config(tmp_path / "serving.yaml", server)
+    done = subprocess.run([PARITYSERVE, "start", "-c", str(config)], capture_output=True,
+                          text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "the token has 15 characters" in done.stderr and "shorter than 32" in done.stderr
+    assert short not in done.stderr + done.stdout and "serving on" not in done.stdout
+
+
+def test_start_warns_of_a_token_file_and_a_curve_key_others_can_read(tmp_path):
+    (tmp_path / "admin-token").write_text("t" * 43 + "\n")
+    (tmp_path / "admin-token").chmod(0o644)
+    assert _cli("keys", "generate", "--dir", str(tmp_path / "keys"), home=tmp_path
+                ).returncode == 0
+    secret = tmp_path / "keys" / "server.key_secret"
+    secret.chmod(0o640)
+    config = _config(tmp_path / "serving.yaml", {"http_port": 0, "grpc_port": 0,
+                                                 "worker_keys_dir": "keys"})
+    out = tmp_path / "stdout"
+    with out.open("wb") as o:
+        proc = subprocess.Popen([PARITYSERVE, "start", "-c", str(config)], stdout=o,
+                                stderr=subprocess.STDOUT, env=_env(tmp_path),
+                                stdin=subprocess.DEVNULL)
+    try:
+        _wait_url(out, proc)  # a warning, not a refusal: auth.py says why
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = out.read_text()
+    assert f"the admin token file {tmp_path / 'admin-token'} has mode 0644: its group and " \
+           "every user may read or change it" in text
+    assert f"the CURVE secret key file {secret} has mode 0640: its group may" in text
+    assert "chmod 600" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import stat
 import warnings
@@ -14,8 +15,9 @@ from pydantic import SecretStr
 from starlette.exceptions import StarletteDeprecationWarning
 
 from parityserve.config import Server
+from parityserve.errors import ConfigError
 from parityserve.runtime import auth
-from parityserve.runtime.auth import AuthPolicy, authorized, resolve_token
+from parityserve.runtime.auth import AuthPolicy, ResolvedToken, authorized, resolve_token, vetted
 from parityserve.runtime.http import create_admin_app, create_app
 from parityserve.runtime.metrics import Metrics
 
@@ -28,8 +30,9 @@ TOKEN = "s3cret-token"
 
 def test_public_names_are_pinned():
     assert sorted(auth.__all__) == sorted([
-        "ENV_HOME", "ENV_TOKEN", "AuthPolicy", "ResolvedToken", "authorized",
-        "default_token_file", "read_token", "resolve_token", "token_file", "write_new_token"])
+        "ENV_HOME", "ENV_TOKEN", "MIN_TOKEN_CHARS", "AuthPolicy", "ResolvedToken", "authorized",
+        "default_token_file", "exposed", "read_token", "resolve_token", "token_file", "vetted",
+        "warn_if_exposed", "write_new_token"])
 
 
 # ---------------------------------------------------------------- resolution order
@@ -114,6 +117,35 @@ def test_repr_and_str_never_show_the_token(tmp_path):
         assert TOKEN not in repr(record) and TOKEN not in str(record)
     assert generated.token not in repr(generated) + str(generated) + generated.where()
     assert str(tmp_path) in generated.where()
+
+
+# ---------------------------------------------------------------- token hygiene
+
+
+@pytest.mark.parametrize("source", ["config", "env", "file"])
+def test_a_token_shorter_than_32_characters_is_refused(tmp_path, source):
+    short = "x" * 31
+    path = tmp_path / "admin-token" if source == "file" else None
+    with pytest.raises(ConfigError, match="the token has 31 characters") as caught:
+        vetted(ResolvedToken(short, source, path))
+    assert short not in str(caught.value) and "secrets.token_urlsafe(32)" in str(caught.value)
+    assert vetted(ResolvedToken("x" * 32, "env")).token == "x" * 32
+
+
+@pytest.mark.parametrize(("mode", "who"), [
+    (0o644, "its group and every user"), (0o640, "its group"), (0o604, "every user"),
+    (0o620, "its group"), (0o602, "every user"), (0o600, None), (0o400, None)])
+def test_a_token_file_open_to_others_is_warned_of(tmp_path, caplog, mode, who):
+    path = tmp_path / "admin-token"
+    path.write_text("t" * 43 + "\n")
+    path.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.auth"):
+        vetted(ResolvedToken("t" * 43, "file", path))
+    if who is None:
+        assert caplog.text == "" and auth.exposed(path) is None
+    else:
+        assert f"the admin token file {path} has mode {mode:04o}: {who} may" in caplog.text
+        assert f"chmod 600 {path}" in caplog.text and "t" * 43 not in caplog.text
 
 
 # ---------------------------------------------------------------- the header check
