@@ -210,7 +210,10 @@ def _fingerprint(model: str, args: argparse.Namespace) -> dict[str, Any]:
 def serving_config(source: str, replicas: int, *, oversubscribe: bool) -> dict[str, Any]:
     """One deployment and one application, both ``serf``: batch 1, cache off, no shedding
     before a minute, ``replicas`` warm workers of which ``parallelism`` pull."""
-    return {"server": {"http_port": 0, "cache_bytes": 0},
+    # The load tool opens up to 512 connections from loopback: one address, past the default
+    # per-address cap (server.limits.max_connections_per_address, 256).
+    return {"server": {"http_port": 0, "cache_bytes": 0,
+                       "limits": {"max_connections_per_address": 1024}},
             "models": [{"name": MODEL_NAME, "source": source, "replicas": replicas,
                         "batching": {"max_batch_size": 1}, "parallelism": 1,
                         "threads_per_replica": 1, "oversubscribe": oversubscribe}],

@@ -796,7 +796,9 @@ def _real_run(args: argparse.Namespace, mode: str, burst: BurstSpec | None, rate
                                                    "delay_ms": burst.delay_ms},
                                          "seed": _VALIDATION_SEEDS[i % len(_VALIDATION_SEEDS)]}
                                 for i in range(cfg.data_replicas())}
-    config = {"server": {"http_port": 0, "cache_bytes": 0},
+    # 512 connections from loopback, one address: past the default per-address cap (256)
+    config = {"server": {"http_port": 0, "cache_bytes": 0,
+                         "limits": {"max_connections_per_address": 1024}},
               "models": [deployment],
               "applications": [{"name": "sim", "models": ["sim"], "slo_ms": args.slo_ms,
                                 "default_output": -1}]}

@@ -37,7 +37,9 @@ _VECTOR = {"name": "input", "datatype": "FP32", "shape": [4]}
 
 def config(delay_ms: float, slo_ms: float) -> dict[str, Any]:
     return {
-        "server": {"http_port": 0, "cache_bytes": 0, "heartbeat_timeout_ms": 5000},
+        # 1,000 connections from loopback, one address: past the default per-address cap
+        "server": {"http_port": 0, "cache_bytes": 0, "heartbeat_timeout_ms": 5000,
+                   "limits": {"max_connections_per_address": 1024}},
         "models": [{"name": "slow", "source": "zoo:echo", "replicas": 1, "input": _VECTOR,
                     "timeout_ms": slo_ms, "batching": {"max_batch_size": 1},
                     "faults": {"all": {"delay_ms": delay_ms}}}],
