@@ -17,7 +17,9 @@ A policy object holds only its options; the learned *state* is a plain JSON valu
 lists, floats, strings) that the runtime stores in SQLite or Redis, one per application and
 context (a user or session, ``DEFAULT_CONTEXT`` when the query names none). ``observe``
 returns a new state and never changes the one it was given, so a failed write-back loses
-nothing.
+nothing. What comes back from a store is checked first (``state_problem``): a field of the
+wrong type (another writer to the Redis, a bug) would otherwise fail every query of that
+context, so the runtime discards such a state and starts the context afresh.
 
 Weights live in log space, shifted so that the best model sits at 0, which keeps them
 finite however long a policy runs. They are also floored at ``log(min_weight)`` below the
@@ -279,6 +281,12 @@ class Policy(ABC):
             "rounds": 0,
         }
 
+    def state_problem(self, state: State) -> str | None:
+        """Why a stored ``state`` cannot be used (one of ``init``'s fields has the wrong
+        type or shape), or None. Fields ``init`` does not make (a subclass's) are not
+        judged, and a missing field is filled by ``reconcile``."""
+        return _shape_problem(state, _BASE_STATE)
+
     def reconcile(self, state: State, models: Sequence[str]) -> State:
         """The state after models were linked or unlinked: known entries kept, new ones
         initialised, unlinked ones dropped. Returns a new state.
@@ -323,6 +331,40 @@ class Policy(ABC):
     def _learn(self, state: State, query: QueryInfo, losses: Mapping[str, float]) -> None:
         """Update ``state`` (a private copy) from per-model losses; by default, nothing."""
         return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _per_model(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, dict) and all(
+        isinstance(k, str) and check(v) for k, v in value.items())
+
+
+_StateShape = Mapping[str, tuple[Callable[[Any], bool], str]]
+_BASE_STATE: _StateShape = {
+    "policy": (lambda v: isinstance(v, str), "a policy name"),
+    "models": (lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
+               "a list of model names"),
+    "feedback": (_per_model(_is_count), "a count per model"),
+    "loss_sum": (_per_model(_is_number), "a number per model"),
+    "rounds": (_is_count, "a count"),
+}
+_WEIGHTED_STATE: _StateShape = {
+    **_BASE_STATE, "log_weights": (_per_model(_is_number), "a number per model")}
+
+
+def _shape_problem(state: State, shape: _StateShape) -> str | None:
+    for key, (fits, what) in shape.items():
+        if key in state and not fits(state[key]):
+            return f"its {key!r} is {_short(state[key])}, not {what}"
+    return None
 
 
 def _resolve_options(
@@ -390,6 +432,9 @@ class _WeightedPolicy(Policy):
         state = super().init(models)
         state["log_weights"] = {m: 0.0 for m in models}
         return state
+
+    def state_problem(self, state: State) -> str | None:
+        return _shape_problem(state, _WEIGHTED_STATE)
 
     def reconcile(self, state: State, models: Sequence[str]) -> State:
         # A newly linked model (often a new version) starts level with the current best:
@@ -652,6 +697,13 @@ class _DuckPolicy(Policy):
     def init(self, models: Sequence[str]) -> State:
         state: State = self._inner.init(models)
         return state
+
+    def state_problem(self, state: State) -> str | None:
+        # Its state is its own: judged only if it says how.
+        if not callable(getattr(self._inner, "state_problem", None)):
+            return None
+        problem: str | None = self._inner.state_problem(state)
+        return problem
 
     def reconcile(self, state: State, models: Sequence[str]) -> State:
         if not callable(getattr(self._inner, "reconcile", None)):

@@ -10,6 +10,7 @@ atomically, in the configured state store.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from parityserve.errors import UnknownQuery
 from parityserve.runtime.state_store import StateStore
 
 __all__ = ["AppRuntime", "QueryRecord", "describe_combined", "read_state"]
+
+log = logging.getLogger(__name__)
 
 # Answered queries are remembered so that feedback can name a query id instead of sending
 # its input again. Bounded by count and by the (estimated) size of the inputs kept: a query's
@@ -66,10 +69,15 @@ class AppRuntime:
     def state_key(self, context: str) -> str:
         return f"{self.config.name}/{context}"
 
-    def current_state(self, stored: dict[str, Any] | None) -> dict[str, Any]:
-        """The stored state brought up to date with the linked models (or a fresh one)."""
+    def current_state(self, stored: dict[str, Any] | None, context: str = "") -> dict[str, Any]:
+        """The stored state brought up to date with the linked models (or a fresh one, when
+        there is none or it is malformed: logged, and replaced at the next feedback)."""
         models = list(self.config.models)
-        if stored is None:
+        problem = None if stored is None else self.policy.state_problem(stored)
+        if problem is not None:
+            log.warning("application %r: discarding the stored selection state of context "
+                        "%r, which starts afresh: %s", self.config.name, context[:100], problem)
+        if stored is None or problem is not None:
             return self.policy.init(models)
         return self.policy.reconcile(stored, models)
 
@@ -96,8 +104,8 @@ class AppRuntime:
                 predictions: dict[str, Any]) -> dict[str, Any]:
         """Blocking (store I/O): run from a thread for SQLite/Redis."""
         def step(stored: dict[str, Any] | None) -> dict[str, Any]:
-            return self.policy.observe(self.current_state(stored), query, label, predictions,
-                                       self.loss)
+            return self.policy.observe(self.current_state(stored, context), query, label,
+                                       predictions, self.loss)
 
         return store.update(self.state_key(context), step)
 
@@ -127,7 +135,7 @@ async def read_state(store: StateStore, app: AppRuntime, context: str) -> dict[s
     key = app.state_key(context)
     stored = store.get(key) if store.description == "memory" else await asyncio.to_thread(
         store.get, key)
-    return app.current_state(stored)
+    return app.current_state(stored, context)
 
 
 def describe_combined(combined: Combined, selected: tuple[str, ...]) -> dict[str, Any]:

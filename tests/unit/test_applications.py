@@ -62,3 +62,17 @@ def test_one_input_over_the_budget_is_not_kept(monkeypatch) -> None:
     monkeypatch.setattr(applications, "_REMEMBERED_BYTES", 100)
     app.remember("1", _record([0.0] * 1000))
     assert not app.queries and app.remembered_bytes == 0
+
+
+def test_a_malformed_stored_state_is_discarded_and_logged(caplog) -> None:
+    from parityserve.runtime.state_store import MemoryStore
+
+    app = AppRuntime.build(Application(name="app", models=("m",), policy="exp3"))
+    store = MemoryStore()
+    store.update("app/u", lambda _: {"log_weights": "x", "rounds": 4})
+    with caplog.at_level("WARNING", logger="parityserve.runtime.applications"):
+        assert app.current_state(store.get("app/u"), "u") == app.policy.init(["m"])
+    assert "discarding the stored selection state of context 'u'" in caplog.text
+    assert "'log_weights' is 'x'" in caplog.text
+    kept = {**app.policy.init(["m"]), "rounds": 4}  # a well-formed one is used as it is
+    assert app.current_state(kept, "u")["rounds"] == 4

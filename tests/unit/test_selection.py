@@ -636,3 +636,61 @@ def test_weight_shares() -> None:
     shares = weight_shares(_weighted_state(policy, {"a": 3.0, "b": 1.0}))
     assert shares == pytest.approx({"a": 0.75, "b": 0.25})
     assert weight_shares(make_policy("single").init(("a",))) == {}
+
+
+# --- states read back from a store ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["single", "exp3", "exp4", "robust-exp4"])
+def test_a_fresh_or_learned_state_has_no_problem(name: str) -> None:
+    policy = make_policy(name)
+    state = policy.init(MODELS[:2])
+    query = QueryInfo(context="u", models=MODELS[:2], selected=MODELS[:1])
+    learned = policy.observe(state, query, 1, {"m0": 1, "m1": 0}, zero_one)
+    assert policy.state_problem(state) is None
+    assert policy.state_problem(json.loads(json.dumps(learned))) is None
+    assert policy.state_problem({"someone_elses": object()}) is None  # not judged
+
+
+@pytest.mark.parametrize(("name", "field", "value", "said"), [
+    ("exp3", "log_weights", "x", "'log_weights' is 'x', not a number per model"),
+    ("exp4", "log_weights", {"m0": "heavy"}, "a number per model"),
+    ("exp4", "log_weights", {"m0": None}, "a number per model"),
+    ("exp4", "log_weights", {"m0": True}, "a number per model"),
+    ("exp4", "log_weights", [0.0], "a number per model"),
+    ("single", "feedback", [1], "'feedback' is [1], not a count per model"),
+    ("single", "feedback", {"m0": -1}, "a count per model"),
+    ("single", "feedback", {"m0": 1.5}, "a count per model"),
+    ("exp3", "loss_sum", {"m0": [0.5]}, "a number per model"),
+    ("exp3", "rounds", "many", "'rounds' is 'many', not a count"),
+    ("exp3", "models", 7, "a list of model names"),
+    ("exp3", "models", [1], "a list of model names"),
+    ("exp3", "policy", None, "a policy name"),
+])
+def test_a_mistyped_field_is_a_problem_that_names_it(name: str, field: str, value: Any,
+                                                      said: str) -> None:
+    policy = make_policy(name)
+    state = {**policy.init(MODELS[:2]), field: value}
+    assert said in str(policy.state_problem(state))
+
+
+def test_a_duck_typed_policy_s_state_is_judged_only_if_it_says_how() -> None:
+    class Duck:
+        def init(self, models: Sequence[str]) -> State:
+            return {"rounds": "its own business"}
+
+        def select(self, state: State, query: QueryInfo, rng: Any) -> tuple[str, ...]:
+            return query.models[:1]
+
+        def combine(self, state: State, query: QueryInfo, predictions: Any) -> Combined:
+            raise NotImplementedError
+
+        def observe(self, *args: Any) -> State:
+            raise NotImplementedError
+
+    class Strict(Duck):
+        def state_problem(self, state: State) -> str | None:
+            return "never good enough"
+
+    assert selection._DuckPolicy(Duck()).state_problem({"rounds": "x"}) is None
+    assert selection._DuckPolicy(Strict()).state_problem({}) == "never good enough"
