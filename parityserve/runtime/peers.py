@@ -5,12 +5,13 @@ Who does what. A *group* is one ``parityserve start``: one process, or N shards
 (runtime/shards.py) that act as one through runtime/shard_mesh.py. ``Peers.wrap`` sits on the
 listener that serves ``/admin`` in every shard, outside the shard mesh: a successful admin
 change, once it is applied and fanned out to the group's shards as before, is appended to
-the stream, signed, with the group's origin id. Only one process per group follows the
-stream (the process itself, or shard 0): it applies the other groups' changes through the
-group's own admin app with the admin token, so they pass the same routes, validation and
-token check as a client's, and, with shards, fan out to the others and enter the mesh's
-journal as any change does. The decisions (what to apply, skip or reapply) are
-runtime/peer_log.py's.
+the stream, signed, with the group's origin id, the process that wrote it and its number
+(peer_log.py says what the signature binds, and why a copy appended again is not applied).
+Only one process per group follows the stream (the process itself, or shard 0): it applies
+the other groups' changes through the group's own admin app with the admin token, so they
+pass the same routes, validation and token check as a client's, and, with shards, fan out to
+the others and enter the mesh's journal as any change does. The decisions (what to apply,
+skip or reapply) are runtime/peer_log.py's.
 
 Ordering. Redis gives the entries one total order. A group applies its own change at once
 (the caller's answer says whether it worked) and the others' in stream order; an own change
@@ -50,6 +51,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +59,7 @@ from typing import Any
 
 import orjson
 
-from parityserve.config import ServingConfig
+from parityserve.config import Server, ServingConfig
 from parityserve.errors import ConfigError
 from parityserve.runtime import peer_log
 from parityserve.runtime.asgi_calls import (
@@ -73,10 +75,10 @@ from parityserve.runtime.asgi_calls import (
     status_of,
     target_of,
 )
-from parityserve.runtime.auth import authorized
+from parityserve.runtime.auth import ResolvedToken, authorized, resolve_token, vetted
 from parityserve.runtime.peer_log import ZERO, Action, BadEntry, Change, Cursor
 
-__all__ = ["PEERS_HEADER", "PeerPlan", "Peers", "plan_group"]
+__all__ = ["PEERS_HEADER", "PeerPlan", "Peers", "plan_group", "signing_key"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,9 @@ _BLOCK_MS = 5_000  # one XREAD waits this long; the socket timeout must be longe
 _READ_COUNT = 100
 _RETRY_S = 1.0  # the follower's wait after Redis failed it
 _CHECK_TIMEOUT_S = 2.0  # an admin change waits this long for Redis before it is refused
+_APPEND_TRIES = 20  # appends that may lose the race for the next id to another frontend's
 Entry = tuple[str, dict[bytes, bytes]]
+Fields = Callable[[str], dict[bytes, bytes]]  # an entry's id -> its fields, signed for it
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,23 @@ def plan_group(config: ServingConfig, cursor_file: Path | None = None) -> PeerPl
     return plan
 
 
+def signing_key(server: Server, token: ResolvedToken | None, base_dir: Path | None
+                ) -> ResolvedToken:
+    """The key the admin stream is signed with: the admin token. With the admin API open
+    (``require_admin_token: false``, so ``token`` is None) the token is resolved all the
+    same, as the routes would (config, $PARITYSERVE_ADMIN_TOKEN, the 0600 token file, made if
+    missing), to sign with only: an unsigned stream would let any writer to the Redis run
+    admin changes here, and a key kept in that Redis would let them sign. Frontends on one
+    host share the token file; on several hosts, give them the same token."""
+    if token is not None:
+        return token
+    key = vetted(resolve_token(server, base_dir))  # create=True: there is one
+    assert key is not None
+    log.info("the admin API is open, but the changes shared through Redis are signed: %s",
+             key.where())
+    return key
+
+
 # What XINFO STREAM would say of the stream before its first entry (it refuses a missing key).
 _NO_STREAM: dict[str, Any] = {"last-generated-id": ZERO, "entries-added": 0, "length": 0}
 
@@ -162,11 +183,22 @@ class _GroupCursor:
 class Peers:
     """One process's side of the admin stream (see the module docstring)."""
 
-    def __init__(self, plan: PeerPlan, token: str | None, stream: Any = None) -> None:
+    def __init__(self, plan: PeerPlan, token: str | None, stream: Any = None, *,
+                 key: str | None = None) -> None:
         self.plan = plan
-        self.token = token
+        self.token = token  # the admin routes' (None: open), to apply the others' changes
+        signing = key or token  # signs and checks the entries (see signing_key)
+        if not signing:
+            raise ConfigError("the admin stream needs a signing key: an unsigned entry is "
+                              "never applied")
+        self.key: str = signing
+        # This process's name as a writer, and its count of changes: a restarted process
+        # (a new nonce) numbers afresh without looking like a replay of its predecessor's.
+        self.writer = f"{plan.origin}/{secrets.token_hex(4)}"
+        self.written = 0
         self.stream = stream or RedisStream(plan.url, plan.stream)
         self.cursor = _GroupCursor(plan)
+        self._replayed: dict[str, int] = {}  # each writer's last change taken by the replay
         self._task: asyncio.Task[None] | None = None
         self._changing = asyncio.Lock()
 
@@ -194,8 +226,9 @@ class Peers:
             after = self.cursor.load().applied  # before applying: see peer_log.decide
             messages = await capture(app, scope, body)
             if 200 <= status_of(messages) < 300:
+                self.written += 1
                 change = Change(self.plan.origin, scope["method"], target_of(scope), body,
-                                after)
+                                after, self.writer, self.written)
                 note = await self._append(change)
                 messages[0]["headers"] = [*messages[0].get("headers", ()),
                                           (PEERS_HEADER.encode(), note.encode())]
@@ -212,7 +245,8 @@ class Peers:
         return True
 
     async def _append(self, change: Change) -> str:
-        fields = peer_log.encode(change, self.plan.namespace, self.token)
+        def fields(entry_id: str) -> dict[bytes, bytes]:
+            return peer_log.encode(change, entry_id, self.plan.namespace, self.key)
         try:
             entry_id = await asyncio.wait_for(
                 self.stream.append(fields, self.plan.max_changes), _CHECK_TIMEOUT_S)
@@ -227,11 +261,13 @@ class Peers:
         """Apply every entry up to ``until`` through ``app`` (this process alone), before the
         public listeners open; how many were applied."""
         self._report_lost(peer_log.lost(0, self.plan.added, self.plan.length))
-        applied, read, start = 0, 0, "-"
+        applied, read, start, cursor = 0, 0, "-", Cursor()
         while entries := await self.stream.range(start, self.plan.until, _READ_COUNT):
             for entry_id, fields in entries:
-                applied += await self._apply_entry(app, entry_id, fields) is Action.APPLY
+                cursor, action = await self._take(app, entry_id, fields, cursor)
+                applied += action is Action.APPLY
             read, start = read + len(entries), "(" + entries[-1][0]
+        self._replayed = dict(cursor.taken)  # what the follower, if this process, knows
         if read < self.plan.length:  # a shard restarted long after its group started
             self._report_lost(f"{self.plan.length - read} of the changes made before this "
                               "frontend started were trimmed away before it replayed them")
@@ -249,7 +285,7 @@ class Peers:
     async def _follow(self, app: ASGIApp, first: Callable[[], Awaitable[None]] | None) -> None:
         if first is not None:
             await first()
-        cursor, failing = self.cursor.load(), False
+        cursor, failing = self.cursor.load().knowing(self._replayed), False
         while True:
             try:
                 entries = await self.stream.read(cursor.applied, _BLOCK_MS, _READ_COUNT)
@@ -264,23 +300,27 @@ class Peers:
                 await asyncio.sleep(_RETRY_S)
                 continue
             for entry_id, fields in entries:
-                action = await self._apply_entry(app, entry_id, fields, cursor)
-                cursor = peer_log.advance(cursor, entry_id, action)
+                cursor, _action = await self._take(app, entry_id, fields, cursor)
                 self.cursor.save(cursor)
 
-    async def _apply_entry(self, app: ASGIApp, entry_id: str, fields: dict[bytes, bytes],
-                           cursor: Cursor | None = None) -> Action:
-        """Take one entry; ``cursor`` None: a replay, where every change is another's."""
+    async def _take(self, app: ASGIApp, entry_id: str, fields: dict[bytes, bytes],
+                    cursor: Cursor) -> tuple[Cursor, Action]:
+        """Take one entry at ``cursor``: the cursor after it, and what was done. In a replay
+        every change is another group's (this group's come after ``until``)."""
         try:
-            change = peer_log.decode(fields, self.plan.namespace, self.token)
+            change = peer_log.decode(entry_id, fields, self.plan.namespace, self.key)
         except BadEntry as exc:
             log.warning("admin stream %s: skipping entry %s: %s", self.plan.stream, entry_id, exc)
-            return Action.IGNORE
-        action = Action.APPLY if cursor is None else peer_log.decide(change, self.plan.origin,
-                                                                     cursor)
-        if action is not Action.SKIP:
+            return peer_log.advance(cursor, entry_id, Action.IGNORE), Action.IGNORE
+        action = peer_log.decide(change, self.plan.origin, cursor)
+        if action is Action.REPLAYED:
+            log.warning("admin stream %s: skipping entry %s: %s %s is change %d of %s, which "
+                        "had its change %d taken already (an entry appended again?)",
+                        self.plan.stream, entry_id, change.method, change.target, change.seq,
+                        change.writer, cursor.taken[change.writer])
+        elif action is not Action.SKIP:
             await self._apply(app, entry_id, change, action)
-        return action
+        return peer_log.advance(cursor, entry_id, action, change), action
 
     async def _apply(self, app: ASGIApp, entry_id: str, change: Change, action: Action) -> None:
         """One change through the admin routes. A refusal is logged, so that the operator
@@ -344,10 +384,32 @@ class RedisStream:
     async def ping(self) -> None:
         await self.client.ping()
 
-    async def append(self, fields: dict[bytes, bytes], max_changes: int) -> str:
-        entry_id = await self.client.xadd(self.key, fields, maxlen=max_changes,
-                                          approximate=True)
-        return _text(entry_id)
+    async def append(self, fields: Fields, max_changes: int) -> str:
+        """Append the entry ``fields`` signs for its id, with that id: the next one after the
+        stream's last, retried when another frontend's append took it first."""
+        from redis.exceptions import ResponseError
+
+        for _ in range(_APPEND_TRIES):
+            entry_id = peer_log.next_id(await self._last_id(), time.time_ns() // 1_000_000)
+            try:
+                await self.client.xadd(self.key, fields(entry_id), id=entry_id,
+                                       maxlen=max_changes, approximate=True)
+            except ResponseError as exc:
+                if "equal or smaller" not in str(exc):
+                    raise
+                continue  # another frontend appended since we read the last id
+            return entry_id
+        raise RuntimeError(f"{_APPEND_TRIES} appends in a row lost the race for the next id")
+
+    async def _last_id(self) -> str:
+        """The id of the stream's last generated entry (even if deleted or trimmed since)."""
+        from redis.exceptions import ResponseError
+
+        try:
+            info = await self.client.xinfo_stream(self.key)
+        except ResponseError:  # no stream yet (any other trouble fails the append)
+            return ZERO
+        return _text(info["last-generated-id"])
 
     async def read(self, after: str, block_ms: int, count: int) -> list[Entry]:
         reply = await self.client.xread({self.key: after}, count=count, block=block_ms)

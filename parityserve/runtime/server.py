@@ -25,7 +25,7 @@ from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token, vetted
 from parityserve.runtime.connection import host_guard, uvicorn_settings
 from parityserve.runtime.http import HotPaths, create_admin_app, create_app
-from parityserve.runtime.peers import PeerPlan, Peers, plan_group
+from parityserve.runtime.peers import PeerPlan, Peers, plan_group, signing_key
 from parityserve.runtime.shard_mesh import ShardMesh
 from parityserve.runtime.system import ServingSystem
 
@@ -171,7 +171,8 @@ async def _run(config: ServingConfig, system: ServingSystem,
         if shard is None:  # one process is its own group; a shard's parent planned the group
             peers = await asyncio.to_thread(plan_group, config)
         if peers is not None:
-            stream = Peers(peers, policy.token)
+            stream = Peers(peers, policy.token,
+                           key=signing_key(s, token, base_dir).token)
         if not await _unless_stopped(system.start(), stop):
             return  # Ctrl-C or SIGTERM while the workers were still loading
         sources = SourcePolicy.for_server(s, system.base_dir)

@@ -6,6 +6,7 @@ because it stops and restarts it. Without redis-server it skips, except under CI
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -159,3 +161,117 @@ def test_with_redis_down_a_change_is_refused_and_applied_nowhere(
     wait_until(lambda: _parallelism(group["b"]) == 5, timeout_s=10)
     said = group["err"][1].read_text()  # B's log: the outage, and what it lost in it
     assert "cannot read the admin stream" in said and "made anew" in said
+
+
+# -- replays and forgeries through Redis, and selection state mangled in it (issue 38) --------
+
+
+def _apps(url: str, headers: dict[str, str] | None = None) -> set[str]:
+    state = httpx.get(url + "/admin/state", headers=headers or {}, timeout=10).json()
+    return {app["name"] for app in state["applications"]}
+
+
+def _stream(redis_url: str, namespace: str) -> tuple[redis.Redis, str]:
+    return redis.Redis.from_url(redis_url), f"parityserve:{namespace}:admin"
+
+
+def _entry(redis_url: str, namespace: str, entry_id: str) -> dict[bytes, bytes]:
+    client, stream = _stream(redis_url, namespace)
+    with client:
+        [(_id, fields)] = client.xrange(stream, entry_id, entry_id)
+    return fields
+
+
+def _append(redis_url: str, namespace: str, fields: dict[bytes, bytes]) -> str:
+    """What a writer to the Redis (not a frontend) appends: Redis picks the id."""
+    client, stream = _stream(redis_url, namespace)
+    with client:
+        return client.xadd(stream, fields).decode()
+
+
+def _skipped_or(err: list[Path], entry_id: str, applied: Any) -> bool:
+    """Every frontend logged that it skipped ``entry_id``, or one of them applied it."""
+    return applied() or all(f"skipping entry {entry_id}" in e.read_text() for e in err)
+
+
+def test_a_signed_change_re_appended_to_the_stream_is_not_applied_again(
+        group: dict, redis_server: RedisServer) -> None:
+    a, b, app = group["a"], group["b"], {"name": "app1", "models": ["noop"]}
+    assert httpx.post(a + "/admin/applications", json=app, headers=AUTH,
+                      timeout=30).status_code == 201
+    wait_until(lambda: "app1" in _apps(b, AUTH), timeout_s=10)
+    deleted = httpx.delete(a + "/admin/applications/app1", headers=AUTH, timeout=30)
+    assert deleted.status_code == 200
+    wait_until(lambda: "app1" not in _apps(b, AUTH), timeout_s=10)
+    old = _entry(redis_server.url, group["namespace"],
+                 deleted.headers["x-parityserve-peers"].removeprefix("published:"))
+    assert httpx.post(a + "/admin/applications", json=app, headers=AUTH,
+                      timeout=30).status_code == 201
+    wait_until(lambda: "app1" in _apps(b, AUTH), timeout_s=10)
+    copy = _append(redis_server.url, group["namespace"], old)  # the old DELETE, once more
+    wait_until(lambda: _skipped_or(group["err"], copy, lambda: "app1" not in _apps(b, AUTH)),
+               timeout_s=10)
+    assert "app1" in _apps(a, AUTH) and "app1" in _apps(b, AUTH)
+
+
+@pytest.mark.parametrize("record", [
+    {"log_weights": "x"},
+    {"log_weights": {"noop": "heavy"}},
+    {"log_weights": {"noop": None}},
+    {"feedback": [1]},
+    {"feedback": {"noop": "often"}},
+    {"loss_sum": {"noop": [0.5]}},
+    {"rounds": "many"},
+    {"models": 7},
+])
+def test_a_type_mangled_selection_record_gets_a_normal_answer(
+        group: dict, redis_server: RedisServer, record: dict) -> None:
+    b, app, uid = group["b"], "sel", f"mallory-{uuid.uuid4().hex[:6]}"
+    if app not in _apps(b, AUTH):
+        assert httpx.post(b + "/admin/applications", headers=AUTH, timeout=30, json={
+            "name": app, "models": ["noop"], "policy": "exp3"}).status_code == 201
+    key = f"parityserve:state:{app}/{uid}"
+    stored = {"policy": "exp3", "models": ["noop"], "feedback": {"noop": 1},
+              "loss_sum": {"noop": 0.0}, "rounds": 1, "log_weights": {"noop": 0.0}, **record}
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.set(key, json.dumps(stored))
+    body = {"input": [1.0, 2.0], "uid": uid}
+    answer = httpx.post(f"{b}/{app}/predict", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    feedback = httpx.post(f"{b}/{app}/update", timeout=30, json={
+        **body, "label": 0, "query_id": answer.json()["query_id"]})
+    assert feedback.status_code == 200, feedback.text
+    with redis.Redis.from_url(redis_server.url) as client:
+        repaired = json.loads(client.get(key))
+    assert isinstance(repaired["log_weights"], dict) and repaired["rounds"] == 1
+    assert "discarding the stored selection state" in group["err"][1].read_text()
+
+
+@pytest.fixture(scope="module")
+def open_group(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[dict]:
+    """Two one-process frontends with the admin API open (loopback): no token anywhere but
+    the token file both find in the one $PARITYSERVE_HOME, which signs their changes."""
+    namespace = f"open-{uuid.uuid4().hex[:8]}"
+    config = _config(redis_server.url, namespace)
+    config["server"]["require_admin_token"] = False
+    env = {k: v for k, v in os.environ.items() if k != "PARITYSERVE_ADMIN_TOKEN"}
+    with cli_server(tmp_path_factory.mktemp("open-a"), config, env) as (a, a_err), \
+            cli_server(tmp_path_factory.mktemp("open-b"), config, env) as (b, b_err):
+        yield {"a": a, "b": b, "namespace": namespace, "err": [a_err, b_err]}
+
+
+def test_an_unsigned_entry_is_not_applied_even_with_the_admin_api_open(
+        open_group: dict, redis_server: RedisServer) -> None:
+    a, b = open_group["a"], open_group["b"]
+    created = httpx.post(a + "/admin/applications", json={"name": "app1", "models": ["noop"]},
+                         timeout=30)  # no token: the admin API is open
+    assert created.status_code == 201
+    wait_until(lambda: "app1" in _apps(b), timeout_s=10)  # signed changes still flow
+    forged = {b"origin": b"intruder", b"writer": b"intruder/1", b"seq": b"1",
+              b"method": b"DELETE", b"target": b"/admin/applications/app1",
+              b"after": b"0-0", b"body": b"", b"sig": b""}
+    entry = _append(redis_server.url, open_group["namespace"], forged)
+    wait_until(lambda: _skipped_or(open_group["err"], entry,
+                                   lambda: "app1" not in _apps(a) | _apps(b)), timeout_s=10)
+    assert "app1" in _apps(a) and "app1" in _apps(b)

@@ -3,7 +3,7 @@ groups applying concurrent changes in any interleaving end in the stream's order
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -21,11 +21,13 @@ from parityserve.runtime.peer_log import (
     encode,
     id_key,
     lost,
+    next_id,
     stream_key,
 )
 
 CHANGE = Change("host-a", "POST", "/admin/models/m/parallelism?x=1", b'{"parallelism": 2}',
-                "17-0")
+                "17-0", "host-a/1f2e", 3)
+AT = "18-0"  # the entry's id in the stream
 
 
 def test_ids_sort_as_redis_orders_them() -> None:
@@ -35,44 +37,82 @@ def test_ids_sort_as_redis_orders_them() -> None:
 
 
 def test_an_entry_round_trips_with_its_signature() -> None:
-    fields = encode(CHANGE, "prod", "token")
-    assert decode(fields, "prod", "token") == CHANGE
-    assert decode(encode(CHANGE, "prod", None), "prod", None) == CHANGE  # open admin
+    fields = encode(CHANGE, AT, "prod", "token")
+    assert decode(AT, fields, "prod", "token") == CHANGE
 
 
-@pytest.mark.parametrize(("namespace", "token"), [
-    ("prod", "another-token"),  # a frontend with another token
-    ("staging", "token"),  # replayed from another namespace
-    ("prod", None),  # signed, but this frontend has no token to check it with
-])
-def test_an_entry_signed_otherwise_is_refused(namespace: str, token: str | None) -> None:
+def test_there_is_no_unsigned_entry() -> None:
+    with pytest.raises(ValueError, match="signing key"):
+        encode(CHANGE, AT, "prod", "")  # an open admin API still signs (peers.signing_key)
+    unsigned = {**encode(CHANGE, AT, "prod", "token"), b"sig": b""}
     with pytest.raises(BadEntry, match="signature"):
-        decode(encode(CHANGE, "prod", "token"), namespace, token)
+        decode(AT, unsigned, "prod", "token")
+
+
+@pytest.mark.parametrize(("entry_id", "namespace", "key"), [
+    (AT, "prod", "another-token"),  # a frontend with another token
+    (AT, "staging", "token"),  # replayed from another namespace
+    ("18-1", "prod", "token"),  # a copy appended again: Redis gives it a later id
+    ("99-0", "prod", "token"),
+])
+def test_an_entry_signed_otherwise_or_elsewhere_is_refused(entry_id: str, namespace: str,
+                                                           key: str) -> None:
+    with pytest.raises(BadEntry, match="signature"):
+        decode(entry_id, encode(CHANGE, AT, "prod", "token"), namespace, key)
 
 
 def test_any_field_changed_breaks_the_signature() -> None:
     for name, value in [(b"body", b'{"parallelism": 9}'), (b"after", b"99-0"),
                         (b"target", b"/admin/models/n/parallelism"), (b"origin", b"host-b"),
-                        (b"method", b"DELETE")]:
-        fields = {**encode(CHANGE, "prod", "token"), name: value}
+                        (b"method", b"DELETE"), (b"writer", b"host-a/0000"), (b"seq", b"4")]:
+        fields = {**encode(CHANGE, AT, "prod", "token"), name: value}
         with pytest.raises(BadEntry, match="signature"):
-            decode(fields, "prod", "token")
-
-
-def test_an_unsigned_entry_is_refused_by_a_frontend_with_a_token() -> None:
-    with pytest.raises(BadEntry, match="signature"):
-        decode(encode(CHANGE, "prod", None), "prod", "token")
+            decode(AT, fields, "prod", "token")
 
 
 @pytest.mark.parametrize(("fields", "error"), [
     ({b"origin": b"a"}, "missing"),
-    ({**encode(CHANGE, "p", "t"), b"after": b"soon"}, "malformed"),
-    ({**encode(CHANGE, "p", "t"), b"origin": b"\xff"}, "malformed"),
-    (encode(Change("a", "POST", "/v2/models/m/infer", b"", ZERO), "p", "t"), "not an admin"),
+    ({**encode(CHANGE, AT, "p", "t"), b"after": b"soon"}, "malformed"),
+    ({**encode(CHANGE, AT, "p", "t"), b"origin": b"\xff"}, "malformed"),
+    ({**encode(CHANGE, AT, "p", "t"), b"seq": b"three"}, "malformed"),
+    ({**encode(CHANGE, AT, "p", "t"), b"seq": b"0"}, "not a count"),
+    (encode(Change("a", "POST", "/v2/models/m/infer", b"", ZERO, "a/1", 1), AT, "p", "t"),
+     "not an admin"),
 ])
 def test_a_malformed_entry_says_what_is_wrong(fields: dict[bytes, bytes], error: str) -> None:
     with pytest.raises(BadEntry, match=error):
-        decode(fields, "p", "t")
+        decode(AT, fields, "p", "t")
+
+
+@pytest.mark.parametrize(("last", "now_ms", "expected"), [
+    (ZERO, 1700, "1700-0"),  # a new stream
+    ("1600-4", 1700, "1700-0"),  # the clock moved on
+    ("1700-4", 1700, "1700-5"),  # within the same ms
+    ("1800-4", 1700, "1800-5"),  # the stream is ahead of this host's clock
+])
+def test_a_writer_picks_the_id_redis_would(last: str, now_ms: int, expected: str) -> None:
+    assert next_id(last, now_ms) == expected
+    assert id_key(next_id(last, now_ms)) > id_key(last)
+
+
+@pytest.mark.parametrize("origin", ["host-a", "host-b"])  # its own group's, or another's
+def test_a_writers_change_at_or_below_the_last_taken_is_a_replay(origin: str) -> None:
+    cursor = Cursor("5-0", "3-0", taken={CHANGE.writer: 3, "host-b/9": 7})
+    assert decide(CHANGE, origin, cursor) is Action.REPLAYED
+    assert decide(replace(CHANGE, seq=2), origin, cursor) is Action.REPLAYED
+    fresh = replace(CHANGE, seq=4)
+    assert decide(fresh, origin, cursor) is not Action.REPLAYED
+    # a replay moves only the read mark; a change taken counts for its writer
+    assert advance(cursor, "6-0", Action.REPLAYED, CHANGE) == Cursor("6-0", "3-0", 1,
+                                                                     cursor.taken)
+    moved = advance(cursor, "6-0", decide(fresh, origin, cursor), fresh)
+    assert moved.taken == {CHANGE.writer: 4, "host-b/9": 7}
+
+
+def test_a_new_writer_is_not_a_replay_and_knowing_keeps_the_higher() -> None:
+    assert decide(CHANGE, "host-b", Cursor()) is Action.APPLY
+    cursor = Cursor(taken={"w/1": 5, "w/2": 1}).knowing({"w/1": 3, "w/2": 4, "w/3": 2})
+    assert cursor.taken == {"w/1": 5, "w/2": 4, "w/3": 2}
 
 
 def test_another_groups_change_is_applied_and_moves_both_marks() -> None:
@@ -100,7 +140,7 @@ def test_a_bad_entry_moves_only_the_read_mark() -> None:
 
 @pytest.mark.parametrize("seq", [12, None])
 def test_a_cursor_survives_its_file(seq: int | None) -> None:
-    cursor = Cursor("20-3", "19-0", seq)
+    cursor = Cursor("20-3", "19-0", seq, {"host-a/1f2e": 3})
     assert Cursor.from_json(cursor.to_json()) == cursor
 
 
@@ -140,11 +180,14 @@ class Group:
     state: dict[str, int] = field(default_factory=dict)
     cursor: Cursor = Cursor()
     unpublished: list[Change] = field(default_factory=list)
+    written: int = 0
 
     def change(self, key: str, value: int) -> None:
         after = self.cursor.applied  # read before applying, as runtime/peers.py does
         self.state[key] = value
-        self.unpublished.append(Change(self.origin, "POST", key, str(value).encode(), after))
+        self.written += 1
+        self.unpublished.append(Change(self.origin, "POST", key, str(value).encode(), after,
+                                       f"{self.origin}/w", self.written))
 
     def publish(self, stream: list[Change]) -> None:
         if self.unpublished:
@@ -155,13 +198,13 @@ class Group:
         if done < len(stream):
             entry = stream[done]
             action = decide(entry, self.origin, self.cursor)
-            if action is not Action.SKIP:
+            if action not in (Action.SKIP, Action.REPLAYED):
                 self.state[entry.target] = int(entry.body)
-            self.cursor = advance(self.cursor, f"{done + 1}-0", action)
+            self.cursor = advance(self.cursor, f"{done + 1}-0", action, entry)
 
 
 STEP = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["change", "publish",
-                                                                    "follow"]),
+                                                                    "follow", "copy"]),
                  st.sampled_from(["x", "y"]), st.integers(0, 9))
 
 
@@ -176,6 +219,8 @@ def test_every_group_ends_in_the_state_of_the_stream_applied_in_order(steps: lis
             group.change(key, value)
         elif kind == "publish":
             group.publish(stream)
+        elif kind == "copy" and stream:  # a Redis writer appends an old entry again
+            stream.append(stream[value % len(stream)])
         else:
             group.follow(stream)
     for group in groups.values():  # every change reaches the stream, every group reads it
@@ -184,6 +229,7 @@ def test_every_group_ends_in_the_state_of_the_stream_applied_in_order(steps: lis
     for group in groups.values():
         while id_key(group.cursor.applied)[0] < len(stream):
             group.follow(stream)
-    in_order = {entry.target: int(entry.body) for entry in stream}
+    originals = {(e.writer, e.seq): e for e in stream}.values()  # each at its first place
+    in_order = {entry.target: int(entry.body) for entry in originals}
     for group in groups.values():
         assert group.state == in_order, group.origin

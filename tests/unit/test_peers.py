@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from parityserve.errors import ConfigError
 from parityserve.runtime import peer_log
 from parityserve.runtime.asgi_calls import call
 from parityserve.runtime.peer_log import ZERO, Change
@@ -39,10 +40,21 @@ class FakeStream:
     async def ping(self) -> None:
         self._check()
 
-    async def append(self, fields: dict[bytes, bytes], max_changes: int) -> str:
+    async def append(self, fields: Any, max_changes: int) -> str:
+        """As RedisStream: ``fields`` makes the entry's fields for the id it gets."""
         self._check()
         if self.fail_append:
             raise ConnectionError("Connection reset")
+        self.added += 1
+        self.entries.append((f"{self.added}-0", fields(f"{self.added}-0")))
+        return self.entries[-1][0]
+
+    def copy(self, entry_id: str) -> str:
+        """What a writer to the Redis does: an old entry's fields appended again."""
+        [fields] = [f for i, f in self.entries if i == entry_id]
+        return self.raw(dict(fields))
+
+    def raw(self, fields: dict[bytes, bytes]) -> str:
         self.added += 1
         self.entries.append((f"{self.added}-0", fields))
         return self.entries[-1][0]
@@ -120,8 +132,8 @@ def test_a_successful_change_is_published_with_its_origin_and_cursor() -> None:
     assert status == 200 and settings == {"m": 3}
     assert headers["x-parityserve-peers"] == "published:1-0"
     [(entry_id, fields)] = stream.entries
-    assert peer_log.decode(fields, "test", TOKEN) == Change(
-        "host-a", "POST", ROUTE, b'{"parallelism":3}', ZERO)
+    assert peer_log.decode(entry_id, fields, "test", TOKEN) == Change(
+        "host-a", "POST", ROUTE, b'{"parallelism":3}', ZERO, peers.writer, 1)
 
 
 def test_a_refused_change_is_not_published() -> None:
@@ -177,7 +189,7 @@ def test_a_starting_group_replays_the_stream_up_to_its_start_in_order(caplog: An
     async def scenario() -> tuple[int, dict[str, int]]:
         for value in (1, 2):
             await change(a, a_settings, value)
-        await stream.append({b"origin": b"intruder"}, 1000)  # 3-0: skipped, logged
+        stream.raw({b"origin": b"intruder"})  # 3-0: skipped, logged
         await change(a, a_settings, 4)
         late, late_settings = group(stream, "host-b", until="3-0")
         return await late.replay(admin_app(late_settings)), late_settings
@@ -301,8 +313,8 @@ async def _until(done: Any, timeout_s: float = 2.0) -> None:
 @pytest.mark.parametrize("origin", ["host-a", "host-b"])
 def test_an_entry_from_another_namespace_is_not_applied(origin: str, caplog: Any) -> None:
     stream = FakeStream()
-    fields = peer_log.encode(Change(origin, "POST", ROUTE, b'{"parallelism": 9}', ZERO),
-                             "other-namespace", TOKEN)
+    fields = peer_log.encode(Change(origin, "POST", ROUTE, b'{"parallelism": 9}', ZERO,
+                                    f"{origin}/1", 1), "1-0", "other-namespace", TOKEN)
     stream.entries.append(("1-0", fields))
     late, settings = group(stream, "host-c", until="1-0")
     with caplog.at_level(logging.WARNING):
@@ -365,3 +377,108 @@ def test_a_restarted_shard_zero_resumes_from_the_groups_cursor_file(tmp_path: An
     asyncio.run(scenario())
     assert applied == [1, 2]  # 1 was not applied twice
     assert peer_log.Cursor.from_json((tmp_path / "cursor.json").read_bytes()).seq == 2
+
+
+# -- replays and forgeries (issue 38) ---------------------------------------------------------
+
+
+def test_a_copy_of_a_signed_entry_appended_again_is_not_applied(caplog: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    b, b_settings = group(stream, "host-b")
+
+    async def scenario() -> None:
+        b.follow(admin_app(b_settings))
+        await change(a, a_settings, 1)
+        await change(a, a_settings, 2)
+        await _until(lambda: b_settings == {"m": 2})
+        copy = stream.copy("1-0")  # the old "1" again, at the end
+        await _until(lambda: b.cursor.value.applied == copy)
+        await b.close()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert b_settings == {"m": 2} and "skipping entry 3-0" in caplog.text
+    late, late_settings = group(stream, "host-c", until="3-0")  # and a late joiner
+    assert asyncio.run(late.replay(admin_app(late_settings))) == 2
+    assert late_settings == {"m": 2}
+
+
+def _signed(peers: Peers, entry_id: str, value: int, seq: int) -> dict[bytes, bytes]:
+    """An entry signed with the key for its place: a rebuilt stream, or a frontend's bug."""
+    change = Change(peers.plan.origin, "POST", ROUTE, orjson.dumps({"parallelism": value}),
+                    ZERO, peers.writer, seq)
+    return peer_log.encode(change, entry_id, "test", TOKEN)
+
+
+def test_a_writers_change_at_or_below_the_last_taken_is_skipped_and_logged(
+        caplog: Any) -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    b, b_settings = group(stream, "host-b")
+
+    async def scenario() -> None:
+        b.follow(admin_app(b_settings))
+        await change(a, a_settings, 1)
+        await change(a, a_settings, 2)
+        await _until(lambda: b_settings == {"m": 2})
+        stream.raw(_signed(a, "3-0", 1, seq=2))  # validly signed here, but a's 2nd again
+        await _until(lambda: b.cursor.value.applied == "3-0")
+        stream.raw(_signed(a, "4-0", 5, seq=3))  # a's 3rd: new
+        await _until(lambda: b_settings == {"m": 5})
+        await b.close()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert "skipping entry 3-0" in caplog.text and "taken already" in caplog.text
+    assert b.cursor.value.taken == {a.writer: 3}
+
+
+def test_the_follower_knows_what_the_replay_took() -> None:
+    stream = FakeStream()
+    a, a_settings = group(stream, "host-a")
+    asyncio.run(change(a, a_settings, 1))
+    late, late_settings = group(stream, "host-b", until="1-0")
+
+    async def scenario() -> None:
+        await late.replay(admin_app(late_settings))
+        late.follow(admin_app(late_settings))
+        stream.raw(_signed(a, "2-0", 7, seq=1))  # a's 1st again, which the replay took
+        await _until(lambda: late.cursor.value.applied == "2-0")
+        await late.close()
+
+    asyncio.run(scenario())
+    assert late_settings == {"m": 1}
+
+
+def open_admin_app(settings: dict[str, int]) -> Any:
+    """admin_app with the routes open: no token asked (require_admin_token: false)."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        bearer = (b"authorization", f"Bearer {TOKEN}".encode())
+        await admin_app(settings)(scope | {"headers": [*scope["headers"], bearer]}, receive,
+                                  send)
+    return app
+
+
+def test_an_open_admin_api_still_signs_and_refuses_unsigned_entries(caplog: Any) -> None:
+    stream = FakeStream()
+    plan = PeerPlan("redis://unused:6379/0", "test", 1000, "host-a", ZERO, 0, 0)
+    open_a = Peers(plan, None, stream, key=TOKEN)  # the routes ask no token; the stream does
+    status, _ = asyncio.run(call(open_a.wrap(open_admin_app({})), "POST", ROUTE,
+                                 b'{"parallelism": 4}', None))
+    assert status == 200
+    [(entry_id, fields)] = stream.entries
+    assert peer_log.decode(entry_id, fields, "test", TOKEN).body == b'{"parallelism": 4}'
+    stream.raw({**fields, b"sig": b""})  # 2-0, unsigned: never applied
+    b_plan = PeerPlan("redis://unused:6379/0", "test", 1000, "host-b", "2-0", 2, 2)
+    b_settings: dict[str, int] = {}
+    with caplog.at_level(logging.WARNING):
+        applied = asyncio.run(Peers(b_plan, None, stream, key=TOKEN).replay(
+            open_admin_app(b_settings)))
+    assert applied == 1 and b_settings == {"m": 4} and "skipping entry 2-0" in caplog.text
+
+
+def test_without_a_key_there_is_no_stream() -> None:
+    plan = PeerPlan("redis://unused:6379/0", "test", 1000, "host-a", ZERO, 0, 0)
+    with pytest.raises(ConfigError, match="signing key"):
+        Peers(plan, None, FakeStream())
