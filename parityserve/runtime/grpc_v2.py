@@ -240,8 +240,8 @@ def _the_input(request: Any, meta: ModelMetadata, limits: Limits) -> np.ndarray:
     tensor = request.inputs[0]
     if "shared_memory_region" in tensor.parameters:
         raise InvalidInput(f"input {tensor.name!r}: shared-memory tensors are not supported")
+    count = v2.tensor_count(tensor.name, tensor.shape, limits)  # before anything is sized
     shape = tuple(tensor.shape)
-    count = v2.tensor_count(tensor.name, shape, limits)  # before anything is sized by it
     if raws:
         array = v2.array_from_raw(tensor.name, tensor.datatype, shape, raws[0])
     else:

@@ -204,7 +204,7 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
                   _from_json(name, datatype, shape, count, obj["data"], leaves))
 
 
-def tensor_count(name: str, shape: tuple[int, ...], limits: Limits | None) -> int:
+def tensor_count(name: str, shape: Sequence[int], limits: Limits | None) -> int:
     """The elements ``shape`` claims, within ``limits`` (rows per request, values per row)
     when given; the one check of a shape for HTTP and gRPC alike, before any data is read."""
     if limits is None:
