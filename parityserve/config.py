@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.edge_guards import check_host_entry
@@ -18,6 +26,7 @@ from parityserve.core.emulation import ServiceProfile, profile_named
 from parityserve.core.hams.topology import GraphError, Topology
 from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.core.scheduling.settings import check_parallelism
+from parityserve.datatypes import DATATYPES
 from parityserve.errors import ConfigError
 
 __all__ = [
@@ -139,8 +148,17 @@ class TensorSpec(_Frozen):
     """One tensor of a model's signature. ``shape`` excludes the batch dimension; -1 is any size."""
 
     name: str = "input"
-    datatype: str = "FP32"
+    datatype: str = Field("FP32", description=f"a KServe V2 datatype: {', '.join(DATATYPES)}")
     shape: tuple[int, ...] = ()
+
+    @field_validator("datatype")
+    @classmethod
+    def _check_datatype(cls, datatype: str) -> str:
+        # Refused where it is written (a config, an admin deploy), not in a worker later.
+        if datatype not in DATATYPES:
+            raise ValueError(f"{datatype!r} is not a KServe V2 datatype; use one of "
+                             f"{', '.join(DATATYPES)}")
+        return datatype
 
 
 REDUNDANCY_MODES = ("none", "equal-resources", "replication", "reactive", "parm", "berrut",

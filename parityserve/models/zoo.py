@@ -36,6 +36,7 @@ __all__ = [
     "ParMMLP",
     "SleepModel",
     "TORCH_ZOO_NAMES",
+    "check_zoo",
     "load_zoo",
 ]
 
@@ -103,10 +104,32 @@ def load_zoo(
     threads: int = 1,
 ) -> LoadedModel:
     """Build zoo model ``name`` (one of ``ZOO_NAMES``)."""
-    build = _BUILDERS.get(name)
-    if build is None:
+    entry = _entry(name)
+    req = _Request(name, weights, dict(options or {}), data_dir, threads)
+    entry.check(req)
+    return entry.build(req)
+
+
+def check_zoo(name: str, options: Mapping[str, Any] | None = None, *,
+              weights: bool = False) -> None:
+    """What ``load_zoo`` would refuse before it loads anything (``ModelLoadError``): an
+    unknown name, unknown options or option values, weights where none are taken. Imports
+    no framework and reads no file, so a frontend refuses a bad deploy before it is made."""
+    req = _Request(name, Path("weights") if weights else None, dict(options or {}), None, 1)
+    _entry(name).check(req)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    check: Callable[[_Request], None]  # the options and weights, before anything loads
+    build: Callable[[_Request], LoadedModel]  # once they passed
+
+
+def _entry(name: str) -> _Entry:
+    entry = _ZOO.get(name)
+    if entry is None:
         raise ModelLoadError(f"unknown zoo model {name!r}; choose one of: {', '.join(ZOO_NAMES)}")
-    return build(_Request(name, weights, dict(options or {}), data_dir, threads))
+    return entry
 
 
 def _check_options(req: _Request, allowed: tuple[str, ...]) -> None:
@@ -116,45 +139,52 @@ def _check_options(req: _Request, allowed: tuple[str, ...]) -> None:
         raise ModelLoadError(f"{req.source}: unknown options {unknown}; {takes}")
 
 
-def _builtin(cls: type[Model], allowed: tuple[str, ...]) -> Callable[[_Request], LoadedModel]:
-    def build(req: _Request) -> LoadedModel:
+def _no_options(req: _Request) -> None:
+    _check_options(req, ())
+
+
+def _builtin(cls: type[Model], allowed: tuple[str, ...]) -> _Entry:
+    def make(req: _Request) -> Model:
+        try:
+            return cls(**req.options)
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{req.source}: bad options {dict(req.options)}: {exc}") from exc
+
+    def check(req: _Request) -> None:
         _check_options(req, allowed)
         if req.weights is not None:
             raise ModelLoadError(f"{req.source} takes no weights; remove `weights`")
-        try:
-            model = cls(**req.options)
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{req.source}: bad options {dict(req.options)}: {exc}") from exc
-        return serve_object(model, source=req.source)
+        make(req)  # a numpy model: its constructor checks the values, and costs nothing
 
-    return build
+    return _Entry(check, lambda req: serve_object(make(req), source=req.source))
 
 
-def _parm_mlp(req: _Request) -> LoadedModel:
+def _check_parm_mlp(req: _Request) -> None:
     _check_options(req, ("dataset",))
     dataset = req.options.get("dataset", "mnist")
     if dataset not in _MNIST_KINDS:
         raise ModelLoadError(f"{req.source}: dataset={dataset!r}; use one of {list(_MNIST_KINDS)}")
+
+
+def _parm_mlp(req: _Request) -> LoadedModel:
+    dataset = req.options.get("dataset", "mnist")
     return _torch_model(req, "ParMMLP", {}, f"parm-{dataset}-base-mlp.npz")
 
 
 def _lenet5(req: _Request) -> LoadedModel:
-    _check_options(req, ())
     return _torch_model(req, "LeNet5", {}, None)
 
 
 def _digits_mlp(req: _Request) -> LoadedModel:
     # No published weights: without a file this is the seed-0 initialisation (like lenet5).
-    _check_options(req, ())
     return _torch_model(req, "DigitsMLP", {}, None)
 
 
-def _resnet(depth: int) -> Callable[[_Request], LoadedModel]:
+def _resnet(depth: int) -> _Entry:
     def build(req: _Request) -> LoadedModel:
-        _check_options(req, ())
         return _torch_model(req, "CifarResNet", {"depth": depth}, f"cifar10-resnet{depth}.npz")
 
-    return build
+    return _Entry(_no_options, build)
 
 
 def _torch_model(
@@ -189,17 +219,17 @@ def _published_weights(req: _Request, filename: str) -> Path:
         raise ModelLoadError(f"{req.source}: {exc}; or pass `weights` explicitly") from exc
 
 
-_BUILDERS: dict[str, Callable[[_Request], LoadedModel]] = {
-    "parm-mlp": _parm_mlp,
-    "lenet5": _lenet5,
+_ZOO: dict[str, _Entry] = {
+    "parm-mlp": _Entry(_check_parm_mlp, _parm_mlp),
+    "lenet5": _Entry(_no_options, _lenet5),
     **{f"resnet{d}": _resnet(d) for d in (20, 32, 44, 56)},
-    "digits-mlp": _digits_mlp,
+    "digits-mlp": _Entry(_no_options, _digits_mlp),
     "noop": _builtin(NoopModel, ()),
     "sleep": _builtin(SleepModel, ("sleep_ms",)),
     "echo": _builtin(EchoModel, ()),
 }
 
-ZOO_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+ZOO_NAMES: tuple[str, ...] = tuple(_ZOO)
 # The zoo models built with torch (``_torch_model``); the rest are numpy and serve without it.
 TORCH_ZOO_NAMES: tuple[str, ...] = ("parm-mlp", "lenet5", "digits-mlp",
                                     *(f"resnet{d}" for d in (20, 32, 44, 56)))

@@ -22,20 +22,28 @@ from parityserve.config import (
     ParityConfig,
     RedundancyConfig,
 )
-from parityserve.core.scheduling import DATA_POOL
+from parityserve.core.scheduling import DATA_POOL, parity_pools
 from parityserve.core.scheduling.settings import check_cores
-from parityserve.errors import ConfigError, Conflict, InvalidInput, ServiceError, Unavailable
+from parityserve.errors import (
+    ConfigError,
+    Conflict,
+    InvalidInput,
+    ModelLoadError,
+    ServiceError,
+    Unavailable,
+)
 from parityserve.models.sources import scrub_paths
+from parityserve.models.zoo import check_zoo
 from parityserve.runtime.applications import AppRuntime
 from parityserve.runtime.commands import SetFaults
 from parityserve.runtime.dispatch import ModelPath
 from parityserve.runtime.health import STARTUP_TIMEOUT_S
 from parityserve.runtime.lookup import find_app, find_model
-from parityserve.runtime.slots import slot_of
+from parityserve.runtime.slots import pool_model, slot_of
 from parityserve.runtime.state_store import StateStore
 from parityserve.runtime.supervisor import Supervisor
 
-__all__ = ["AppAdmin", "ModelAdmin", "slo_for"]
+__all__ = ["AppAdmin", "ModelAdmin", "check_zoo_sources", "slo_for"]
 
 _POLL_S = 0.05
 
@@ -103,6 +111,7 @@ class ModelAdmin:
 
     async def deploy(self, deployment: Deployment) -> None:
         """Deploy a new model, or roll a model to a newer version with no gap in service."""
+        check_zoo_sources(deployment)
         old = self.models.get(deployment.name)
         if old is not None and deployment.version <= old.version:
             raise Conflict(
@@ -185,6 +194,23 @@ class ModelAdmin:
         for target in targets:
             target.faults = spec
             self.supervisor.send(target.rid, SetFaults(spec))
+
+
+def check_zoo_sources(deployment: Deployment) -> None:
+    """Refuse (InvalidInput) a zoo model that every replica would fail to load: an unknown
+    name, unknown options or values, weights where none are taken. The zoo says what it
+    would refuse without loading anything, so this is a 400 before the 201, not a worker
+    that fails after it (other sources are checked where they load: a file must be read)."""
+    pools = [DATA_POOL, *parity_pools(deployment.parity.r if deployment.parity else 0)]
+    for pool in pools:
+        source, weights, options = pool_model(deployment, pool)
+        scheme, _, name = source.partition(":")
+        if scheme != "zoo":
+            continue
+        try:
+            check_zoo(name, options, weights=weights is not None)
+        except ModelLoadError as exc:
+            raise InvalidInput(f"model {deployment.name!r}: {exc}") from None
 
 
 def revalidated(deployment: Deployment, **changes: Any) -> Deployment:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -182,6 +183,29 @@ def test_application_mistakes_are_400s_that_name_them(client, app, names) -> Non
         client._call("POST", "/admin/applications", {"name": "oops", "models": ["noop"], **app})
     assert all(n in str(caught.value) for n in names), str(caught.value)
     assert "oops" not in [a["name"] for a in client.state()["applications"]]
+
+
+@pytest.mark.parametrize(("deployment", "names"), [
+    ({"source": "zoo:nope"}, ["unknown zoo model 'nope'", "noop", "resnet20"]),
+    ({"source": "zoo:sleep", "options": {"slep_ms": 5}}, ["zoo:sleep", "'slep_ms'", "sleep_ms"]),
+    ({"source": "zoo:sleep", "options": {"sleep_ms": -1}}, ["zoo:sleep", "sleep_ms must be >= 0"]),
+    ({"source": "zoo:sleep", "options": {"sleep_ms": "slow"}}, ["zoo:sleep", "sleep_ms"]),
+    ({"source": "zoo:noop", "options": {"any": 1}}, ["zoo:noop", "'any'", "takes none"]),
+    ({"source": "zoo:parm-mlp", "options": {"dataset": "cifar10"}},
+     ["zoo:parm-mlp", "dataset='cifar10'", "fashion-mnist"]),
+    ({"source": "zoo:echo", "input": {"datatype": "FP99"}}, ["input.datatype", "'FP99'", "FP32"]),
+    ({"source": "zoo:echo", "output": {"datatype": "float32"}}, ["output.datatype", "float32"]),
+])
+def test_deploy_mistakes_are_400s_that_name_them_before_any_201(restricted, deployment,
+                                                                  names) -> None:
+    name = f"oops-{uuid.uuid4().hex[:8]}"  # each case its own: a failed one deploys it
+    response = httpx.post(restricted.url + "/admin/models", timeout=30,
+                          json={"name": name, "replicas": 1, **deployment},
+                          headers={"authorization": f"Bearer {restricted.token}"})
+    assert response.status_code == 400, response.text
+    assert all(n in response.json()["error"] for n in names), response.text
+    with Client(restricted.url) as client:
+        assert name not in [m["name"] for m in client.state()["models"]]
 
 
 # ---------------------------------------------------------------- allow_code_sources: true

@@ -45,6 +45,9 @@ def test_the_documented_yaml_shape_loads(tmp_path: Path) -> None:
     (lambda d: d["applications"][0].update(name="admin"), "reserved"),
     (lambda d: d["models"][0].update(faults={"first": {}}), "replica index"),
     (lambda d: d["models"][0].update(batching={"max_batch_size": 0}), "max_batch_size"),
+    (lambda d: d["models"][0].update(input={"datatype": "FP99"}),
+     r"input\.datatype.*'FP99' is not a KServe V2 datatype; use one of BOOL, UINT8"),
+    (lambda d: d["models"][0].update(output={"datatype": "fp32"}), "'fp32' is not a KServe"),
 ])
 def test_bad_settings_name_the_problem(mutate, message) -> None:
     import yaml

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from parityserve.config import TensorSpec
 from parityserve.errors import ModelLoadError
 from parityserve.models import ZOO_NAMES, load_model
 from parityserve.models.datasets import load_cifar10, load_mnist
+from parityserve.models.zoo import check_zoo
 
 
 def test_zoo_names() -> None:
@@ -123,3 +126,36 @@ def test_resnet_weights_of_the_wrong_depth(data_dir: Path) -> None:
     weights = data_dir / "weights" / "cifar10-resnet20.npz"
     with pytest.raises(ModelLoadError, match="missing keys layer1.3"):
         load_model("zoo:resnet32", weights=str(weights))
+
+
+# --- what a frontend checks before a deploy is made (check_zoo) ----------------------------
+
+
+@pytest.mark.parametrize(("name", "options", "weights", "match"), [
+    ("resnet18", {}, False, "unknown zoo model 'resnet18'; choose one of: parm-mlp"),
+    ("sleep", {"sleep_ms": -1}, False, "sleep_ms must be >= 0"),
+    ("sleep", {"sleep_ms": "slow"}, False, r"zoo:sleep: bad options \{'sleep_ms': 'slow'\}"),
+    ("sleep", {"delay": 1}, False, r"unknown options \['delay'\]; it takes \['sleep_ms'\]"),
+    ("noop", {}, True, "zoo:noop takes no weights"),
+    ("echo", {"x": 1}, False, r"unknown options \['x'\]; it takes none"),
+    ("parm-mlp", {"dataset": "cifar"}, False, "dataset='cifar'"),
+    ("parm-mlp", {"depth": 3}, False, r"unknown options \['depth'\]; it takes \['dataset'\]"),
+    ("resnet20", {"depth": 56}, False, r"zoo:resnet20: unknown options \['depth'\]"),
+    ("lenet5", {"seed": 1}, False, r"unknown options \['seed'\]"),
+])
+def test_check_zoo_refuses_what_load_zoo_would(name: str, options: dict, weights: bool,
+                                               match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        check_zoo(name, options, weights=weights)
+
+
+def test_check_zoo_passes_what_load_zoo_takes_and_imports_no_framework() -> None:
+    takes = [("noop", {}, False), ("sleep", {"sleep_ms": 0}, False), ("echo", {}, False),
+             ("parm-mlp", {"dataset": "fashion-mnist"}, True), ("resnet56", {}, True),
+             ("lenet5", {}, False), ("digits-mlp", {}, True)]
+    code = ("import sys; from parityserve.models.zoo import check_zoo\n"
+            f"for name, options, weights in {takes!r}: check_zoo(name, options, weights=weights)\n"
+            "print([m for m in ('torch', 'onnxruntime') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
