@@ -1,0 +1,149 @@
+"""The soak's pure parts: its window plan, the well-behaved client's percentile table and
+verdicts, the attack table, and resuming a stopped run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.soak import (
+    _params,
+    command,
+    load_store,
+    markdown,
+    pending,
+    percentile_table,
+    plan_windows,
+    pooled,
+    route_stats,
+    verdicts,
+)
+from benchmarks.soak_attacks import ATTACKS, UNANSWERED, is_finding
+
+
+def _route(latencies_ms: list[float], n: int | None = None,
+           errors: dict[str, int] | None = None) -> dict[str, Any]:
+    stats = route_stats(latencies_ms, len(latencies_ms) if n is None else n, errors or {})
+    return {**stats, "latencies_ms": latencies_ms, "send_lag_p99_ms": 0.5}
+
+
+def _window(index: int, kind: str, model: list[float], graph: list[float], *,
+            graph_n: int | None = None, rss: tuple[float, ...] = (100.0,),
+            attacks: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    failed = {"HTTP 500": graph_n - len(graph)} if graph_n else {}
+    return {"index": index, "kind": kind, "seconds": 10.0, "offset_s": 10.0 * index,
+            "routes": {"model": _route(model), "graph": _route(graph, graph_n, failed)},
+            "rss_mb": [[float(i), mb] for i, mb in enumerate(rss)], "attacks": attacks or {}}
+
+
+def test_the_plan_starts_and_ends_calm_and_alternates() -> None:
+    plan = plan_windows(3, 20.0, 30.0)
+    assert [w.kind for w in plan] == ["calm", "hostile"] * 3 + ["calm"]
+    assert [w.index for w in plan] == list(range(7))
+    assert [w.offset_s for w in plan] == [0, 20, 50, 70, 100, 120, 150]
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        plan_windows(0, 20.0, 30.0)
+
+
+def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all() -> None:
+    def total(quick: bool, kind: str | None = None) -> float:
+        args = argparse.Namespace(quick=quick, rounds=10, calm_s=30.0, hostile_s=60.0,
+                                  rate_model=20.0, rate_graph=20.0, seed=0)
+        p = _params(args)
+        plan = plan_windows(p["rounds"], p["calm_s"], p["hostile_s"])
+        assert p["windows"] == len(plan)
+        return sum(w.seconds for w in plan if kind in (None, w.kind))
+
+    assert total(False, "hostile") >= 600
+    assert total(True) <= 180
+
+
+def test_percentiles_come_with_their_samples_and_failures_count_only_against_success() -> None:
+    stats = route_stats([float(i) for i in range(1, 101)], 200, {"timeout": 100})
+    assert stats["success"] == 0.5 and stats["ok"] == 100
+    # method "higher": a latency some query saw, never one between two
+    assert (stats["p50_ms"], stats["p99_ms"]) == pytest.approx((51.0, 100.0))
+    assert stats["p99_reliable"] and not stats["p999_reliable"]
+
+
+def test_pooled_figures_cover_every_window_of_a_kind() -> None:
+    windows = [_window(0, "calm", [1.0] * 50, [2.0] * 50),
+               _window(1, "hostile", [3.0] * 50, [4.0] * 40, graph_n=50),
+               _window(2, "calm", [1.0] * 50, [5.0] * 50)]
+    calm = pooled(windows, "calm", ("model", "graph"))
+    assert (calm["windows"], calm["n"], calm["p99_ms"]) == (2, 200, 5.0)
+    hostile = pooled(windows, "hostile", ("graph",))
+    assert hostile["success"] == 0.8 and hostile["errors"] == {"HTTP 500": 10}
+
+
+def test_the_table_marks_a_percentile_without_enough_samples() -> None:
+    windows = [_window(0, "calm", [1.0] * 100, [2.0] * 10, rss=(100.0, 120.0))]
+    rows = percentile_table(windows)
+    assert rows[2] == ("| 0 | calm | model | 100 / 100 | 100.00% | 1.0 | 1.0 | 1.0* | 0.5 "
+                       "| 120.0 |")
+    assert rows[3].startswith("| 0 | calm | graph | 10 / 10 | 100.00% | 2.0 | 2.0* | 2.0* |")
+    assert any(r.startswith("| **all calm** | calm | both | 110 / 110 |") for r in rows)
+
+
+def test_verdicts_read_success_the_p99_ratio_rss_and_findings() -> None:
+    attacks = {"huge shape, V2 gRPC": {"grpc INVALID_ARGUMENT": 9, "grpc UNKNOWN": 1},
+               "10 MB stream key": {"400": 3}}
+    windows = [_window(0, "calm", [10.0] * 100, [10.0] * 100, rss=(100.0, 110.0)),
+               _window(1, "hostile", [15.0] * 100, [30.0] * 99, graph_n=100,
+                       rss=(110.0, 400.0), attacks=attacks)]
+    v = verdicts(windows)
+    assert v["p99_ratio"] == 3.0 and not v["p99_met"]
+    assert v["hostile"]["success"] == 199 / 200 and not v["success_met"]
+    assert (v["rss_first_mb"], v["rss_max_mb"]) == (100.0, 400.0)
+    assert v["findings"] == {"huge shape, V2 gRPC": {"grpc UNKNOWN": 1}}
+
+
+def test_the_report_names_every_attack_its_answers_and_the_command() -> None:
+    windows = [_window(0, "calm", [1.0] * 10, [1.0] * 10),
+               _window(1, "hostile", [1.0] * 10, [1.0] * 10, attacks={
+                   "10 MB stream key": {"500": 2, "400": 1},
+                   "Host: evil.example on /admin/state": {"421": 5},
+                   "cross-site text/plain admin POST": {"200": 4},
+                   "50,000-row input_batch": {UNANSWERED: 1}})]
+    store = {"params": {"calm_s": 10.0, "hostile_s": 10.0, "rate_model": 20.0,
+                        "rate_graph": 20.0}, "machine": "2 cores",
+             "command": "python -m benchmarks.soak --quick",
+             "windows": {str(w["index"]): w for w in windows}}
+    text = markdown(store)
+    assert "| 10 MB stream key | 3 | 500: 2, 400: 1 | 400, 413 | **finding** |" in text
+    assert "| Host: evil.example on /admin/state | 5 | 421: 5 | 421 | as expected |" in text
+    assert "| 403, 415 | unexpected: 200 |" in text
+    assert "| 50,000-row input_batch | 1 |" in text and "no answer within a window" in text
+    assert all(a.name in text for a in ATTACKS)
+    assert text.rstrip().endswith("python -m benchmarks.soak --quick")
+
+
+def test_a_stopped_run_resumes_with_its_finished_windows(tmp_path: Path) -> None:
+    path = tmp_path / "soak.json"
+    params = {"rounds": 1, "calm_s": 5.0, "hostile_s": 5.0, "seed": 0}
+    store = load_store(path, params, "python -m benchmarks.soak")
+    store["windows"]["0"] = _window(0, "calm", [1.0], [1.0])
+    path.write_text(json.dumps(store))
+    plan = plan_windows(1, 5.0, 5.0)
+
+    again = load_store(path, params, "python -m benchmarks.soak --rounds 1")
+    assert [w.index for w in pending(plan, again)] == [1, 2]
+    assert again["command"] == "python -m benchmarks.soak --rounds 1"
+    other = load_store(path, {**params, "seed": 1}, "python -m benchmarks.soak --seed 1")
+    assert other["windows"] == {} and len(pending(plan, other)) == 3
+
+
+def test_findings_are_server_faults_not_refusals() -> None:
+    assert is_finding("500") and is_finding("503") and is_finding("grpc INTERNAL")
+    assert is_finding("error RemoteProtocolError")
+    assert not any(is_finding(a) for a in ("400", "413", "429", "421", "held", "closed",
+                                           "grpc INVALID_ARGUMENT", UNANSWERED))
+
+
+def test_the_command_is_recorded_from_the_project_root() -> None:
+    assert command(["--quick", "--results-dir", "a b"]) == (
+        "python -m benchmarks.soak --quick --results-dir 'a b'")
