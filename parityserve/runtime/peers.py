@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import secrets
 import socket
 import time
@@ -88,6 +89,7 @@ _READ_COUNT = 100
 _RETRY_S = 1.0  # the follower's wait after Redis failed it
 _CHECK_TIMEOUT_S = 2.0  # an admin change waits this long for Redis before it is refused
 _APPEND_TRIES = 20  # appends that may lose the race for the next id to another frontend's
+_APPEND_BACKOFF_S = 0.002  # at most this much more wait after each lost race (0.4 s in all)
 Entry = tuple[str, dict[bytes, bytes]]
 Fields = Callable[[str], dict[bytes, bytes]]  # an entry's id -> its fields, signed for it
 
@@ -389,7 +391,7 @@ class RedisStream:
         stream's last, retried when another frontend's append took it first."""
         from redis.exceptions import ResponseError
 
-        for _ in range(_APPEND_TRIES):
+        for attempt in range(1, _APPEND_TRIES + 1):
             entry_id = peer_log.next_id(await self._last_id(), time.time_ns() // 1_000_000)
             try:
                 await self.client.xadd(self.key, fields(entry_id), id=entry_id,
@@ -397,7 +399,10 @@ class RedisStream:
             except ResponseError as exc:
                 if "equal or smaller" not in str(exc):
                     raise
-                continue  # another frontend appended since we read the last id
+                # Another frontend appended since we read the last id. A random wait, so
+                # that two writers in step do not pick the same id again and again.
+                await asyncio.sleep(random.uniform(0, _APPEND_BACKOFF_S * attempt))
+                continue
             return entry_id
         raise RuntimeError(f"{_APPEND_TRIES} appends in a row lost the race for the next id")
 

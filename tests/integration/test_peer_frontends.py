@@ -275,3 +275,45 @@ def test_an_unsigned_entry_is_not_applied_even_with_the_admin_api_open(
     wait_until(lambda: _skipped_or(open_group["err"], entry,
                                    lambda: "app1" not in _apps(a) | _apps(b)), timeout_s=10)
     assert "app1" in _apps(a) and "app1" in _apps(b)
+
+
+def test_writers_racing_for_the_next_id_each_append_once_signed_for_their_place(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RedisStream.append picks its entry's id before appending (the signature covers it):
+    two writers that read the same last id retry, and every entry verifies where it landed."""
+    import asyncio
+
+    from parityserve.runtime import peer_log, peers
+    from parityserve.runtime.peers import RedisStream
+
+    namespace = f"race-{uuid.uuid4().hex[:8]}"
+    key, tries, picked = peer_log.stream_key(namespace), [], peer_log.next_id
+    # One clock reading for all: both writers read the same last id in the first round (each
+    # sends its read before either reply is handled), so they pick the same id.
+    monkeypatch.setattr(peers.time, "time_ns", lambda: 1_700_000_000_000_000_000)
+    monkeypatch.setattr(peer_log, "next_id", lambda last, now: tries.append(last) or picked(
+        last, now))
+
+    async def writer(stream: RedisStream, name: str) -> list[str]:
+        ids = []
+        for seq in range(1, 31):
+            change = peer_log.Change("g", "POST", "/admin/x", b"{}", "0-0", name, seq)
+            ids.append(await stream.append(
+                lambda at, c=change: peer_log.encode(c, at, namespace, TOKEN), 1000))
+        return ids
+
+    async def race() -> list[list[str]]:
+        streams = [RedisStream(redis_server.url, key) for _ in range(2)]
+        try:
+            return await asyncio.gather(*(writer(s, f"w{i}") for i, s in enumerate(streams)))
+        finally:
+            for s in streams:
+                await s.close()
+
+    ids = asyncio.run(race())
+    with redis.Redis.from_url(redis_server.url) as client:
+        entries = [(i.decode(), f) for i, f in client.xrange(key)]
+    assert [i for i, _ in entries] == sorted(ids[0] + ids[1], key=peer_log.id_key)
+    for entry_id, fields in entries:  # each one signed for the place it holds
+        peer_log.decode(entry_id, fields, namespace, TOKEN)
+    assert len(entries) == 60 and len(tries) > 60  # the race happened, and was retried
