@@ -381,8 +381,8 @@ class ModelPath:
         assert isinstance(result, messages.Result)
         self.accept_result(replica, result)
 
-    def accept_result(self, replica: ReplicaCore,
-                      result: messages.Result) -> tuple[str, str] | None:
+    def accept_result(self, replica: ReplicaCore, result: messages.Result, *,
+                      made_up: bool = False) -> tuple[str, str] | None:
         """Take a replica's result for a batch sent to *that* replica; anything else (a batch it
         was never sent, or one already answered) changes nothing. Returns (reason, detail)
         when the result was refused or unusable, for the caller to count and log."""
@@ -394,8 +394,11 @@ class ModelPath:
             replica.worker_s += result.ms / 1000
         now = self.clock()
         if not result.ok:
+            # The model raised on the batch, unless the frontend made this result up for a
+            # malformed one (``refuse_batch``): only the former is split to find bad rows.
             self._apply(self.machine.task_error(
-                batch, f"model {self.name!r} failed: {result.error}", now))
+                batch, f"model {self.name!r} failed: {result.error}", now,
+                raised=not made_up, bad_input=result.bad_input))
             return None
         refused = self._check_outputs(result.outputs, batch.task.rows)
         if refused is not None:
@@ -413,7 +416,7 @@ class ModelPath:
         batch = replica.batch
         if batch is None:
             return False
-        self.accept_result(replica, messages.Result(batch.bid, False, error=why))
+        self.accept_result(replica, messages.Result(batch.bid, False, error=why), made_up=True)
         return True
 
     def _check_outputs(self, outputs: Any, rows: int) -> tuple[str, str] | None:
@@ -451,7 +454,7 @@ class ModelPath:
             elif isinstance(action, Expire):
                 _fail_all(action.entries, QueryExpired(f"model {self.name!r}: {action.reason}"))
             elif isinstance(action, Fail):
-                _fail_all(action.entries, PredictError(action.error))
+                _fail_all(action.entries, _failure(action))
             else:
                 self._apply_rare(action)
 
@@ -540,6 +543,14 @@ def _fail_all(entries: Sequence[Entry[Query]], error: Exception) -> None:
         if not future.done():
             future.set_exception(error)
             future.exception()  # mark retrieved: the waiter may already have answered by deadline
+
+
+def _failure(action: Fail) -> Exception:
+    """A failed query's error: its input's problem (400) when the model raised a ValueError
+    or TypeError on it alone, else the model's (core/isolation.py found which rows)."""
+    if action.bad_input:
+        return InvalidInput(f"{action.error} (the model raised on this input alone)")
+    return PredictError(action.error)
 
 
 # Which array kinds a declared V2 datatype accepts (float64 from an "FP32" model is fine;

@@ -58,6 +58,7 @@ class Result:
     error: str = ""
     ms: float | None = None  # the worker's own time for the batch
     corrupted: int = 0  # rows a fault plan corrupted on purpose (tests only)
+    bad_input: bool = False  # not ok: the model raised a ValueError or TypeError (its input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,8 @@ def _result(h: dict[str, Any], buffers: list[Any]) -> Result:
     if not ok:
         if buffers:
             raise ProtocolError("an error result came with buffer frames")
-        return Result(bid, False, error=_opt(h, "error", _text) or "unknown error", ms=ms)
+        return Result(bid, False, error=_opt(h, "error", _text) or "unknown error", ms=ms,
+                      bad_input=_opt(h, "bad_input", _bool) or False)
     return Result(bid, True, wire.unpack_payload(h.get("out"), buffers), ms=ms,
                   corrupted=corrupted)
 
@@ -137,6 +139,13 @@ def _int(h: dict[str, Any], key: str) -> int:
     value = h.get(key)
     if type(value) is not int:
         raise ProtocolError(f"field {key!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _bool(h: dict[str, Any], key: str) -> bool:
+    value = h.get(key)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"field {key!r} must be a boolean, got {type(value).__name__}")
     return value
 
 

@@ -83,7 +83,8 @@ class Metrics:
         self._up = Gauge("parityserve_replica_up", "1 if the replica is alive", labels,
                          registry=reg)
         self._tasks = Counter("parityserve_redundant_tasks",
-                              "Extra tasks sent for redundancy (copies, parity, coded)",
+                              "Extra tasks sent for redundancy (copies, parity, coded) or "
+                              "to find the rows a model raised on (split)",
                               ["model", "kind"], registry=reg)
         self._rebuilt = Counter("parityserve_reconstructed",
                                 "Queries answered by decoding instead of their own prediction",

@@ -35,8 +35,8 @@ async def infer_rows(path: ModelPath, batch: np.ndarray, clock: Callable[[], flo
     path.admit(len(batch), deadline)  # all rows or none: a request is shed whole
     futures = [_submit_row(path, row, deadline) for row in batch]
     await settle(futures, max(0.0, deadline - clock()))
-    for future in futures:
-        _raise_failure(future, path)
+    for row, future in enumerate(futures):
+        _raise_failure(future, path, row)
     rebuilt = {i: m for i, f in enumerate(futures)
                if (m := path.reconstruction(f)) is not None}
     return _stacked([np.asarray(f.result()) for f in futures]), rebuilt
@@ -80,8 +80,9 @@ def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[An
     return future
 
 
-def _raise_failure(future: asyncio.Future[Any], path: ModelPath) -> None:
-    """The V2 answer for a row that did not succeed."""
+def _raise_failure(future: asyncio.Future[Any], path: ModelPath, row: int) -> None:
+    """The V2 answer for a row that did not succeed. A row the model raised on alone (its
+    batch-mates, other clients' rows among them, were answered) is named."""
     timeout = path.deployment.timeout_ms
     if not future.done():
         raise DeadlineExceeded(f"model {path.name!r} did not answer within {timeout:g} ms")
@@ -90,5 +91,7 @@ def _raise_failure(future: asyncio.Future[Any], path: ModelPath) -> None:
         raise DeadlineExceeded(f"{error} (timeout {timeout:g} ms)") from error
     if isinstance(error, WorkerError):
         raise Unavailable(f"model {path.name!r}: {error}") from error
+    if isinstance(error, InvalidInput):
+        raise InvalidInput(f"row {row} of the input: {error}") from error
     if error is not None:
         raise error

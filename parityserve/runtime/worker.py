@@ -26,7 +26,7 @@ import zmq
 
 from parityserve.core.emulation import ServiceProfile, draw_service_s
 from parityserve.core.faults import FaultPlan, FaultSpec
-from parityserve.errors import ModelLoadError, WorkerError
+from parityserve.errors import ModelLoadError, PredictError, WorkerError
 from parityserve.runtime import wire
 from parityserve.runtime.handshake import JOIN_TIMEOUT_S, await_handshake, watch_handshake
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
@@ -180,12 +180,22 @@ class _Worker:
             self.last_rows = len(batch) if hasattr(batch, "__len__") else 1
             outputs = self.model.predict(batch)
         except Exception as exc:  # a user model may raise anything; report it, keep serving
-            return {**base, "ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
+            return {**base, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                    "bad_input": _blames_input(exc)}, []
         corrupted = 0
         if self.plan is not None:
             outputs, corrupted = _corrupt(self.plan, outputs)
         desc, frames = wire.pack_payload(outputs)
         return {**base, "ok": True, "out": desc, "corrupted": corrupted}, frames
+
+
+def _blames_input(exc: BaseException) -> bool:
+    """Did the model raise because of its input? A ValueError or TypeError (numpy's shape and
+    dtype errors among them), maybe wrapped by the model loader: the frontend answers a row
+    that raises one alone with a 400, not a server error (the graph workers' rule too)."""
+    if isinstance(exc, PredictError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # LoadedModel's wrapping of what the model raised
+    return isinstance(exc, ValueError | TypeError)
 
 
 def apply_threads(n: int) -> int:

@@ -410,15 +410,17 @@ def test_failed_send_falls_through_to_the_next_idle_replica() -> None:
     run(body)
 
 
-def test_error_result_fails_every_query_of_the_batch() -> None:
+def test_error_result_splits_the_batch_until_each_query_fails_alone() -> None:
     async def body() -> None:
         rig = Rig()
         futures = [rig.submit([float(i)]) for i in range(3)]
         r1 = rig.add("r1", initial=3)
         rig.path.pump()
-        bid = rig.link.sent[0][1]["bid"]
-        rig.path.on_result(r1, {"t": wire.RESULT, "bid": bid, "ok": False,
-                                "error": "ValueError: boom"}, [])
+        while r1.batch is not None:  # the model raises on every part it is given
+            bid = rig.link.sent[-1][1]["bid"]
+            rig.path.on_result(r1, {"t": wire.RESULT, "bid": bid, "ok": False,
+                                    "error": "ValueError: boom"}, [])
+        assert len(rig.link.sent) == 5  # 2n - 1 parts: 3, then 2 and 1, then 1 and 1
         for future in futures:
             error = failure(future)
             assert isinstance(error, PredictError) and "boom" in str(error)

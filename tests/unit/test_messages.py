@@ -38,6 +38,7 @@ _VALID = [
                                                        "shape": [1, 2]}, "ms": 1.0}, 1),
     ({"t": wire.RESULT, "bid": 1, "ok": True, "out": {"k": "obj", "v": [1]}}, 0),
     ({"t": wire.RESULT, "bid": 1, "ok": False, "error": "x"}, 0),
+    ({"t": wire.RESULT, "bid": 1, "ok": False, "error": "x", "bad_input": True}, 0),
     ({"t": wire.HELLO, "replica": "r", "model": "m", "version": 1, "pid": 3,
       "input": {"name": "i", "datatype": "FP32", "shape": [2]}, "output": None}, 0),
     ({"t": wire.HEARTBEAT, "served": 3}, 0),
@@ -124,6 +125,13 @@ def test_a_result_round_trips_into_a_typed_record() -> None:
     np.testing.assert_array_equal(message.outputs, np.arange(6).reshape(3, 2))
 
 
+def test_an_error_result_says_whether_the_model_blamed_its_input() -> None:
+    header = {"t": wire.RESULT, "bid": 5, "ok": False, "error": "ValueError: x"}
+    assert messages.decode(wire.encode(header)) == messages.Result(5, False, error="ValueError: x")
+    blamed = messages.decode(wire.encode({**header, "bad_input": True}))
+    assert isinstance(blamed, messages.Result) and blamed.bad_input
+
+
 def test_a_hello_carries_typed_signatures() -> None:
     spec = {"name": "x", "datatype": "FP32", "shape": [4]}
     message = messages.decode(wire.encode({"t": wire.HELLO, "replica": "m/v1/0", "model": "m",
@@ -144,6 +152,7 @@ def test_a_hello_carries_typed_signatures() -> None:
                                                        "shape": [3]}}, [b"\0" * 8]),
     ({"t": wire.RESULT, "bid": 1, "ok": True, "out": {"k": "obj", "v": 1}}, [b""]),
     ({"t": wire.RESULT, "bid": 1, "ok": False}, [b"x"]),
+    ({"t": wire.RESULT, "bid": 1, "ok": False, "bad_input": 1}, []),  # not a bool
     ({"t": wire.HELLO, "model": "m", "version": 1}, []),  # no replica
     ({"t": wire.HELLO, "replica": "r", "model": "m", "version": True}, []),
     ({"t": wire.HELLO, "replica": "r", "model": "m", "version": 1, "input": [1]}, []),

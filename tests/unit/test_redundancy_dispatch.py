@@ -22,7 +22,7 @@ from parityserve.config import BatchingConfig, Deployment, ParityConfig, Redunda
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.core.scheduling import modes
-from parityserve.errors import PredictError
+from parityserve.errors import InvalidInput, PredictError
 from parityserve.runtime import wire
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.metrics import Metrics
@@ -77,10 +77,12 @@ class Rig:
         """Answer like a linear model: outputs = inputs (+ ``plus``, to fake a wrong one)."""
         self.answer(index, np.asarray(self.link.batch(index)) + np.float32(plus))
 
-    def fail(self, index: int, error: str = "ValueError: boom") -> None:
+    def fail(self, index: int, error: str = "ValueError: boom", *,
+             bad_input: bool = False) -> None:
         rid, header, _ = self.link.sent[index]
         self.path.on_result(self.path.replicas[rid], {"t": wire.RESULT, "bid": header["bid"],
-                                                      "ok": False, "error": error}, [])
+                                                      "ok": False, "error": error,
+                                                      "bad_input": bad_input}, [])
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
@@ -149,17 +151,46 @@ def test_none_sends_each_batch_once() -> None:
     run(body)
 
 
-def test_none_error_result_fails_the_futures_with_predict_error() -> None:
+def test_an_error_result_splits_the_batch_and_fails_only_the_row_the_model_raised_on() -> None:
     async def body() -> None:
         rig = Rig(deployment())
         futures = [rig.submit([float(i)]) for i in range(2)]
         rig.add("r1", initial=2)
         rig.path.pump()
-        rig.fail(0, "ValueError: boom")
-        for future in futures:
-            error = future.exception()
-            assert isinstance(error, PredictError) and "boom" in str(error)
+        rig.fail(0, "RuntimeError: boom")  # the batch of both
+        assert not any(f.done() for f in futures)
+        assert rig.link.batch(1).tolist() == [[0.0]]  # its halves, one at a time
+        rig.fail(1, "RuntimeError: boom")
+        rig.echo(2)
+        error = futures[0].exception()
+        assert isinstance(error, PredictError) and "boom" in str(error)
+        assert futures[1].result().tolist() == [1.0]
         assert rig.path.replicas["r1"].idle and not rig.path.inflight
+
+    run(body)
+
+
+def test_a_row_the_model_blames_alone_fails_as_bad_input() -> None:
+    async def body() -> None:
+        rig = Rig(deployment())
+        rig.add("r1")
+        future = rig.submit([-1.0])
+        rig.fail(0, "ValueError: negative", bad_input=True)
+        error = future.exception()
+        assert isinstance(error, InvalidInput) and "ValueError: negative" in str(error)
+
+    run(body)
+
+
+def test_a_result_the_frontend_refused_is_not_split() -> None:
+    async def body() -> None:
+        rig = Rig(deployment())
+        futures = [rig.submit([float(i)]) for i in range(2)]
+        replica = rig.add("r1", initial=2)
+        rig.path.pump()
+        assert rig.path.refuse_batch(replica, "malformed result")
+        assert all(isinstance(f.exception(), PredictError) for f in futures)
+        assert len(rig.link.sent) == 1
 
     run(body)
 
@@ -451,20 +482,41 @@ def test_parm_second_group_opens_after_the_first_is_full() -> None:
 
 def test_parm_error_fails_the_group_only_when_nothing_can_answer() -> None:
     async def body() -> None:
+        unusable = np.zeros((3, 2), np.float32)  # three rows for two: refused, not raised
         rig, futures = parm_rig()
-        rig.fail(0)  # batch 0's replica errors: the parity can still rebuild it
+        rig.answer(0, unusable)  # batch 0's outputs are refused: the parity can rebuild it
         assert not futures[0].done()
         rig.echo(1)
         rig.echo(2)
         assert values(futures[:2]) == [[1.0, 2.0], [3.0, 4.0]]
+        assert rig.path.reconstruction(futures[0]) == "parm-subtraction"
 
         rig, futures = parm_rig()
-        rig.fail(0)
+        rig.answer(0, unusable)
         rig.fail(2, "RuntimeError: parity broken")
         rig.echo(1)
         assert values(futures[2:]) == [[10.0, 20.0]]
         for future in futures[:2]:
             assert isinstance(future.exception(), PredictError)
+
+    run(body)
+
+
+def test_parm_a_batch_the_model_raised_on_leaves_its_group_and_is_split() -> None:
+    # Not rebuilt from the parity: the parity of a bad row would rebuild garbage for it.
+    async def body() -> None:
+        rig, futures = parm_rig()
+        rig.fail(0)  # batch 0, two rows: split; d0 takes the first half at once
+        rig.fail(2, "RuntimeError: parity broken")  # the group's parity fails too
+        assert rig.link.rids() == ["d0", "d1", "p0", "d0"]
+        rig.echo(1)  # batch 1 answers itself; d1 takes the second half
+        assert values(futures[2:]) == [[10.0, 20.0]]
+        assert not futures[0].done() and not futures[1].done()
+        rig.fail(3, "ValueError: a bad row", bad_input=True)
+        rig.echo(4)
+        assert isinstance(futures[0].exception(), InvalidInput)
+        assert values(futures[1:2]) == [[3.0, 4.0]]
+        assert rig.path.reconstruction(futures[1]) is None
 
     run(body)
 
@@ -583,26 +635,30 @@ def test_berrut_error_locator_names_the_corrupted_replica_only() -> None:
 
 
 def test_berrut_error_results_fail_the_group_once_nothing_else_can_answer() -> None:
+    # Refused outputs (not the model raising): nothing to retry, the queries fail.
     async def body() -> None:
         rig = Rig(deployment("berrut", replicas=3, K=2, S=1))
         futures = [rig.submit([float(i)]) for i in range(2)]
         for rid in ("r0", "r1", "r2"):
             rig.add(rid)
         rig.path.pump()
-        rig.fail(0)
-        rig.fail(1)
+        unusable = np.zeros((3, 1), np.float32)  # three rows for one
+        rig.answer(0, unusable)
+        rig.answer(1, unusable)
         assert not any(f.done() for f in futures)  # r2 still runs its task
-        rig.fail(2, "RuntimeError: all gone")
+        rig.answer(2, unusable)
         for future in futures:
             error = future.exception()
-            assert isinstance(error, PredictError) and "all gone" in str(error)
+            assert isinstance(error, PredictError) and "unusable outputs" in str(error)
+        assert len(rig.link.sent) == 3
 
     run(body)
 
 
-def test_berrut_group_fails_when_its_last_task_answers_too_late_to_help() -> None:
-    # Two errors, then the third result: one result cannot decode K = 2 batches, and no
-    # task is left that could help, so the queries fail now rather than at their deadline.
+def test_berrut_group_the_model_raised_on_is_sent_again_uncoded() -> None:
+    # Two errors, then the third result: one result cannot decode K = 2 batches, and no task
+    # is left that could help. A coded task mixes every row of the group, so no row can be
+    # blamed: its batches go again uncoded (split there if they fail), each failing alone.
     async def body() -> None:
         rig = Rig(deployment("berrut", replicas=3, K=2, S=1))
         futures = [rig.submit([float(i)]) for i in range(2)]
@@ -611,10 +667,16 @@ def test_berrut_group_fails_when_its_last_task_answers_too_late_to_help() -> Non
         rig.path.pump()
         rig.fail(0)
         rig.fail(1, "RuntimeError: two gone")
+        assert not any(f.done() for f in futures)
         rig.echo(2)
-        for future in futures:
-            error = future.exception()
-            assert isinstance(error, PredictError) and "two gone" in str(error)
+        assert rig.link.rids()[3:] == ["r0", "r1"]  # one plain batch per coded batch
+        assert [rig.link.batch(i).tolist() for i in (3, 4)] == [[[0.0]], [[1.0]]]
+        rig.fail(3, "RuntimeError: two gone")
+        rig.echo(4)
+        error = futures[0].exception()
+        assert isinstance(error, PredictError) and "two gone" in str(error)
+        assert futures[1].result().tolist() == [1.0]
+        assert rig.path.reconstruction(futures[1]) is None
 
     run(body)
 
@@ -728,12 +790,29 @@ def test_systematic_berrut_subtract_decoder_rebuilds_unrelated_inputs_exactly() 
 def test_systematic_berrut_fails_a_batch_that_nothing_can_answer() -> None:
     async def body() -> None:
         rig, futures, _ = systematic_rig()
-        rig.fail(0)
-        rig.fail(2)
+        unusable = np.zeros((3, 2), np.float32)  # refused outputs: nothing to split
+        rig.answer(0, unusable)
+        rig.answer(2, unusable)
         rig.echo(1)  # batch 1 answers itself; batch 0 has neither original nor code
         assert values(futures[2:]) == [[-2.0, 7.0], [4.0, 0.5]]
         for future in futures[:2]:
             assert isinstance(future.exception(), PredictError)
+
+    run(body)
+
+
+def test_systematic_berrut_a_batch_the_model_raised_on_is_split_not_decoded() -> None:
+    async def body() -> None:
+        rig, futures, _ = systematic_rig()
+        rig.fail(0)  # batch 0's original raised: its rows leave the group, split in two
+        rig.fail(2)  # the coded task raised too
+        rig.echo(1)  # batch 1 answers itself
+        assert values(futures[2:]) == [[-2.0, 7.0], [4.0, 0.5]]
+        assert [rig.link.batch(i).tolist() for i in (3, 4)] == [[[1.0, 2.0]], [[3.0, 5.0]]]
+        rig.echo(3)
+        rig.fail(4, "ValueError: bad row", bad_input=True)
+        assert values(futures[:1]) == [[1.0, 2.0]]
+        assert isinstance(futures[1].exception(), InvalidInput)
 
     run(body)
 

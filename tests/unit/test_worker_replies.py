@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from parityserve.errors import PredictError
 from parityserve.runtime import messages, wire
 from parityserve.runtime.worker import WorkerSpec, _Worker
 
@@ -44,6 +45,39 @@ def test_unsendable_outputs_become_an_error_result(outputs: Any) -> None:
     assert isinstance(result, messages.Result)
     assert (result.bid, result.ok) == (9, False)
     assert "cannot be sent" in result.error
+
+
+class _Raises:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def predict(self, batch: Any) -> Any:
+        raise self.error
+
+
+def _wrapped(error: Exception) -> Exception:
+    try:  # as LoadedModel.predict wraps what a user's predict raised
+        raise PredictError(f"predict raised {error}") from error
+    except PredictError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(("error", "blamed"), [
+    (ValueError("negative"), True),
+    (TypeError("not a number"), True),
+    (_wrapped(ValueError("inhomogeneous shape")), True),
+    (RuntimeError("weights are garbage"), False),
+    (_wrapped(RuntimeError("CUDA out of memory")), False),
+    (PredictError("returned 2 outputs for 1 queries"), False),  # the model's own bug
+])
+def test_an_error_result_says_whether_the_model_blamed_its_input(error, blamed) -> None:
+    sock = _Sock()
+    worker = _Worker(WorkerSpec("m/v1/0#1-ab", "m", 1, "zoo:echo"), _Raises(error), sock)
+    desc, frames = wire.pack_payload(np.zeros((1, 2), np.float32))
+    worker.predict({"t": wire.PREDICT, "bid": 9, "in": desc}, [bytes(f) for f in frames])
+    result = messages.decode(sock.sent[0])
+    assert isinstance(result, messages.Result) and not result.ok
+    assert result.bad_input is blamed
 
 
 def _delays(worker: _Worker, batches: int) -> list[float]:

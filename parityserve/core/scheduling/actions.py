@@ -55,10 +55,12 @@ class Expire:
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """Computing these queries failed, and nothing left can answer them."""
+    """Computing these queries failed, and nothing left can answer them. ``bad_input``: one
+    query, alone, on which the model raised a ValueError or TypeError: its input's problem."""
 
     entries: Sequence[Entry[Query]]
     error: str
+    bad_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from parityserve.core.scheduling.actions import (
 from parityserve.core.scheduling.modes import Redundancy, make_mode
 from parityserve.core.scheduling.pools import DATA_POOL
 from parityserve.core.scheduling.records import (
+    Failure,
     GroupRun,
     InflightBatch,
     Query,
@@ -156,10 +157,13 @@ class Scheduler:
         return self.pump_at(now)
 
     def task_error(self, batch: InflightBatch, error: str, now: float, *,
-                   computed: bool = False) -> list[Action]:
-        """``batch`` failed (``computed``: the worker ran it, but its outputs are unusable)."""
+                   computed: bool = False, raised: bool = False,
+                   bad_input: bool = False) -> list[Action]:
+        """``batch`` failed (``computed``: the worker ran it, but its outputs are unusable;
+        ``raised``: the model raised on it, so the batch is split to find the rows it raised
+        on; ``bad_input``: the model blamed its input; see ``records.Failure``)."""
         self._finish(batch, now, computed=computed)
-        batch.task.via.on_error(batch, error)
+        batch.task.via.on_error(batch, Failure(error, raised, bad_input))
         return self.pump_at(now)
 
     def take_back(self, replica: Replica) -> int:
@@ -427,10 +431,10 @@ class Scheduler:
         if entries:
             self._out.append(Answer(entries, rows, decoded.method))
 
-    def fail(self, entries: list[Entry[Query]], error: str) -> None:
+    def fail(self, entries: list[Entry[Query]], error: str, *, bad_input: bool = False) -> None:
         live = _unanswered(entries)
         if live:
-            self._out.append(Fail(live, error))
+            self._out.append(Fail(live, error, bad_input))
 
     def located(self, rid: str | None) -> None:
         replica = self.replicas.get(rid or "")

@@ -26,6 +26,7 @@ import numpy as np
 
 from parityserve.core.coding import BerrutCode, LinearCode, SystematicBerrut
 from parityserve.core.deadline_queue import Entry
+from parityserve.core.isolation import halves, split_after_failure
 from parityserve.core.redundancy import (
     BerrutGroup,
     Decoded,
@@ -37,6 +38,7 @@ from parityserve.core.redundancy import (
 from parityserve.core.scheduling.actions import Action, CodingFailed, Redundant
 from parityserve.core.scheduling.pools import DATA_POOL, parity_pool, parity_pools
 from parityserve.core.scheduling.records import (
+    Failure,
     GroupRun,
     InflightBatch,
     Query,
@@ -81,7 +83,8 @@ class Host(Protocol):
 
     def deliver_decoded(self, run: GroupRun, decoded: Decoded) -> None: ...
 
-    def fail(self, entries: list[Entry[Query]], error: str) -> None: ...
+    def fail(self, entries: list[Entry[Query]], error: str, *,
+             bad_input: bool = False) -> None: ...
 
     def requeue(self, entries: list[Entry[Query]]) -> None: ...
 
@@ -139,11 +142,27 @@ class Redundancy:
         task.done = True
         self.host.settle(task.entries, outputs)
 
-    def on_error(self, batch: InflightBatch, error: str) -> None:
+    def on_error(self, batch: InflightBatch, failure: Failure) -> None:
         task = batch.task
         if task.running > 0 or (task.pool != DATA_POOL or task.kind != TaskKind.DATA):
             return  # another copy is still working on it
-        self.host.fail(task.entries, error)
+        self.isolate(task, failure)
+
+    def isolate(self, task: Task, failure: Failure) -> None:
+        """A data task failed and nothing else runs it: split it in two when the model raised
+        on it, so that only the rows it raises on fail (core/isolation.py); else (or once a
+        part is one row) fail its unanswered rows with the error."""
+        live = [e for e in task.entries if not e.item.answered]
+        level = split_after_failure(len(live), failure.raised, task.split)
+        if level is None:
+            self.host.fail(live, failure.error, bad_input=failure.bad_input and len(live) == 1)
+            return
+        task.done = True  # its halves own its rows now: no copy or re-issue runs it again
+        for part in reversed(halves(live)):  # the first half ends up first in the queue
+            half = self.host.new_task(part)
+            half.split = level
+            self.push(half, front=True)
+        self.host.emit(Redundant("split"))
 
     def take_back(self, task: Task) -> int:
         """A replica holding ``task`` failed: requeue it; returns how many queries went back."""
@@ -177,10 +196,10 @@ class Replication(Redundancy):
             return len(task.entries)
         return 0
 
-    def on_error(self, batch: InflightBatch, error: str) -> None:
+    def on_error(self, batch: InflightBatch, failure: Failure) -> None:
         task = batch.task
         if task.running == 0 and not self.queued(task):
-            self.host.fail(task.entries, error)
+            self.isolate(task, failure)
 
 
 class Reactive(Replication):
@@ -296,14 +315,16 @@ class Parm(Redundancy):
             _parm_core(run).arrive(task.slot, stacked)
         self._try_decode(run)
 
-    def on_error(self, batch: InflightBatch, error: str) -> None:
+    def on_error(self, batch: InflightBatch, failure: Failure) -> None:
         run = batch.task.group
         if run is None:
-            super().on_error(batch, error)
+            super().on_error(batch, failure)
             return
-        run.error = error
+        if _isolate_from_group(self, run, batch.task, failure):
+            return
+        run.error = failure.error
         if _parm_core(run).decision(self.host.now) is None:  # else a decode is due or timed
-            self._fail_if_stuck(run, error)
+            self._fail_if_stuck(run, failure.error)
 
     def _try_decode(self, run: GroupRun) -> None:
         core = _parm_core(run)
@@ -436,21 +457,42 @@ class Berrut(Redundancy):
         self.host.deliver_decoded(run, decoded)
         run.finished = True
 
-    def on_error(self, batch: InflightBatch, error: str) -> None:
+    def on_error(self, batch: InflightBatch, failure: Failure) -> None:
         run = batch.task.group
         if run is None:
-            super().on_error(batch, error)  # a batch that could not be coded, sent plainly
+            super().on_error(batch, failure)  # a batch that could not be coded, sent plainly
             return
-        run.error = error
-        self._fail_if_stuck(run, error)
+        if _isolate_from_group(self, run, batch.task, failure):
+            return
+        run.error = failure.error
+        run.raised = run.raised or failure.raised
+        self._fail_if_stuck(run, failure.error)
 
     def _fail_if_stuck(self, run: GroupRun, error: str) -> None:
-        """Fail the group's unanswered queries once no task of it runs or waits to run."""
+        """Once no task of the group runs or waits to run, its unanswered queries fail, or,
+        when the model raised on a coded task (which mixes every row of the group, so no row
+        can be blamed), they are sent again uncoded, where a failing batch is split."""
         if all(t.done or t.running == 0 for t in run.tasks) and not any(
                 t.needed() for q in self.host.mode.pending.values() for t in q
                 if t.group is run):
-            self.host.fail(run.unanswered(), error)
             run.finished = True
+            if run.raised:
+                chunks = [[e for e in es if not e.item.answered] for es in run.entries.values()]
+                self._send_plainly([c for c in chunks if c])
+            else:
+                self.host.fail(run.unanswered(), error)
+
+
+def _isolate_from_group(mode: Redundancy, run: GroupRun, task: Task, failure: Failure) -> bool:
+    """A data task of a coding group that the model raised on: its queries leave the group
+    and are split like any failed batch (True). The group must not answer them too: its
+    decoder would rebuild a bad row's answer from the parity of garbage. The group goes on for
+    its other batches."""
+    if not failure.raised or task.kind != TaskKind.DATA:
+        return False
+    run.entries[task.slot] = []
+    mode.isolate(task, failure)
+    return True
 
 
 def make_mode(host: Host, settings: ModeSettings) -> Redundancy:

@@ -14,11 +14,12 @@ from typing import Any, Protocol
 
 from parityserve.core.batching import AIMDController
 from parityserve.core.deadline_queue import Entry
+from parityserve.core.isolation import Bisection
 from parityserve.core.redundancy import BerrutGroup, ParmGroup, SystematicGroup
 from parityserve.core.scheduling.pools import DATA_POOL
 
-__all__ = ["CodingGroup", "GroupRun", "InflightBatch", "Query", "Replica", "ReplicaState",
-           "Task", "TaskKind", "TaskOwner", "rows_of"]
+__all__ = ["CodingGroup", "Failure", "GroupRun", "InflightBatch", "Query", "Replica",
+           "ReplicaState", "Task", "TaskKind", "TaskOwner", "rows_of"]
 
 CodingGroup = ParmGroup | BerrutGroup | SystematicGroup
 
@@ -52,13 +53,24 @@ class Query:
     wanted_until: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a task failed. ``raised``: the model itself raised on the payload, so splitting the
+    batch can find the rows it raised on (core/isolation.py); not so for outputs the frontend
+    refused. ``bad_input``: the model blamed its input (a ValueError or TypeError)."""
+
+    error: str
+    raised: bool = False
+    bad_input: bool = False
+
+
 class TaskOwner(Protocol):
     """The redundancy mode that made a task: its outcome goes back to that mode, even after
     the model switched to another (``modes.Redundancy``)."""
 
     def on_output(self, batch: InflightBatch, outputs: Any) -> None: ...
 
-    def on_error(self, batch: InflightBatch, error: str) -> None: ...
+    def on_error(self, batch: InflightBatch, failure: Failure) -> None: ...
 
     def take_back(self, task: Task) -> int: ...
 
@@ -75,6 +87,7 @@ class GroupRun:
     # single Byzantine (or slow) replica would count as two.
     assigned: set[str] = field(default_factory=set)
     error: str | None = None
+    raised: bool = False  # a task of it failed because the model raised (see ``Failure``)
     finished: bool = False
     # The group watches its tasks but does not own them: each task points at its group, and a
     # strong list back would make every group a reference cycle that only Python's cyclic
@@ -126,6 +139,9 @@ class Task:
     slot: int = -1
     done: bool = False  # its output arrived (from any copy): later copies are not needed
     running: int = 0  # replicas working on it now
+    # A part of a failed batch being split to find the rows the model raises on; None: a
+    # batch as formed (core/isolation.py).
+    split: Bisection | None = None
     rows: int = field(init=False)  # rows of the payload: what the replica computes
 
     def __post_init__(self) -> None:
