@@ -426,7 +426,9 @@ async def _warm_up(http: HttpSender) -> None:
 
 async def _run_windows(url: str, pid: int, hostile: Connection, params: dict[str, Any],
                        todo: Sequence[Window], store: dict[str, Any], path: Path) -> None:
-    async with HttpSender(url, limit=256, timeout_s=_DEADLINE_S) as http:
+    # 100 connections, as httpx and aiohttp open by default: an ordinary client, well under
+    # the per-address cap (a slow server makes queries wait for one; that counts as latency)
+    async with HttpSender(url, limit=100, timeout_s=_DEADLINE_S) as http:
         await _warm_up(http)
         session = Session(http, pid, hostile, params)
         for window in todo:
