@@ -362,9 +362,15 @@ def _cmd_token(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
     from parityserve.models.extras import check_extras, needed_extras
+    from parityserve.runtime.admin_ops import check_zoo_sources
+    from parityserve.runtime.graphs import stateful_models
 
     config = load_config(args.config)
     check_extras(needed_extras(config), where=str(args.config))
+    stateful = stateful_models(config)
+    for model in config.models:  # what every worker would refuse to load, said now
+        if model.name not in stateful:
+            check_zoo_sources(model)
     schedulers = _check_schedulers(config, Path(args.config).parent, args.config)
     print(f"{args.config}: ok — {len(config.models)} models, "
           f"{len(config.applications)} applications")

@@ -36,7 +36,13 @@ from parityserve.core.cache import ClockCache
 from parityserve.errors import ConfigError, InvalidInput, ModelLoadError, Unavailable, WorkerError
 from parityserve.models.extras import check_extras, deployment_needs, needed_extras
 from parityserve.models.sources import scrub_paths
-from parityserve.runtime.admin_ops import AppAdmin, ModelAdmin, revalidated, slo_for
+from parityserve.runtime.admin_ops import (
+    AppAdmin,
+    ModelAdmin,
+    check_zoo_sources,
+    revalidated,
+    slo_for,
+)
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.applications import AppRuntime
 from parityserve.runtime.commands import Command
@@ -80,6 +86,9 @@ class ServingSystem:
     ) -> None:
         self._graph_models = stateful_models(config)  # a clash is refused before anything starts
         check_extras(needed_extras(config))  # a missing framework, before any process starts
+        for deployment in config.models:  # zoo:nope in the file: now, not in every worker
+            if deployment.name not in self._graph_models:
+                check_zoo_sources(deployment)
         self.config = config
         self.base_dir = base_dir
         self.data_dir = data_dir

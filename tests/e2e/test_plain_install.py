@@ -190,3 +190,17 @@ def test_without_torch_a_torch_deploy_is_refused_with_400_and_the_server_serves_
             client.deploy({"name": "lenet", "source": "zoo:lenet5"})
         assert TORCH_HINT in str(refused.value) and "zoo:lenet5" in str(refused.value)
         assert client.predict("double", [1.0])["output"] == [2.0]
+
+
+@pytest.mark.parametrize("command", ["validate", "start"])
+def test_a_zoo_name_no_worker_could_load_is_refused_before_any_starts(
+        tmp_path: Path, command: str) -> None:
+    config = {"server": {"http_port": 0},
+              "models": [{"name": "typo", "source": "zoo:ecoh"}],
+              "applications": [{"name": "typo", "models": ["typo"], "slo_ms": 5000}]}
+    path = write_config(config, tmp_path / "serving.yaml")
+    done = subprocess.run([PARITYSERVE, command, "-c", str(path)], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown zoo model 'ecoh'" in done.stderr and "echo" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
