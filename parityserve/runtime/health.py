@@ -9,7 +9,7 @@ from __future__ import annotations
 from parityserve.core.scheduling import DATA_POOL, ReplicaState
 from parityserve.runtime.dispatch import ModelPath, Replica
 
-__all__ = ["STARTUP_TIMEOUT_S", "live_replicas", "replica_failure"]
+__all__ = ["STARTUP_TIMEOUT_S", "holds_server_readiness", "live_replicas", "replica_failure"]
 
 STARTUP_TIMEOUT_S = 120.0  # importing torch and loading weights on a busy 2-core box is slow
 
@@ -35,3 +35,13 @@ def live_replicas(path: ModelPath, now: float, heartbeat_timeout_s: float) -> li
     from the supervisor's last verdict, which trails a kill or a hang."""
     return [r for r in path.ready_replicas()
             if r.pool == DATA_POOL and replica_failure(r, now, heartbeat_timeout_s) is None]
+
+
+def holds_server_readiness(path: ModelPath, load_error: str | None) -> bool:
+    """Whether the server's readiness waits for this model to be live: every model that asks
+    for replicas, except one whose load failed. That one is not ready itself (its own ready
+    route, gRPC ModelReady, ``load_error`` in /admin/state), but a load balancer that drops a
+    not-ready server must not lose every other model with it. A server whose configured model
+    cannot load at start does not start at all, so this covers deploys, scale-ups and reloads
+    that fail later; a model that crashed or hangs and is being restarted still counts."""
+    return bool(path.deployment.replicas) and load_error is None

@@ -50,7 +50,7 @@ from parityserve.runtime.credentials import ReplicaCredentials, server_keys
 from parityserve.runtime.dispatch import ModelPath, Replica
 from parityserve.runtime.expected import expected_accuracy
 from parityserve.runtime.graphs import Graphs, stateful_models
-from parityserve.runtime.health import STARTUP_TIMEOUT_S, live_replicas
+from parityserve.runtime.health import STARTUP_TIMEOUT_S, holds_server_readiness, live_replicas
 from parityserve.runtime.inbox import Inbox
 from parityserve.runtime.keys import ServerKeys
 from parityserve.runtime.launcher import LocalLauncher, WorkerProcess
@@ -296,9 +296,16 @@ class ServingSystem:
         return ModelMetadata(path.name, (str(path.version),), path.platform, inputs, outputs)
 
     def is_ready(self) -> bool:
+        """KServe's "all models ready", but a model whose load failed is not ready on its own
+        routes only (``health.holds_server_readiness``)."""
         graphs_ready = self.graphs.ready() if self.graphs is not None else not self.config.graphs
         return graphs_ready and all(
-            self._live(p) for p in self.models.values() if p.deployment.replicas)
+            self._live(p) for p in self.models.values()
+            if holds_server_readiness(p, self._load_error(p)))
+
+    def _load_error(self, path: ModelPath) -> str | None:
+        supervisor = self._supervisor
+        return supervisor.load_error(path) if supervisor is not None else None
 
     def model_ready(self, model: str, version: int | None) -> bool:
         if self.graphs is not None and self.has_graph(model):

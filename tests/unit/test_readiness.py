@@ -59,3 +59,32 @@ def test_readiness(replica, age_s, ready) -> None:
     assert system.model_ready("m", None) is ready
     assert system.is_ready() is ready  # "idle" asks for no replica, so it never holds it back
     assert system.model_ready("idle", None) is False
+
+
+class _Supervisor:
+    """The one thing readiness asks the supervisor: which models failed to load."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+
+    def load_error(self, path: ModelPath) -> str | None:
+        return self.errors.get(path.name)
+
+
+@pytest.mark.parametrize(("replica", "server_ready"), [
+    ({"state": "ready"}, True),  # the broken model does not hold the server back
+    ({"state": "starting"}, False),  # a model still starting does
+    ({"state": "ready", "process": FakeProcess(-9)}, False),  # and so does one just killed
+])
+def test_a_model_that_failed_to_load_is_not_ready_itself_but_the_server_is(
+        replica, server_ready) -> None:
+    clock = FakeClock()
+    system = _system(clock, **replica)
+    broken = Deployment(name="broken", source="zoo:noop", replicas=1)
+    system.models["broken"] = ModelPath(broken, link=FakeLink(), metrics=system.metrics,
+                                        cache=system.cache, clock=clock, slo_s=1.0,
+                                        max_queue=10)
+    assert not system.is_ready()  # starting, no load error yet: the server waits for it
+    system._supervisor = _Supervisor({"broken": "RuntimeError: no weights"})  # type: ignore
+    assert system.model_ready("broken", None) is False
+    assert system.is_ready() is server_ready
