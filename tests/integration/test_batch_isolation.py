@@ -74,9 +74,10 @@ class NoSpec:
 
 
 def _model(name: str, cls: str, gate: Path) -> dict[str, Any]:
-    # AIMD's first full batch (of one) raises its limit straight to the ceiling.
+    # AIMD's first full batch (of one) raises its limit straight to the ceiling; the queries
+    # lined up may wait long on a loaded machine, and must not expire meanwhile.
     return {"name": name, "source": f"python:isolation_models:{cls}", "replicas": 1,
-            "options": {"gate": str(gate)},
+            "options": {"gate": str(gate)}, "timeout_ms": 120_000,
             "batching": {"max_batch_size": 16, "additive_step": 16, "busy_delay_ms": 0}}
 
 
@@ -109,33 +110,34 @@ def _batches_over(url: str, model: str, rows: int) -> float:
     families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
     buckets = {s.labels["le"]: s.value for f in families for s in f.samples
                if s.name == "parityserve_batch_size_bucket" and s.labels["model"] == model}
-    return buckets["+Inf"] - buckets[f"{float(rows)}"]
+    return buckets["+Inf"] - buckets.get(f"{float(rows)}", 0.0)
 
 
 def _one_batch(server: RunningServer, gate: Path, model: str, holder: list[float],
                rows: list[list[float]]) -> list[httpx.Response]:
     """Send ``rows`` as concurrent one-row requests that the worker gets as one batch."""
     url = server.url
+    answers: list[Any] = [None] * len(rows)
+
+    def ask(i: int) -> None:
+        answers[i] = _infer(url, model, rows[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(rows))]
+    held = threading.Thread(target=_infer, args=(url, model, holder))
     with Client(url) as client:
         # Warm: AIMD lets the replica take a whole batch of them at once.
         wait_until(lambda: _infer(url, model, holder).status_code == 200 and model_state(
             client, model)["replicas"][0]["max_batch_size"] >= len(rows), timeout_s=60)
         gate.touch()
-        held = threading.Thread(target=_infer, args=(url, model, holder))
-        held.start()
-        wait_until(lambda: model_state(client, model)["replicas"][0]["inflight"] == 1)
-        answers: list[Any] = [None] * len(rows)
-
-        def ask(i: int) -> None:
-            answers[i] = _infer(url, model, rows[i])
-
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(rows))]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: model_state(client, model)["queue"]["depth"] == len(rows))
-        gate.unlink()
-    held.join(60)
-    for thread in threads:
+        try:
+            held.start()
+            wait_until(lambda: model_state(client, model)["replicas"][0]["inflight"] == 1)
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: model_state(client, model)["queue"]["depth"] == len(rows))
+        finally:
+            gate.unlink()  # also on a failure: the worker must not stay held
+    for thread in [held, *threads]:
         thread.join(60)
     assert _batches_over(url, model, SHARED // 2 + 2) >= 1  # they did share one batch
     return answers
@@ -169,3 +171,12 @@ def test_rows_of_another_width_fail_alone_on_a_model_without_a_signature(served)
     rows = [[1.0, float(i)] if i in bad else [float(i), 1.0, 2.0, 3.0] for i in range(SHARED)]
     answers = _one_batch(server, gate, "nospec", [HOLD] * 4, rows)
     _check(answers, rows, bad, lambda row: [sum(row)], "ValueError: matmul")
+
+
+def test_a_row_that_breaks_a_declared_signature_is_refused_before_it_is_batched(served) -> None:
+    server, _ = served
+    url = server.url
+    before = _batches_over(url, "picky", 0)
+    answer = _infer(url, "picky", [1.0, 2.0, 3.0])
+    assert answer.status_code == 400 and "expected shape [-1, 2]" in answer.json()["error"]
+    assert _batches_over(url, "picky", 0) == before  # no batch ran for it
