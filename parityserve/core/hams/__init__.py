@@ -7,9 +7,13 @@
 * ``topology``: a validated graph, with next/previous stateful operators;
 * ``recovery``: which backups to promote and what is speculation after a failure;
 * ``router``: the frontend's graph router (every operator's request manager, the commit);
-* ``history``: an operator's durable history rebuilt from client replies (the replay check).
+* ``history``: an operator's durable history rebuilt from client replies (the replay check);
+* ``bisect``: which rows of a failed batch fail it, found in row order;
+* ``streams``: a per-stream operator's slot table (which idle stream a new one evicts);
+* ``inflight``: an operator's batches in flight, their deadlines and its progress.
 """
 
+from parityserve.core.hams.bisect import Part, RowBisection
 from parityserve.core.hams.durability import (
     BackupApplier,
     Held,
@@ -18,6 +22,7 @@ from parityserve.core.hams.durability import (
     Watermarks,
 )
 from parityserve.core.hams.history import AuditRow, HistoryBatch, HistoryError, durable_batches
+from parityserve.core.hams.inflight import InFlight, InFlightStats
 from parityserve.core.hams.lineage import (
     FRONTEND,
     Hop,
@@ -32,12 +37,14 @@ from parityserve.core.hams.recovery import Failover, plan_failover
 from parityserve.core.hams.requests import Arrival, Executed, RequestManager
 from parityserve.core.hams.router import GraphRouter
 from parityserve.core.hams.shipping import CopyOrder, PrimaryShipper, ShipperStats
+from parityserve.core.hams.streams import StreamPlan, plan_streams
 from parityserve.core.hams.topology import GraphError, Topology
 
 __all__ = [
     "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "Executed", "Failover",
-    "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "Lineage",
-    "OutputCommit", "PrimaryShipper", "RequestManager", "ShipperStats", "StateRecord",
-    "Topology", "Watermarks", "client_of", "durable_batches", "extend", "merge",
-    "plan_failover", "seq_at", "speculative",
+    "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
+    "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RequestManager",
+    "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology", "Watermarks",
+    "client_of", "durable_batches", "extend", "merge", "plan_failover", "plan_streams",
+    "seq_at", "speculative",
 ]

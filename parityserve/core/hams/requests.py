@@ -19,7 +19,7 @@ The manager
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -78,10 +78,20 @@ class RequestManager(Generic[P]):
         self._queue.append(arrival)
         return True
 
-    def form_batch(self, limit: int) -> list[Executed[P]]:
-        """Take up to ``limit`` inputs in queue order and number them as they will execute."""
+    def records(self) -> int:
+        """Executed requests still kept (until their client request is collected)."""
+        return len(self._log)
+
+    def form_batch(self, limit: int, same: Callable[[P], Hashable] | None = None
+                   ) -> list[Executed[P]]:
+        """Take up to ``limit`` inputs in queue order and number them as they will execute.
+        With ``same``, the batch ends before the first input whose ``same(payload)`` differs
+        from the first one's: inputs of two shapes never share a batch (one would fail it)."""
         batch: list[Executed[P]] = []
+        kind = same(self._queue[0].payload) if same is not None and self._queue else None
         while self._queue and len(batch) < limit:
+            if same is not None and batch and same(self._queue[0].payload) != kind:
+                break
             arrival = self._queue.popleft()
             seq = self._slots.pop(arrival.sources, None) or self._take_seq()
             lineage = extend(arrival.lineage, arrival.sources, self.op, seq)

@@ -11,7 +11,7 @@ worker, reports outputs with ``output``, and durability notices with ``notify``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from parityserve.core.hams.durability import Held, OutputCommit
@@ -43,8 +43,15 @@ class GraphRouter(Generic[P]):
         for op in self.topology.entries:
             self._deliver(op, FRONTEND, client, (), payload)
 
-    def batch(self, op: str, limit: int) -> list[Executed[P]]:
-        return self.managers[op].form_batch(limit)
+    def batch(self, op: str, limit: int, same: Callable[[P], Hashable] | None = None
+              ) -> list[Executed[P]]:
+        return self.managers[op].form_batch(limit, same)
+
+    def records(self) -> int:
+        """Per-request records kept: executed requests, join parts and held replies. Each
+        goes when its client request leaves the graph (answered or failed)."""
+        return (sum(m.records() for m in self.managers.values()) + len(self._joins)
+                + self.commit.held())
 
     def output(self, op: str, seq: int, payload: P) -> list[Held[P]]:
         """``op`` answered its request ``seq``. Returns client replies released now."""
