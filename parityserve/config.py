@@ -574,6 +574,9 @@ class Limits(_Frozen):
         1 << 22, ge=1, description="numbers (or strings) in one query's input")
     max_batch_items: int = Field(
         1024, ge=1, description="queries in one request (input_batch, or V2 rows)")
+    max_stream_key_bytes: int = Field(
+        256, ge=1, description="UTF-8 bytes of one stream key on a graph route (the "
+        "stream_key field, or each of 'streams')")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line plus headers")
     header_timeout_s: float = Field(
         10.0, gt=0, description="a connection must send its whole head within this")

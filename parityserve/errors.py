@@ -18,7 +18,8 @@
     │   ├── UnknownQuery       404
     │   ├── Conflict           409   e.g. adding an application that exists
     │   ├── PayloadTooLarge    413
-    │   └── UnsupportedMediaType 415 an admin body that is not application/json
+    │   ├── UnsupportedMediaType 415 an admin body that is not application/json
+    │   └── TooManyStreams     429   a stateful operator has no room for a new stream now
     ├── ServiceError                 the server's state: maps to an HTTP 5xx
     │   ├── Unavailable        503   no ready replica
     │   ├── Overloaded   503 or 429   shed at admission: the queue holds all it can serve in time
@@ -55,6 +56,7 @@ __all__ = [
     "QueueFull",
     "RequestError",
     "ServiceError",
+    "TooManyStreams",
     "Unauthorized",
     "Unavailable",
     "UnknownApplication",
@@ -151,6 +153,19 @@ class PayloadTooLarge(RequestError):
 class UnsupportedMediaType(RequestError):
     status_code = 415
     code = "unsupported_media_type"
+
+
+class TooManyStreams(RequestError):
+    """A stateful operator's stream table holds as many streams as it may, none idle long
+    enough to give way: a new stream waits ``retry_after_s`` (the ``Retry-After`` header).
+    The other rows of its batch, existing streams among them, are answered."""
+
+    status_code = 429
+    code = "too_many_streams"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ServiceError(ParityServeError):

@@ -4,6 +4,7 @@ check. The run form and the driver of both forms are in ``_stateful_run``."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,13 +31,19 @@ class StatefulOperator(Protocol):
 class OperatorBatch:
     """One batch for a stateful operator, one entry per row: ``inputs`` (float32 [n, ...]),
     ``streams`` (the row's stream or session key, ``""`` when it has none) and ``labels``
-    (int64 [n], -1 meaning no label). Invalid fields raise ``ValueError``."""
+    (int64 [n], -1 meaning no label). ``at`` is when the frontend formed the batch, in
+    seconds on its clock: the operator's notion of now (a stream table's idle time), the
+    same when a logged batch is replayed. Invalid fields raise ``ValueError``."""
 
     inputs: Tensor
     streams: tuple[str, ...]
     labels: Tensor
+    at: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.at, bool) or not isinstance(self.at, int | float) \
+                or not math.isfinite(self.at):
+            raise ValueError(f"at must be a finite number of seconds; got {self.at!r}")
         if not isinstance(self.inputs, Tensor) or self.inputs.dtype != torch.float32 \
                 or self.inputs.dim() < 1:
             raise ValueError(f"inputs must be a float32 tensor of shape [n, ...]; got "
@@ -51,9 +58,17 @@ class OperatorBatch:
     def __len__(self) -> int:
         return len(self.streams)
 
+    def rows(self, rows: Sequence[int]) -> OperatorBatch:
+        """The batch of these rows only, in this order (a part of a batch the server
+        retries without the rows an operator refused)."""
+        at = torch.tensor(list(rows), dtype=torch.int64)
+        return OperatorBatch(self.inputs[at], tuple(self.streams[r] for r in rows),
+                             self.labels[at], self.at)
+
     @classmethod
     def from_numpy(cls, inputs: np.ndarray, streams: Sequence[str],
-                   labels: Sequence[int] | np.ndarray | None = None) -> OperatorBatch:
+                   labels: Sequence[int] | np.ndarray | None = None,
+                   at: float = 0.0) -> OperatorBatch:
         """The batch from numpy frames: ``inputs`` of any real numeric dtype (cast to float32),
         one ``str`` per row in ``streams``, and integer ``labels`` (``None``: all -1)."""
         x = np.asarray(inputs)
@@ -65,7 +80,7 @@ class OperatorBatch:
         y = np.full(n, -1, np.int64) if labels is None else _labels_array(labels, n)
         # Writeable, C-ordered float32: torch shares the buffer and never warns about it.
         x = np.require(x, np.float32, ["C", "W"])
-        return cls(torch.from_numpy(x), tuple(streams), torch.from_numpy(y))
+        return cls(torch.from_numpy(x), tuple(streams), torch.from_numpy(y), at)
 
 
 def _check_streams(streams: Sequence[str], n: int) -> None:

@@ -4,12 +4,14 @@ hidden state, decision H12), re-exported by ``parityserve.models.stateful``.
 The state is a slot table of ``max_streams`` rows (``_stream_slots``):
 
 - ``h``, ``c``: float32 [max_streams, hidden], the stream in each slot's (h, c);
-- ``keys``: int64 [max_streams], the stream in each slot (``stream_key(name)``), 0 if free.
+- ``keys``: int64 [max_streams], the stream in each slot (``stream_key(name)``), 0 if free;
+- ``used``: float64 [max_streams], when each slot's stream last brought a row.
 
-A batch bringing a stream the full table has no room for raises ``StreamTableFull`` from
-``compute``, so nothing is written. Rows with stream ``""`` belong to no stream: each starts
-from zeros and is not kept. The LSTM cell and the output
-layer are fixed weights drawn from ``seed``, not state: a backup built with the same seed
+A new stream takes a free slot, else an idle stream's (unused for ``stream_idle_s``);
+a batch bringing a stream the full table has no room for raises ``StreamTableFull`` from
+``compute``, naming its rows, so nothing is written. Rows with stream ``""`` belong to no
+stream: each starts from zeros and is not kept. The LSTM cell and the output layer are
+fixed weights drawn from ``seed``, not state: a backup built with the same seed
 holds them already.
 """
 
@@ -21,12 +23,15 @@ from torch import Tensor, nn
 from parityserve.models._stateful_audit import audit_columns, entropy_seed
 from parityserve.models._stateful_base import OperatorBatch, State
 from parityserve.models._stream_slots import (
+    DEFAULT_IDLE_S,
     SlotPlan,
     SlotWrites,
+    check_idle,
     check_noise,
     check_sizes,
     flat_inputs,
     plan_slots,
+    slot_table,
 )
 
 __all__ = ["StreamLSTM"]
@@ -43,13 +48,14 @@ class StreamLSTM:
 
     def __init__(self, input_size: int = 8, hidden: int = 32, outputs: int = 1,
                  max_streams: int = 1024, noise: float = 0.0, seed: int = 0,
-                 audit: bool = False) -> None:
+                 audit: bool = False, stream_idle_s: float = DEFAULT_IDLE_S) -> None:
         check_sizes(input_size=input_size, hidden=hidden, outputs=outputs,
                     max_streams=max_streams)
         if not isinstance(audit, bool):
             raise ValueError(f"audit must be true or false, got {audit!r}")
         self.input_size, self.hidden, self.outputs = input_size, hidden, outputs
         self.max_streams, self.noise, self.audit = max_streams, check_noise(noise), audit
+        self.stream_idle_s = check_idle(stream_idle_s)
         generator = torch.Generator().manual_seed(seed)
         with torch.random.fork_rng(devices=[]):  # the cell's own init draws the global RNG
             self.cell = nn.LSTMCell(input_size, hidden).requires_grad_(False)
@@ -61,7 +67,7 @@ class StreamLSTM:
     def initialize(self) -> State:
         slots, hidden = self.max_streams, self.hidden
         return {"h": torch.zeros(slots, hidden), "c": torch.zeros(slots, hidden),
-                "keys": torch.zeros(slots, dtype=torch.int64)}
+                **slot_table(slots)}
 
     def compute(self, batch: OperatorBatch, state: State) -> tuple[Tensor, SlotWrites | None]:
         """Reads the state only; raises ``StreamTableFull`` before anything is computed."""
@@ -71,7 +77,7 @@ class StreamLSTM:
                        ) -> tuple[Tensor, SlotWrites | None]:
         """``compute`` with the batch's noise seed given: what a replay runs."""
         x = flat_inputs(batch, self.input_size, "StreamLSTM.compute", "input_size")
-        plan = plan_slots(batch.streams, state["keys"], self.max_streams)
+        plan = plan_slots(batch, state, self.max_streams, self.stream_idle_s)
         noise = torch.Generator().manual_seed(seed) if self.noise else None
         with torch.no_grad():
             h, c = _start(plan, state, self.hidden)

@@ -7,7 +7,8 @@ The state is a slot table of ``max_streams`` rows (``_stream_slots``):
 - ``sum``: float64 [max_streams, features], the sum of the rows each slot's stream brought
   (float64: a long stream's sum must not lose the small late rows);
 - ``count``: int64 [max_streams], how many rows that is;
-- ``keys``: int64 [max_streams], the stream in each slot (``stream_key(name)``), 0 if free.
+- ``keys``: int64 [max_streams], the stream in each slot (``stream_key(name)``), 0 if free;
+- ``used``: float64 [max_streams], when each slot's stream last brought a row.
 
 The sum, not the mean, is kept: the mean after the next row is then one addition and one
 division, with no rounding carried from a stored mean.
@@ -21,12 +22,15 @@ from torch import Tensor
 from parityserve.models._stateful_base import OperatorBatch, State
 from parityserve.models._stateful_run import CopyDone
 from parityserve.models._stream_slots import (
+    DEFAULT_IDLE_S,
     SlotPlan,
     SlotWrites,
+    check_idle,
     check_noise,
     check_sizes,
     flat_inputs,
     plan_slots,
+    slot_table,
 )
 
 __all__ = ["StreamMean"]
@@ -35,27 +39,30 @@ __all__ = ["StreamMean"]
 class StreamMean:
     """Outputs, per row, the mean of every row its stream has brought so far, this one
     included: float32 [n, features]. Rows of one stream in a batch count in row order; a row
-    with stream ``""`` belongs to no stream, outputs itself and is not kept. A batch bringing
-    a new stream to a full table raises ``StreamTableFull`` before anything is written.
+    with stream ``""`` belongs to no stream, outputs itself and is not kept. A new stream
+    takes a free slot, else an idle stream's (unused for ``stream_idle_s``); a batch
+    bringing a new stream to a full table raises ``StreamTableFull`` before anything is
+    written.
     ``noise`` > 0 adds unseeded Gaussian noise to each new sum (outputs and the sum kept): the
     injected non-determinism that makes a replay diverge."""
 
-    def __init__(self, features: int = 4, max_streams: int = 1024, noise: float = 0.0) -> None:
+    def __init__(self, features: int = 4, max_streams: int = 1024, noise: float = 0.0,
+                 stream_idle_s: float = DEFAULT_IDLE_S) -> None:
         check_sizes(features=features, max_streams=max_streams)
         self.features, self.max_streams, self.noise = features, max_streams, check_noise(noise)
+        self.stream_idle_s = check_idle(stream_idle_s)
         self._rng = torch.Generator()
         self._rng.seed()  # from OS entropy: deliberately not reproducible
 
     def initialize(self) -> State:
         slots = self.max_streams
         return {"sum": torch.zeros(slots, self.features, dtype=torch.float64),
-                "count": torch.zeros(slots, dtype=torch.int64),
-                "keys": torch.zeros(slots, dtype=torch.int64)}
+                "count": torch.zeros(slots, dtype=torch.int64), **slot_table(slots)}
 
     def run(self, batch: OperatorBatch, state: State, event: CopyDone) -> Tensor:
         """Reads the state, waits on ``event`` (the previous state's copy), then writes."""
         x = flat_inputs(batch, self.features, "StreamMean.run", "features").double()
-        plan = plan_slots(batch.streams, state["keys"], self.max_streams)
+        plan = plan_slots(batch, state, self.max_streams, self.stream_idle_s)
         sums, seen, writes = self._running_sums(x, plan, state)
         event.wait()  # from here on the state may change: the copy has what it needs
         if writes is not None:

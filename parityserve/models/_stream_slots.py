@@ -3,9 +3,13 @@ table, their input check and their option checks.
 
 A per-stream state is a fixed set of pre-allocated tensors, so ``StateBuffer`` copies it by
 name and a backup installs it in place: ``keys`` (int64 [max_streams]) holds the stream in
-each slot (``stream_key(name)``, 0 if free) and the operator's own tensors hold each slot's
-values. A slot, once taken, stays taken; a batch bringing a stream the full table has no
-room for raises ``StreamTableFull`` before anything is written.
+each slot (``stream_key(name)``, 0 if free), ``used`` (float64 [max_streams]) when its
+stream last brought a row (the batch's ``at``), and the operator's own tensors hold each
+slot's values. A new stream takes a free slot, else the least recently used stream's that
+has been idle for ``stream_idle_s`` (its state is dropped: the slot starts from zeros);
+with neither, the batch raises ``StreamTableFull`` naming that stream's rows, before
+anything is written, and the server runs the other rows without them
+(``core.hams.plan_streams`` decides).
 """
 
 from __future__ import annotations
@@ -18,16 +22,27 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from parityserve.models._stateful_base import OperatorBatch
+from parityserve.core.hams.streams import plan_streams
+from parityserve.models._stateful_base import OperatorBatch, State
 
-__all__ = ["SlotPlan", "SlotWrites", "StreamTableFull", "check_noise", "check_sizes",
-           "flat_inputs", "plan_slots", "stream_key"]
+__all__ = ["DEFAULT_IDLE_S", "SlotPlan", "SlotWrites", "StreamTableFull", "check_idle",
+           "check_noise", "check_sizes", "flat_inputs", "plan_slots", "slot_table",
+           "stream_key"]
 
 _KEY_BITS = 63
+DEFAULT_IDLE_S = 600.0  # a stream unused this long may give its slot to a new one
 
 
 class StreamTableFull(RuntimeError):
-    """A batch brings a new stream and every slot of the stream table is taken."""
+    """A batch brings a new stream and every slot of the stream table holds a stream that
+    is not idle yet. ``rows``: the batch's rows of such streams (the rest could run);
+    ``retry_after_s``: when the first slot turns idle."""
+
+    def __init__(self, message: str, rows: Sequence[int] = (),
+                 retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.rows = tuple(rows)
+        self.retry_after_s = retry_after_s
 
 
 def stream_key(name: str) -> int:
@@ -45,6 +60,7 @@ class SlotPlan:
     slots: list[int]  # per lane: its slot, -1 for a streamless row
     keys: list[int]  # per lane: its stream's key, 0 for a streamless row
     known: list[bool]  # per lane: its slot already holds its values
+    at: float = 0.0  # the batch's time: each kept lane's slot is used then
 
     def rows_of_lanes(self) -> list[list[int]]:
         """Each lane's rows, in row order."""
@@ -54,40 +70,30 @@ class SlotPlan:
         return rows
 
 
-def plan_slots(streams: Sequence[str], keys: Tensor, max_streams: int) -> SlotPlan:
-    """Each row's lane, and each lane's slot: the one its stream holds, else the lowest free
-    one. The table is read from ``keys`` every batch: it is the state, so a backup that
-    installed the primary's bytes plans exactly as the primary would."""
-    table = keys.tolist()
-    held = {key: slot for slot, key in enumerate(table) if key}
-    free = (slot for slot, key in enumerate(table) if not key)
-    plan = SlotPlan([], [], [], [])
-    lane_of_key: dict[int, int] = {}
-    for name in streams:
-        key = stream_key(name) if name else 0
-        if key and key in lane_of_key:
-            plan.lane_of_row.append(lane_of_key[key])
-            continue
-        slot = held.get(key, -1) if key else -1
-        if key and slot < 0:
-            slot = next(free, -1)
-            if slot < 0:
-                raise StreamTableFull(
-                    f"stream table full: all max_streams={max_streams} slots hold a stream "
-                    f"and stream {name!r} is new; nothing was written (raise max_streams)")
-        if key:
-            lane_of_key[key] = len(plan.slots)
-        plan.lane_of_row.append(len(plan.slots))
-        plan.slots.append(slot)
-        plan.keys.append(key)
-        plan.known.append(key in held)
-    return plan
+def plan_slots(batch: OperatorBatch, state: State, max_streams: int,
+               idle_s: float) -> SlotPlan:
+    """Each row's lane, and each lane's slot: the one its stream holds, else a free one,
+    else an idle stream's (``plan_streams``). The table is read from the state every batch,
+    so a backup that installed the primary's bytes plans exactly as the primary would.
+    Raises ``StreamTableFull`` naming the rows of new streams no slot could take."""
+    keys = [stream_key(name) if name else 0 for name in batch.streams]
+    plan = plan_streams(keys, state["keys"].tolist(), state["used"].tolist(), batch.at, idle_s)
+    if plan.refused:
+        names = sorted({batch.streams[row] for row in plan.refused})
+        shown = ", ".join(repr(n[:40]) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+        raise StreamTableFull(
+            f"stream table full: all max_streams={max_streams} slots hold a stream used "
+            f"in the last stream_idle_s={idle_s:g} s and {len(names)} new stream(s) "
+            f"({shown}) found no slot; nothing was written",
+            plan.refused, plan.retry_after_s)
+    return SlotPlan(plan.lane_of_row, plan.slots, plan.keys, plan.known, batch.at)
 
 
 @dataclass(frozen=True)
 class SlotWrites:
     """What a per-stream operator writes after a batch: each kept stream's slot, and that
-    slot's new row of each state tensor (``keys`` among them)."""
+    slot's new row of each state tensor (``keys`` and ``used`` among them). A slot taken
+    from an idle stream is overwritten whole: its old state is gone."""
 
     slots: Tensor
     rows: dict[str, Tensor]
@@ -100,8 +106,10 @@ class SlotWrites:
         if not kept:
             return None
         keys = torch.tensor([plan.keys[lane] for lane in kept], dtype=torch.int64)
+        used = torch.full((len(kept),), plan.at, dtype=torch.float64)
         return cls(torch.tensor([plan.slots[lane] for lane in kept]),
-                   {"keys": keys, **{name: t[kept] for name, t in per_lane.items()}})
+                   {"keys": keys, "used": used,
+                    **{name: t[kept] for name, t in per_lane.items()}})
 
     def store(self, state: dict[str, Tensor]) -> None:
         with torch.no_grad():
@@ -135,3 +143,17 @@ def check_noise(noise: float) -> float:
             or not math.isfinite(noise) or noise < 0:
         raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     return float(noise)
+
+
+def slot_table(max_streams: int) -> State:
+    """The table's own tensors: each slot's stream key (0: free) and last use."""
+    return {"keys": torch.zeros(max_streams, dtype=torch.int64),
+            "used": torch.zeros(max_streams, dtype=torch.float64)}
+
+
+def check_idle(idle_s: float) -> float:
+    """``stream_idle_s`` as a float, or ``ValueError`` unless finite and > 0."""
+    if isinstance(idle_s, bool) or not isinstance(idle_s, int | float) \
+            or not math.isfinite(idle_s) or idle_s <= 0:
+        raise ValueError(f"stream_idle_s must be a finite number > 0, got {idle_s!r}")
+    return float(idle_s)

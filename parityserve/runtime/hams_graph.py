@@ -13,6 +13,14 @@ until every state in its lineage is durable. This module only moves data:
 * a lost primary is replaced by its backup (``plan_failover`` says which other operators
   must roll back with it), the spare becomes the new backup, and a new spare is started.
 
+One client never hurts another (issue 38): rows of two shapes never share an operator batch,
+and once the graph has answered a row, rows of another shape are refused at the door; an
+operator's refusal fails the refused rows alone (a stateless operator's batch is searched
+for them, ``RowBisection``; a stateful primary searches its own and says which it refused);
+no exception on the send or answer path leaves a batch in flight; and a watchdog fails, and
+counts, any batch in flight past the graph's ``timeout_ms``, so a graph heals instead of
+wedging, while ``ready()`` says no for as long as an operator finishes nothing.
+
 Everything that decides is in ``core/hams``; what is here is sockets, processes and timers.
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 import logging
 import os
@@ -40,7 +49,9 @@ from parityserve.core.hams import (
     Failover,
     GraphRouter,
     Held,
+    InFlight,
     OutputCommit,
+    RowBisection,
     client_of,
     plan_failover,
     seq_at,
@@ -48,8 +59,10 @@ from parityserve.core.hams import (
 from parityserve.errors import (
     DeadlineExceeded,
     InvalidInput,
+    ModelError,
     ModelLoadError,
     PredictError,
+    TooManyStreams,
     Unavailable,
     UnknownModel,
 )
@@ -65,6 +78,7 @@ __all__ = ["FailoverRecord", "GraphAnswer", "GraphRuntime"]
 log = logging.getLogger(__name__)
 
 Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
+Batch = list[Executed[np.ndarray]]
 _IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
 _RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
 _BACKUP_GRACE_S = 0.02  # a lost backup waits this long for a correlated primary loss
@@ -110,7 +124,6 @@ class _Pair:
     primary: Member | None = None
     backup: Member | None = None
     spare: Member | None = None
-    inflight: dict[int, list[Executed[np.ndarray]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +131,8 @@ class _Waiting:
     stream: str
     label: int
     future: asyncio.Future[GraphAnswer]
+    shape: tuple[int, ...] = ()  # the row's shape as it entered the graph
+    name: str = ""  # how an error names the row: "input_batch[3]: " in a request of several
 
 
 class GraphRuntime:
@@ -148,7 +163,11 @@ class GraphRuntime:
         self._released: deque[int] = deque()
         self._clients = itertools.count(1)
         self._bids = itertools.count(1)
-        self._stateless_busy = dict.fromkeys(self.topology.operators, 0)
+        # every operator's batches in flight (the watchdog's and readiness's view)
+        self.inflight: dict[str, InFlight[Batch]] = {
+            op: InFlight(clock()) for op in self.topology.operators}
+        self.input_shape: tuple[int, ...] | None = None  # learned from the first answer
+        self.on_expired: Callable[[str, int], None] | None = None  # (op, batches): a metric
         self._recovery = asyncio.Lock()
         self._paused = False
         self.broken: str | None = None
@@ -215,8 +234,16 @@ class GraphRuntime:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def ready(self) -> bool:
+        """Not broken, every primary up, and no operator stalled: one that has had work
+        for longer than ``timeout_ms`` without finishing a batch is as good as wedged."""
         return self.broken is None and all(
-            p.primary is not None and p.primary.hello.done() for p in self.pairs.values())
+            p.primary is not None and p.primary.hello.done() for p in self.pairs.values()) \
+            and not self.stalled()
+
+    def stalled(self) -> list[str]:
+        now, limit = self.clock(), self.graph.timeout_ms / 1000
+        return [op for op, out in self.inflight.items()
+                if out.stalled(now, limit, self.router.managers[op].queued())]
 
     # ---- queries ---------------------------------------------------------------------------
     async def predict(self, rows: Sequence[np.ndarray], streams: Sequence[str],
@@ -224,11 +251,13 @@ class GraphRuntime:
         if self.broken is not None:
             raise Unavailable(f"graph {self.graph.name!r} lost state it cannot rebuild: "
                               f"{self.broken}")
+        self._check_shapes(rows)
         loop = asyncio.get_running_loop()
         futures = []
-        for row, stream, label in zip(rows, streams, labels, strict=True):
+        for i, (row, stream, label) in enumerate(zip(rows, streams, labels, strict=True)):
             client = next(self._clients)
-            waiting = _Waiting(stream, label, loop.create_future())
+            waiting = _Waiting(stream, label, loop.create_future(), np.shape(row),
+                               f"input_batch[{i}]: " if len(rows) > 1 else "")
             self._waiting[client] = waiting
             futures.append(waiting.future)
             self.router.submit(client, row)
@@ -239,29 +268,57 @@ class GraphRuntime:
                                    f"{timeout_s:g} s ({len(pending)} of {len(futures)} rows)")
         return [f.result() for f in futures]
 
+    def _check_shapes(self, rows: Sequence[np.ndarray]) -> None:
+        """Once the graph has answered a row, it knows its input shape: a row of another
+        shape is refused here, before it enters any batch."""
+        shape = self.input_shape
+        if shape is None:
+            return
+        for i, row in enumerate(rows):
+            if np.shape(row) != shape:
+                where = f"input_batch[{i}]" if len(rows) > 1 else "the input"
+                raise InvalidInput(f"graph {self.graph.name!r} takes rows of shape "
+                                   f"{list(shape)} (the shape of the rows it has answered); "
+                                   f"{where} has shape {list(np.shape(row))}")
+
     # ---- dispatch --------------------------------------------------------------------------
     def _pump_all(self) -> None:
         if self._paused:
             return
         for op in self.topology.operators:
-            if op in self.pairs:
-                self._pump_stateful(self.pairs[op])
-            else:
-                self._pump_stateless(op)
+            try:
+                if op in self.pairs:
+                    self._pump_stateful(self.pairs[op])
+                else:
+                    self._pump_stateless(op)
+            except Exception:  # a bug: the other operators still run; readiness tells
+                log.exception("graph %s: dispatching to %s failed", self.graph.name, op)
 
     def _pump_stateful(self, pair: _Pair) -> None:
         primary = pair.primary
         if primary is None or primary.lost or not primary.hello.done():
             return
-        manager = self.router.managers[pair.op]
-        while len(pair.inflight) < _IN_FLIGHT and manager.queued():
-            batch = self.router.batch(pair.op, self.graph.max_batch)
-            bid = next(self._bids)
-            pair.inflight[bid] = batch
-            self._send_batch(pair.op, primary, bid, batch)
+        manager, out = self.router.managers[pair.op], self.inflight[pair.op]
+        while len(out) < _IN_FLIGHT and manager.queued():
+            batch = self.router.batch(pair.op, self.graph.max_batch, np.shape)
+            self._send_batch(pair.op, primary, next(self._bids), batch)
 
-    def _send_batch(self, op: str, primary: Member, bid: int,
-                    batch: list[Executed[np.ndarray]]) -> None:
+    def _send_batch(self, op: str, primary: Member, bid: int, batch: Batch) -> None:
+        """Pack, log (checkpoint-replay), put in flight, send: a step that raises fails the
+        batch's rows now, and takes it out of flight, rather than leave it there for good."""
+        try:
+            header, frames = self._batch_message(bid, batch)
+            if self.mode == "checkpoint-replay":
+                self.replay[op].logged(header, frames)
+            self.inflight[op].add(bid, batch, self.clock())
+            self._send(primary, header, frames)
+        except Exception as exc:
+            log.exception("graph %s: sending a batch to %s failed", self.graph.name, op)
+            self.inflight[op].pop(bid, self.clock())
+            self._fail_batch(op, batch, PredictError(f"{op}: the batch could not be sent: "
+                                                     f"{type(exc).__name__}: {exc}"))
+
+    def _batch_message(self, bid: int, batch: Batch) -> tuple[dict[str, Any], list[Any]]:
         clients = [client_of(e.lineage) for e in batch]
         desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
         header = {"t": hp.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
@@ -269,30 +326,64 @@ class GraphRuntime:
                               for c in clients],
                   "labels": [self._waiting[c].label if c in self._waiting else -1
                              for c in clients],
-                  "lineages": [hp.lineage_to_wire(e.lineage) for e in batch]}
-        if self.mode == "checkpoint-replay":
-            self.replay[op].logged(header, frames)
-        self._send(primary, header, frames)
+                  "lineages": [hp.lineage_to_wire(e.lineage) for e in batch],
+                  "at": self.clock()}  # the operator's now: a stream table's idle time
+        return header, frames
 
     def _pump_stateless(self, op: str) -> None:
-        manager = self.router.managers[op]
-        while self._stateless_busy[op] < _IN_FLIGHT and manager.queued():
-            batch = self.router.batch(op, self.graph.max_batch)
-            self._stateless_busy[op] += 1
-            self._spawn(self._run_stateless(op, batch))
+        manager, out = self.router.managers[op], self.inflight[op]
+        while len(out) < _IN_FLIGHT and manager.queued():
+            batch = self.router.batch(op, self.graph.max_batch, np.shape)
+            bid = next(self._bids)
+            out.add(bid, batch, self.clock())
+            self._spawn(self._run_stateless(op, bid, batch))
 
-    async def _run_stateless(self, op: str, batch: list[Executed[np.ndarray]]) -> None:
+    async def _run_stateless(self, op: str, bid: int, batch: Batch) -> None:
         try:
-            rows = np.stack([e.arrival.payload for e in batch])
-            outputs = await self._infer(self._ops[op].model, rows)
-        except Exception as exc:  # the model path failed these rows for good: say so
-            self._fail_batch(op, batch, exc)
-        else:
-            for entry, row in zip(batch, outputs, strict=True):
-                self._output(op, entry, np.asarray(row))
-        finally:
-            self._stateless_busy[op] -= 1
-            self._pump_all()
+            outcomes = await self._isolated(self._ops[op].model, batch)
+        except Exception as exc:  # never leave the batch in flight: fail its rows
+            log.exception("graph %s: operator %s failed", self.graph.name, op)
+            outcomes = [exc] * len(batch)
+        if self.inflight[op].pop(bid, self.clock()) is not None:  # else: the watchdog's
+            self._deliver(op, batch, outcomes)
+        self._pump_all()
+
+    async def _isolated(self, model: str, batch: Batch) -> list[np.ndarray | Exception]:
+        """Each row's output or error. A batch the model raises on is split and its halves
+        run again until each bad row has failed alone; an error that is no row's fault (no
+        replica, overload, a deadline) fails the part as it is."""
+        plan: RowBisection[Exception] = RowBisection(len(batch))
+        answered: dict[int, np.ndarray] = {}
+        while (part := plan.next_part()) is not None:
+            try:
+                outputs = await self._infer(model, np.stack([batch[i].arrival.payload
+                                                             for i in part]))
+                if len(outputs) != len(part):
+                    raise PredictError(f"model {model!r} answered {len(outputs)} rows for "
+                                       f"{len(part)}")
+            except (ModelError, InvalidInput, ValueError, TypeError) as exc:
+                plan.failed(part, exc)
+            except Exception as exc:
+                plan.failed(part, exc, culprits=part)
+            else:
+                plan.passed(part)
+                answered.update(zip(part, (np.asarray(o) for o in outputs), strict=True))
+        return [answered[i] if i in answered else plan.errors[i] for i in range(len(batch))]
+
+    def _deliver(self, op: str, batch: Batch, outcomes: Sequence[np.ndarray | Exception]
+                 ) -> None:
+        """Each row's output goes on through the graph; each error fails its request. A row
+        whose output cannot go on fails alone."""
+        for entry, outcome in zip(batch, outcomes, strict=True):
+            try:
+                if isinstance(outcome, Exception):
+                    self._refuse(op, entry, outcome)
+                else:
+                    self._output(op, entry, outcome)
+            except Exception as exc:
+                log.exception("graph %s: %s's output could not go on", self.graph.name, op)
+                self._refuse(op, entry, PredictError(
+                    f"{op}: its output could not go on: {type(exc).__name__}: {exc}"))
 
     def _output(self, op: str, entry: Executed[np.ndarray], row: np.ndarray) -> None:
         """An operator answered ``entry``; ignored when a failover renumbered it since."""
@@ -300,25 +391,32 @@ class GraphRuntime:
             return
         self._release(self.router.output(op, entry.seq, row))
 
-    def _fail_batch(self, op: str, batch: list[Executed[np.ndarray]], exc: Exception) -> None:
-        """The operator refused these rows (bad input, a model error). Their clients get
-        the error now: an error shows no state, so it waits for no durability. The rows
-        stop here, and the request leaves the graph everywhere."""
+    def _fail_batch(self, op: str, batch: Batch, exc: Exception) -> None:
         for entry in batch:
-            if self.router.managers[op].current(entry.seq) is not entry or entry.done:
-                continue
-            self.router.managers[op].record(entry.seq, np.empty(0))
-            client = client_of(entry.lineage)
-            waiting = self._waiting.pop(client, None)
-            if waiting is not None and not waiting.future.done():
-                waiting.future.set_exception(exc)
-            self.router.collect(client)
+            self._refuse(op, entry, exc)
+
+    def _refuse(self, op: str, entry: Executed[np.ndarray], exc: Exception) -> None:
+        """The operator refused this row (bad input, no room, a model error). Its client
+        gets the error now: an error shows no state, so it waits for no durability. The row
+        stops here, and its request leaves the graph everywhere."""
+        manager = self.router.managers[op]
+        if manager.current(entry.seq) is not entry or entry.done:
+            return  # a failover renumbered it, or it was answered already
+        manager.record(entry.seq, np.empty(0))
+        client = client_of(entry.lineage)
+        waiting = self._waiting.pop(client, None)
+        if waiting is not None and not waiting.future.done():
+            waiting.future.set_exception(_named(exc, waiting.name))
+            waiting.future.exception()  # retrieved: a client that left logs nothing
+        self.router.collect(client)
 
     def _release(self, held: list[Held[np.ndarray]]) -> None:
         now = self.clock()
         for reply in held:
             self._note_first_reply(reply, now)
             waiting = self._waiting.pop(reply.client, None)
+            if waiting is not None and self.input_shape is None:
+                self.input_shape = waiting.shape  # what the whole graph took: the door's rule
             if waiting is not None and not waiting.future.done():
                 seqs = {h.op: h.seq for h in reply.lineage}
                 waiting.future.set_result(GraphAnswer(reply.client, reply.reply, seqs))
@@ -341,6 +439,14 @@ class GraphRuntime:
             return
         op, member = found
         member.last_beat = self.clock()  # any message shows the process is alive
+        try:
+            self._handle(op, member, header, buffers)
+        except Exception:  # whatever it was, no batch stays in flight for it: see _on_outputs
+            log.exception("graph %s: %s's %s message failed", self.graph.name, worker_id,
+                          header.get("t"))
+
+    def _handle(self, op: str, member: Member, header: dict[str, Any], buffers: list[Any]
+                ) -> None:
         kind = header["t"]
         if kind == hp.BEAT:
             pass
@@ -366,25 +472,39 @@ class GraphRuntime:
         replayed = self._replaying.pop(bid, None)
         if replayed is not None:  # here, not in the replay's task: a checkpoint that follows
             seqs, done = replayed  # on the socket must not drop these outputs' log first
-            if "error" not in header and member is pair.primary:
-                self._replayed(pair.op, seqs, _outputs(header, buffers))
-            if not done.done():
-                done.set_result(None)
+            try:
+                if member is pair.primary:
+                    self._replayed(pair.op, seqs, self._outcomes(pair.op, header, buffers,
+                                                                 len(seqs)))
+            finally:
+                if not done.done():
+                    done.set_result(None)
             return
-        batch = pair.inflight.pop(bid, None)
-        if member is not pair.primary or batch is None:
+        if member is not pair.primary:
             return
-        if "error" in header:
-            kind = InvalidInput if header.get("bad_input") else PredictError
-            self._fail_batch(pair.op, batch, kind(f"{pair.op}: {header['error']}"))
+        batch = self.inflight[pair.op].pop(bid, self.clock())
+        if batch is None:  # expired, or taken over by a failover
+            return
+        try:
+            outcomes = self._outcomes(pair.op, header, buffers, len(batch))
+            if self.mode == "checkpoint-replay":
+                for entry, outcome in zip(batch, outcomes, strict=True):
+                    if not isinstance(outcome, Exception):
+                        self.replay[pair.op].answered_one(entry.seq, outcome)
+            self._deliver(pair.op, batch, outcomes)
+        except Exception as exc:  # an answer that cannot be read fails what it left open
+            log.exception("graph %s: %s's answer failed", self.graph.name, pair.op)
+            self._fail_batch(pair.op, batch, PredictError(
+                f"{pair.op}: its answer could not be read: {type(exc).__name__}: {exc}"))
+        finally:
             self._pump_all()
-            return
-        outputs = _outputs(header, buffers)
-        if self.mode == "checkpoint-replay":
-            self.replay[pair.op].answered(batch, outputs)
-        for entry, row in zip(batch, outputs, strict=True):
-            self._output(pair.op, entry, row)
-        self._pump_all()
+
+    def _outcomes(self, op: str, header: dict[str, Any], buffers: list[Any], n: int
+                  ) -> list[np.ndarray | Exception]:
+        """Each row's output, or the error its refusal becomes."""
+        outputs = _outputs(header, buffers) if "outputs" in header else None
+        return [_refusal_error(op, o) if isinstance(o, hp.Refusal) else np.asarray(o)
+                for o in hp.row_outcomes(header, outputs, n)]
 
     def _on_durable(self, pair: _Pair, member: Member, seq: int) -> None:
         if member is not pair.backup:
@@ -457,6 +577,7 @@ class GraphRuntime:
             now = self.clock()
             self._forgive_stall(now - last - _CHECK_EVERY_S)
             last = now
+            self._expire(now)
             for op, member in list(self._members.values()):
                 how = self._loss(member, now) if member.lost is None else None
                 if how is not None:
@@ -464,6 +585,28 @@ class GraphRuntime:
                     log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
                                 op, member.worker_id, how, member.popen.poll())
                     self._spawn(self._recover(op, member, how, now))
+
+    def _expire(self, now: float) -> None:
+        """The watchdog: a batch in flight past the graph's deadline fails, its clients have
+        given up anyway, and the operator's slot is free again. An operator that had nothing
+        to do is not behind (readiness)."""
+        limit, expired = self.graph.timeout_ms / 1000, False
+        for op, out in self.inflight.items():
+            late = out.expired(now, limit)
+            for _, batch in late:
+                self._fail_batch(op, batch, DeadlineExceeded(
+                    f"{op}: a batch was in flight for more than the graph's timeout_ms "
+                    f"({self.graph.timeout_ms:g} ms); the watchdog failed it"))
+            if late:
+                expired = True
+                log.warning("graph %s: the watchdog failed %d batch(es) of %s", self.graph.name,
+                            len(late), op)
+                if self.on_expired is not None:
+                    self.on_expired(op, len(late))
+            if not out and not self.router.managers[op].queued():
+                out.idle(now)
+        if expired:
+            self._pump_all()
 
     def _forget(self, member: Member) -> None:
         """Kill and unregister a member: its late messages are ignored, and the monitor,
@@ -598,7 +741,7 @@ class GraphRuntime:
                               "receiving its first full state")
         seq = int((await self._ask(backup, hp.PROMOTED, {"t": hp.PROMOTE}))["seq"])
         pair.primary, pair.backup = backup, None
-        pair.inflight.clear()
+        self.inflight[pair.op].clear()
         return seq
 
     async def _demote(self, pair: _Pair, record: FailoverRecord) -> int:
@@ -616,7 +759,7 @@ class GraphRuntime:
         if primary is None or primary.exited():
             raise Unavailable(f"{pair.op}: primary and backup both lost")
         record.rolled_back_in_place.append(pair.op)
-        pair.inflight.clear()
+        self.inflight[pair.op].clear()
         return int((await self._ask(primary, hp.PROMOTED, {"t": hp.ROLLBACK}))["seq"])
 
     async def _replay(self, pair: _Pair, record: FailoverRecord) -> None:
@@ -624,7 +767,7 @@ class GraphRuntime:
         logged batch since it runs again, in order, under its original numbers. Outputs
         that clients already have are compared, not sent: with non-determinism they differ,
         and each difference is a conflict this baseline cannot avoid (HAMS's point)."""
-        pair.inflight.clear()
+        self.inflight[pair.op].clear()
         for attempt in itertools.count(1):
             pair.primary = self._launch(pair.op, "primary")
             try:
@@ -654,14 +797,19 @@ class GraphRuntime:
                 await asyncio.wait([done], timeout=0.01)
         return restored
 
-    def _replayed(self, op: str, seqs: list[int], outputs: np.ndarray) -> None:
+    def _replayed(self, op: str, seqs: list[int],
+                  outcomes: Sequence[np.ndarray | Exception]) -> None:
         """Compare with what was answered; answer what never was."""
         log_ = self.replay[op]
         manager = self.router.managers[op]
-        for seq, row in zip(seqs, outputs, strict=True):
+        for seq, row in zip(seqs, outcomes, strict=True):
+            entry = manager.current(seq)
+            if isinstance(row, Exception):
+                if entry is not None:
+                    self._refuse(op, entry, row)
+                continue
             if log_.conflicts_with(seq, row):
                 self.replay_conflicts += 1
-            entry = manager.current(seq)
             if entry is not None and not entry.done:
                 log_.answered_one(seq, row)
                 self._output(op, entry, np.asarray(row))
@@ -675,7 +823,7 @@ class GraphRuntime:
             if not entry.done:
                 break
             done = entry.seq
-        pair.inflight.clear()
+        self.inflight[pair.op].clear()
         pair.primary = self._launch(pair.op, "primary")
         await self._hello(pair.primary)
         self.router.apply(Failover(self.router.epoch + 1, (pair.op,), {pair.op: done},
@@ -736,13 +884,15 @@ class GraphRuntime:
         ops = {}
         for op in self.topology.operators:
             manager = self.router.managers[op]
+            out = self.inflight[op].statistics(self.clock())
             entry: dict[str, Any] = {"last_seq": manager.last_seq, "queued": manager.queued(),
-                                     "stateful": op in self.pairs}
+                                     "stateful": op in self.pairs, "inflight": out.inflight,
+                                     "oldest_inflight_s": round(out.oldest_s, 3),
+                                     "expired_batches": out.expired}
             if op in self.pairs:
                 pair = self.pairs[op]
                 entry.update(durable=self.router.commit.durable[op]
                              if self.mode not in _UNHELD else None,
-                             inflight=len(pair.inflight),
                              primary_pid=pair.primary.pid if pair.primary else None,
                              backup_pid=pair.backup.pid if pair.backup else None,
                              backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
@@ -754,6 +904,8 @@ class GraphRuntime:
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
                 "recovering": self._recovery.locked(),
                 "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
+                "records": self.router.records(), "stalled": self.stalled(),
+                "input_shape": list(self.input_shape) if self.input_shape is not None else None,
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,
                 "failovers": [r.to_json() for r in self.failovers]}
@@ -762,6 +914,28 @@ class GraphRuntime:
 def _outputs(header: dict[str, Any], buffers: list[Any]) -> np.ndarray:
     """An operator's outputs, one row per request of the batch."""
     return np.array(wire.unpack_payload(header["outputs"], buffers))
+
+
+def _refusal_error(op: str, refused: hp.Refusal) -> Exception:
+    """What a row an operator refused answers: 429 for no room (a full stream table), 400
+    for a bad row, 500 for anything else the operator raised."""
+    message = f"{op}: {refused.message}"
+    if refused.kind == "busy":
+        return TooManyStreams(message, refused.retry_after_s)
+    return InvalidInput(message) if refused.kind == "bad_input" else PredictError(message)
+
+
+def _named(exc: Exception, name: str) -> Exception:
+    """``exc`` with the row it fails named first ("input_batch[3]: ..."), when the request
+    had several; a copy, since one error may fail several rows."""
+    if not name:
+        return exc
+    try:
+        named = copy.copy(exc)
+    except Exception:  # an error that cannot be copied keeps its words
+        return exc
+    named.args = (f"{name}{exc}",)
+    return named
 
 
 def _combine(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -7,6 +7,7 @@ protocol without loading torch, which only the operator processes (``hams_worker
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,8 +18,8 @@ from parityserve.errors import ProtocolError
 
 __all__ = ["ALLOW", "APPLIED", "ATTACH", "BATCH", "BEAT", "CHECKPOINT", "DIGEST", "DURABLE",
            "FAILED", "HELLO", "NOTIFY", "OUT", "PROMOTE", "PROMOTED", "RECEIVED", "ROLLBACK",
-           "SLOW", "STATE", "STOP", "OperatorSpec", "checkpoint_file", "lineage_from_wire",
-           "lineage_to_wire"]
+           "SLOW", "STATE", "STOP", "OperatorSpec", "Refusal", "checkpoint_file",
+           "lineage_from_wire", "lineage_to_wire", "refusal", "row_outcomes"]
 
 # message types on the frontend <-> operator and primary <-> backup links
 HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
@@ -73,3 +74,53 @@ def checkpoint_file(path: str, seq: int) -> str:
     covers, and a restore from it would skip them. The frontend names the checkpoint it was
     told of (``restore_seq``), whose outputs it has, and deletes the older ones."""
     return f"{path}.{seq}"
+
+
+# ---- one batch's outcome, row by row ---------------------------------------------------------
+# An OUT message answers a whole batch: ``outputs`` (a payload, one row per answered row),
+# ``rows`` (which rows of the batch those are; absent: every row) and ``refused`` (one
+# [row, kind, message, retry_after_s] per row the operator refused, nothing written for it).
+
+_MESSAGE_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A row the operator refused: ``bad_input`` (the row's fault: 400), ``busy`` (no room
+    for it now, e.g. a full stream table: 429 after ``retry_after_s``) or ``error`` (500)."""
+
+    row: int
+    kind: str
+    message: str
+    retry_after_s: float = 0.0
+
+
+def refusal(row: int, exc: BaseException) -> list[Any]:
+    """A refused row on the wire. An exception with ``retry_after_s`` says there is no room
+    for the row now; ``ValueError``/``TypeError`` say the row is bad."""
+    message = f"{type(exc).__name__}: {exc}"[:_MESSAGE_CHARS]
+    wait = getattr(exc, "retry_after_s", None)
+    if isinstance(wait, int | float) and not isinstance(wait, bool) and math.isfinite(wait):
+        return [row, "busy", message, float(wait)]
+    return [row, "bad_input" if isinstance(exc, ValueError | TypeError) else "error", message,
+            0.0]
+
+
+def row_outcomes(header: dict[str, Any], outputs: Any, n: int
+                 ) -> list[Any]:
+    """Each of the batch's ``n`` rows: its output row, or its ``Refusal``."""
+    if "error" in header:  # the whole batch refused in one message
+        return [Refusal(row, "bad_input" if header.get("bad_input") else "error",
+                        str(header["error"])) for row in range(n)]
+    found: list[Any] = [None] * n
+    for raw in header.get("refused") or ():
+        row, kind, message, wait = raw
+        found[int(row)] = Refusal(int(row), str(kind), str(message), float(wait))
+    answered = header.get("rows")
+    rows = range(n) if answered is None else [int(r) for r in answered]
+    if outputs is not None:
+        for row, output in zip(rows, outputs, strict=True):
+            found[row] = output
+    if any(f is None for f in found):
+        raise ProtocolError(f"an operator's answer leaves rows of a batch of {n} unanswered")
+    return found

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from parityserve.core.hams import (
     CopyOrder,
     Lineage,
     PrimaryShipper,
+    RowBisection,
     StateRecord,
 )
 from parityserve.errors import ModelLoadError
@@ -77,6 +79,7 @@ from parityserve.runtime.hams_protocol import (
     checkpoint_file,
     lineage_from_wire,
     lineage_to_wire,
+    refusal,
 )
 from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.keys import ClientKeys
@@ -97,7 +100,8 @@ class _Operator:
     def batch(self, header: dict[str, Any], buffers: list[Any]) -> OperatorBatch:
         inputs = wire.unpack_payload(header["inputs"], buffers[:1])
         return OperatorBatch.from_numpy(np.array(inputs), header.get("streams") or
-                                        [""] * len(inputs), header.get("labels"))
+                                        [""] * len(inputs), header.get("labels"),
+                                        float(header.get("at", 0.0)))
 
 
 class _Process:
@@ -172,44 +176,72 @@ class Primary:
     def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
         """One batch, either operator form (``drive``): the write waits for the previous
         state's copy (H2), and "write + number the batch" holds the mutex (the gate takes it
-        when it opens), so a copy never sees half of it."""
+        when it opens), so a copy never sees half of it. A batch the operator refuses before
+        writing is searched for its bad rows (``RowBisection``): the other rows run, in their
+        order, each part numbered as a batch of its own; only the bad rows are refused."""
         bid = header["bid"]
+        try:
+            batch = self.operator.batch(header, buffers)
+        except Exception as exc:  # frames that make no batch: every row is refused
+            self.proc.tell({"t": OUT, "bid": bid,
+                            "refused": [refusal(row, exc) for row in range(len(header["seqs"]))]})
+            return
         early = functools.partial(self._send_outputs, bid) if self.mode == "hams" else None
+        plan: RowBisection[Exception] = RowBisection(len(batch))
+        answered: list[Any] = []
+        while (part := plan.next_part()) is not None:
+            whole = len(part) == len(batch)  # NSPB: outputs leave early when the form allows
+            try:
+                answered.append(self._run_part(header, batch if whole else batch.rows(part),
+                                               part, early if whole else None))
+            except _NothingWritten as refused:
+                plan.failed(part, refused.error, _culprits(refused.error, part))
+            else:
+                plan.passed(part)
+        self._after_batch(header, plan, answered, sent=plan.runs == 1 and early is not None
+                          and bool(plan.ok))
+
+    def _run_part(self, header: dict[str, Any], batch: OperatorBatch, part: tuple[int, ...],
+                  early: Callable[[Any], None] | None) -> Any:
+        left: list[Any] = []  # outputs that left early: then they must stand
         with CopyGate(self.copied, lock=self.mutex) as gate:
-            try:  # NSPB: outputs leave early when the operator's form allows it
-                outputs = drive(self.operator.model, self.operator.batch(header, buffers),
-                                self.operator.state, gate, early)
+            try:
+                outputs = drive(self.operator.model, batch, self.operator.state, gate,
+                                _noting(early, left) if early is not None else None)
             except Exception as exc:
-                if gate.opened:  # the state may be half written: die, the backup has it whole
-                    raise
-                self._refuse(bid, exc)  # a bad batch, not a dead operator: nothing written
-                return
-            order = self._number(header)
+                if gate.opened or left:  # half written, or outputs out that the state lacks:
+                    raise  # die; the backup holds the last whole state, replies wait for it
+                raise _NothingWritten(exc) from exc  # a bad row, not a dead operator
+            order = self._number(header, part)
         if order is not None:
             self._to_state_thread("order", order)
-        if self.mode == "remus":
-            self._await_receipt(header["seqs"][-1])
-        if self.mode != "hams":
-            self._send_outputs(bid, outputs)
-        if self.mode == "checkpoint-replay":  # after the outputs, on the same socket: when
-            self._maybe_checkpoint(header["seqs"][-1])  # the frontend hears of a checkpoint,
-            # it has every output the checkpoint covers, and may drop their batches
+        return outputs
 
-    def _number(self, header: dict[str, Any]) -> CopyOrder | None:
-        """After the write, under the mutex: give the shipper the batch."""
-        seq = header["seqs"][-1]
+    def _after_batch(self, header: dict[str, Any], plan: RowBisection[Exception],
+                     answered: list[Any], sent: bool) -> None:
+        """Outputs (unless they left early), then, under checkpoint-replay, the checkpoint."""
+        bid = header["bid"]
+        if plan.ok and self.mode == "remus":
+            self._await_receipt(self.last_seq)
+        if not sent:
+            self._send_outputs(bid, _joined(answered), rows=plan.ok if plan.errors else None,
+                               refused=[refusal(r, e) for r, e in sorted(plan.errors.items())])
+        if plan.ok and self.mode == "checkpoint-replay":  # after the outputs, on the same
+            self._maybe_checkpoint(header["seqs"][-1])  # socket: when the frontend hears of
+            # a checkpoint, it has every output the checkpoint covers, and may drop their
+            # batches. The state is after the whole batch: its refused rows wrote nothing.
+
+    def _number(self, header: dict[str, Any], part: tuple[int, ...]) -> CopyOrder | None:
+        """After the write, under the mutex: give the shipper the part's rows."""
+        seq = header["seqs"][part[-1]]
         self.last_seq = seq
         if self.mode in ("checkpoint-replay", "bare"):
             return None
-        lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
+        lineages = tuple(lineage_from_wire(header["lineages"][row]) for row in part)
         order = self.shipper.batch_finished(lineages, seq)
         if order is not None:
             self.copied.clear()
         return order
-
-    def _refuse(self, bid: int, exc: Exception) -> None:
-        self.proc.tell({"t": OUT, "bid": bid, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                        "bad_input": isinstance(exc, ValueError | TypeError)})
 
     def _maybe_checkpoint(self, seq: int) -> None:
         """Checkpoint-replay (Lineage Stash's way, the baseline): every N batches the whole
@@ -243,10 +275,19 @@ class Primary:
                     self.handle(header, buffers)
             self.proc.beat_if_due()
 
-    def _send_outputs(self, bid: int, outputs: Any) -> None:
-        array = outputs.detach().numpy() if hasattr(outputs, "detach") else np.asarray(outputs)
-        desc, frames = wire.pack_payload(np.ascontiguousarray(array))
-        self.proc.tell({"t": OUT, "bid": bid, "outputs": desc}, frames)
+    def _send_outputs(self, bid: int, outputs: Any, rows: list[int] | None = None,
+                      refused: list[list[Any]] | None = None) -> None:
+        header: dict[str, Any] = {"t": OUT, "bid": bid}
+        frames: list[Any] = []
+        if outputs is not None:
+            array = outputs.detach().numpy() if hasattr(outputs, "detach") \
+                else np.asarray(outputs)
+            header["outputs"], frames = wire.pack_payload(np.ascontiguousarray(array))
+        if rows is not None:
+            header["rows"] = rows
+        if refused:
+            header["refused"] = refused
+        self.proc.tell(header, frames)
 
     def roll_back(self) -> None:
         """Fig. 6: this primary's backup died and a failover lists this operator. Roll back to
@@ -436,6 +477,41 @@ class Backup:
             self.auth.stop()
         self.proc.tell({"t": PROMOTED, "seq": seq})
         return Primary(self.proc, self.operator, start_seq=seq)
+
+
+class _NothingWritten(Exception):
+    """The operator raised before its write: the state is as it was."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _culprits(error: Exception, part: tuple[int, ...]) -> tuple[int, ...]:
+    """The batch rows an error names (``rows``: indices into the part it was raised on, as
+    ``StreamTableFull`` gives); none when it names none, or names rows the part lacks."""
+    rows = getattr(error, "rows", None)
+    if not isinstance(rows, tuple | list) or not all(
+            isinstance(r, int) and 0 <= r < len(part) for r in rows):
+        return ()
+    return tuple(part[r] for r in rows)
+
+
+def _noting(early: Callable[[Any], None], left: list[Any]) -> Callable[[Any], None]:
+    def send(outputs: Any) -> None:
+        left.append(outputs)
+        early(outputs)
+    return send
+
+
+def _joined(answered: list[Any]) -> Any:
+    """The outputs of the parts that ran, as one array in row order (None: none ran)."""
+    if not answered:
+        return None
+    if len(answered) == 1:
+        return answered[0]
+    return np.concatenate([a.detach().numpy() if hasattr(a, "detach") else np.asarray(a)
+                           for a in answered])
 
 
 def _digest(seq: int, state: Any) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from parityserve.errors import (
     QueueFull,
     RequestError,
     ServiceError,
+    TooManyStreams,
     Unauthorized,
     UnknownApplication,
     UnknownModel,
@@ -609,6 +610,8 @@ class _Frontend:
         if isinstance(exc, RequestError):
             self.metrics.bad_request(exc.code)
             headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+            if isinstance(exc, TooManyStreams):  # no room now: when to come back
+                headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
             return _error(exc.status_code, exc.code, str(exc), headers)
         if isinstance(exc, ServiceError):
             return _error(exc.status_code, exc.code, str(exc))

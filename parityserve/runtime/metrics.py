@@ -40,6 +40,7 @@ class Metrics:
         self._define_replicas()
         self._define_selection()
         self._define_parallelism()
+        self._define_graphs()
 
     def _define_requests(self) -> None:
         reg = self.registry
@@ -173,6 +174,15 @@ class Metrics:
 
     def observe_default(self, app: str, reason: str) -> None:
         self._defaults.labels(app, reason).inc()
+
+    def _define_graphs(self) -> None:
+        self._graph_expired = Counter(
+            "parityserve_graph_batches_expired", "Stateful-graph operator batches the watchdog "
+            "failed: in flight for longer than the graph's timeout_ms", ["graph", "operator"],
+            registry=self.registry)
+
+    def graph_batches_expired(self, graph: str, operator: str, n: int) -> None:
+        self._child(self._graph_expired, graph, operator).inc(n)
 
     def _define_parallelism(self) -> None:
         reg, labels = self.registry, ["model"]

@@ -166,7 +166,7 @@ class ServingSystem:
         if wait_ready:
             await self.wait_ready(timeout_s)
         self.graphs = Graphs(self.config, self._infer_outputs, keys=keys, clock=self.clock,
-                             log_dir=self.log_dir)
+                             log_dir=self.log_dir, metrics=self.metrics)
         await self.graphs.start()
 
     async def _infer_outputs(self, model: str, rows: np.ndarray) -> np.ndarray:

@@ -186,10 +186,14 @@ def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path
 
 
 def test_a_bad_row_gets_a_400_and_the_stream_goes_on(server: RunningServer) -> None:
+    """The graph has answered rows of 4 here, so a row of 2 is refused at the door, naming
+    the shape it takes (on a fresh graph, seq1 refuses it: test_graph_isolation.py)."""
+    with Client(server.url) as client:
+        client.predict_graph("stocks", [0.1] * 4, stream="bad", stream_key="ticker")
     response = httpx.post(f"{server.url}/stocks/predict", timeout=30,
                           json={"input": [1.0, 2.0], "ticker": "bad"})  # width 2, not 4
     assert response.status_code == 400, response.text
-    assert "seq1" in response.json()["error"]  # names the operator that refused it
+    assert "takes rows of shape [4]" in response.json()["error"]
     with Client(server.url) as client:
         ok = client.predict_graph("stocks", [0.1] * 4, stream="bad", stream_key="ticker")
     assert ok["durable"]

@@ -19,7 +19,14 @@ from benchmarks.hams_analysis import (
 )
 from parityserve.core.hams import Arrival, Executed, Hop
 from parityserve.errors import ModelLoadError, ProtocolError
-from parityserve.runtime.hams_protocol import checkpoint_file, lineage_from_wire, lineage_to_wire
+from parityserve.runtime.hams_protocol import (
+    Refusal,
+    checkpoint_file,
+    lineage_from_wire,
+    lineage_to_wire,
+    refusal,
+    row_outcomes,
+)
 from parityserve.runtime.hams_replay import ReplayLog
 from parityserve.runtime.hams_state import FlatState
 from parityserve.runtime.hams_worker import restore_checkpoint, save_checkpoint
@@ -169,3 +176,23 @@ def test_median_and_max_skip_runs_without_the_value() -> None:
                             {"a": 8.0, "b": None}], ("a", "b"))
     assert stats["kills"] == 3 and stats["median"] == {"a": 3.0, "b": None}
     assert stats["max"]["a"] == 8.0
+
+
+class _NoRoom(RuntimeError):
+    retry_after_s = 2.5
+
+
+def test_an_operator_answer_gives_each_row_its_output_or_its_refusal() -> None:
+    """A batch the primary searched for its bad rows comes back as one message: the outputs
+    of the rows it ran (``rows``) and a refusal for each other, with its kind."""
+    assert refusal(1, _NoRoom("no slot")) == [1, "busy", "_NoRoom: no slot", 2.5]
+    assert refusal(2, ValueError("width 2"))[:3] == [2, "bad_input", "ValueError: width 2"]
+    assert refusal(3, RuntimeError("boom"))[1] == "error"
+    header = {"rows": [0, 2], "refused": [refusal(1, ValueError("width 2"))]}
+    out = row_outcomes(header, ["a", "c"], 3)
+    assert out == ["a", Refusal(1, "bad_input", "ValueError: width 2"), "c"]
+    assert row_outcomes({}, ["a", "b"], 2) == ["a", "b"]
+    assert row_outcomes({"error": "E", "bad_input": True}, None, 2) == [
+        Refusal(0, "bad_input", "E"), Refusal(1, "bad_input", "E")]
+    with pytest.raises(ProtocolError, match="unanswered"):
+        row_outcomes({"rows": [0]}, ["a"], 2)

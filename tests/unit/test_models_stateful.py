@@ -131,6 +131,17 @@ def test_operator_batch_from_numpy_casts_and_fills_missing_labels() -> None:
     assert len(OperatorBatch.from_numpy(np.zeros((0, 3)), [], [])) == 0
 
 
+def test_a_part_of_a_batch_keeps_its_rows_streams_labels_and_time() -> None:
+    """What the primary runs again without the rows its operator refused."""
+    batch = OperatorBatch.from_numpy(np.arange(6).reshape(3, 2), ["a", "b", "c"], [1, 2, 3],
+                                     at=7.5)
+    part = batch.rows([2, 0])
+    assert part.inputs.tolist() == [[4, 5], [0, 1]] and part.streams == ("c", "a")
+    assert part.labels.tolist() == [3, 1] and part.at == 7.5
+    with pytest.raises(ValueError, match="at must be a finite number"):
+        OperatorBatch.from_numpy(np.zeros((1, 2)), [""], None, at=float("nan"))
+
+
 @pytest.mark.parametrize(("inputs", "streams", "labels", "match"), [
     (np.zeros((2, 3)), ["a"], None, "one key per row: got 1 for 2 rows"),
     (np.zeros((2, 3)), "ab", None, "sequence of str, one per row; got str"),
@@ -207,12 +218,12 @@ def lstm(**options: Any) -> StreamLSTM:
                          **options})
 
 
-def rows(streams: str, at: int = 0) -> OperatorBatch:
+def rows(streams: str, at: int = 0, when: float = 0.0) -> OperatorBatch:
     """A batch with one row per letter of ``streams`` ("." is a row with no stream), inputs
-    from ROWS[at:]."""
+    from ROWS[at:], formed at time ``when``."""
     names = ["" if s == "." else s for s in streams]
     return OperatorBatch(ROWS[at:at + len(names)].clone(), tuple(names),
-                         torch.full((len(names),), -1))
+                         torch.full((len(names),), -1), when)
 
 
 def feed(op: StreamLSTM, state: dict[str, Tensor], *batches: OperatorBatch) -> Tensor:
@@ -224,8 +235,8 @@ def test_stream_lstm_state_is_a_fixed_slot_table() -> None:
     state = op.initialize()
     assert {k: (tuple(v.shape), v.dtype) for k, v in state.items()} == {
         "h": ((5, 4), torch.float32), "c": ((5, 4), torch.float32),
-        "keys": ((5,), torch.int64)}
-    assert state_nbytes(state) == 2 * 5 * 4 * 4 + 5 * 8
+        "keys": ((5,), torch.int64), "used": ((5,), torch.float64)}
+    assert state_nbytes(state) == 2 * 5 * 4 * 4 + 5 * 8 + 5 * 8
     out = feed(op, state, rows("ab.a"))
     assert out.shape == (4, 2) and out.dtype == torch.float32
     assert state["keys"].tolist() == [stream_key("a"), stream_key("b"), 0, 0, 0]
@@ -302,12 +313,42 @@ def test_a_full_table_raises_and_leaves_the_state_unchanged() -> None:
     state = op.initialize()
     feed(op, state, rows("ab"))
     before = {k: v.clone() for k, v in state.items()}
-    with pytest.raises(StreamTableFull, match=r"max_streams=2 .*stream 'c' is new"):
-        run_batch(op, rows("bc"), state, go())  # b is held; c finds no slot
+    with pytest.raises(StreamTableFull, match=r"max_streams=2 .*1 new stream\(s\) \('c'\)") \
+            as full:
+        run_batch(op, rows("bcc"), state, go())  # b is held; c finds no slot
+    assert full.value.rows == (1, 2)  # c's rows, and only they
+    assert full.value.retry_after_s == 600.0  # a and b were used at 0: idle at 600
     assert all(torch.equal(before[k], v) for k, v in state.items())
     assert isinstance(StreamTableFull("x"), RuntimeError)
     feed(op, state, rows("ba.", 2))  # the held streams and streamless rows still run
     assert state["keys"].tolist() == [stream_key("a"), stream_key("b")]
+
+
+def test_an_idle_stream_gives_its_slot_to_a_new_one_and_its_state_is_dropped() -> None:
+    """LRU with an idle time, on the batch's clock: a and b were used at 0 and 5; at 20 with
+    stream_idle_s 10 both are idle, and c takes a's (the least recently used)."""
+    op = lstm(max_streams=2, stream_idle_s=10)
+    state = op.initialize()
+    first_a = feed(op, state, rows("a", 0, when=0.0))
+    feed(op, state, rows("b", 1, when=5.0))
+    with pytest.raises(StreamTableFull) as full:  # at 9 neither is idle yet
+        run_batch(op, rows("c", 2, when=9.0), state, go())
+    assert full.value.retry_after_s == 1.0  # a turns idle at 10
+    feed(op, state, rows("c", 2, when=20.0))
+    assert state["keys"].tolist() == [stream_key("c"), stream_key("b")]
+    assert state["used"].tolist() == [20.0, 5.0]
+    # a comes back as a new stream (b's slot is idle too): it starts from zeros again
+    again = feed(op, state, rows("a", 0, when=30.0))
+    torch.testing.assert_close(again, first_a, rtol=0, atol=0)
+
+
+def test_a_stream_of_the_batch_is_never_evicted_for_another_of_the_batch() -> None:
+    op = lstm(max_streams=1, stream_idle_s=10)
+    state = op.initialize()
+    feed(op, state, rows("a", 0, when=0.0))
+    with pytest.raises(StreamTableFull) as full:  # a is idle, but it is in this batch
+        run_batch(op, rows("ab", 1, when=50.0), state, go())
+    assert full.value.rows == (1,)
 
 
 @pytest.mark.parametrize(("options", "match"), [
@@ -316,6 +357,8 @@ def test_a_full_table_raises_and_leaves_the_state_unchanged() -> None:
     ({"input_size": True}, "input_size must be an int >= 1, got True"),
     ({"noise": -1e-3}, "noise must be a finite number >= 0, got -0.001"),
     ({"noise": float("nan")}, "noise must be a finite number >= 0, got nan"),
+    ({"stream_idle_s": 0}, "stream_idle_s must be a finite number > 0, got 0"),
+    ({"stream_idle_s": float("inf")}, "stream_idle_s must be a finite number > 0, got inf"),
 ])
 def test_stream_lstm_rejects_bad_options(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,133 @@
+"""Stateful streams are a resource with a policy (issue 38, items 3 and 4), served for real.
+
+Once, after 1,024 distinct stream keys (one 1,024-row request does it) every new stream got
+500 ``StreamTableFull`` until a restart, and the error failed its whole operator batch:
+requests for existing streams mixed with new ones got 500 too. Now a new stream that finds
+no free or idle slot gets 429 with ``Retry-After``, alone; an idle stream gives its slot to
+a new one (LRU), its state dropped on primary and backup alike. A stream key is at most
+``max_stream_key_bytes`` and a graph request at most ``max_batch_items`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from parityserve.runtime.server import RunningServer
+from tests.integration.conftest import start_server, wait_until
+from tests.integration.test_graph_isolation import GOOD, stocks_config
+
+pytestmark = pytest.mark.integration
+
+LONGEST = "k" * 256  # a key of max_stream_key_bytes, one of the 1,024 streams opened below
+SLOTS = 4  # the small table of the "means" graph
+IDLE_S = 1.0  # and how long one of its streams must be unused to give way
+
+
+def config() -> dict[str, Any]:
+    """The README's stocks graph (a table of 1,024 streams per LSTM, idle after 600 s), and
+    a running-mean graph with a table of four streams, idle after a second."""
+    base = stocks_config()
+    base["models"].append({"name": "means", "source": "zoo:stream-mean",
+                           "options": {"features": 4, "max_streams": SLOTS,
+                                       "stream_idle_s": IDLE_S}})
+    base["graphs"].append({"name": "means", "stream_key": "ticker",
+                           "operators": [{"name": "mean", "model": "means",
+                                          "inputs": ["frontend"], "stateful": True}],
+                           "output": "mean"})
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(config(), tmp_path_factory.mktemp("streams"))
+    yield running
+    running.stop()
+
+
+def post(url: str, graph: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{url}/{graph}/predict", content=orjson.dumps(body), timeout=60)
+
+
+def graph_state(url: str, graph: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/admin/state", timeout=30).json()["graphs"][graph]
+
+
+def test_a_huge_stream_key_is_refused_naming_the_limit(server: RunningServer) -> None:
+    """(A 10 MB key is refused before this, as any JSON body over max_json_bytes.)"""
+    reply = post(server.url, "stocks", {"input": GOOD, "ticker": "k" * (512 << 10)})
+    assert reply.status_code == 400, reply.text[:300]
+    assert "max_stream_key_bytes = 256" in reply.json()["error"]
+    many = post(server.url, "stocks", {"input_batch": [GOOD, GOOD],
+                                       "streams": ["ok", "\u00e9" * 129]})  # 258 bytes
+    assert many.status_code == 400 and "streams[1]" in many.json()["error"]
+    assert post(server.url, "stocks", {"input": GOOD, "ticker": LONGEST}).status_code == 200
+
+
+def test_a_graph_request_holds_at_most_max_batch_items_rows(server: RunningServer) -> None:
+    reply = post(server.url, "stocks", {"input_batch": [[1, 2, 3, 4]] * 50_000})
+    assert reply.status_code == 400, reply.text[:300]
+    assert "50000 rows, more than max_batch_items = 1024" in reply.json()["error"]
+
+
+def test_a_full_stream_table_refuses_new_streams_alone_with_429(server: RunningServer) -> None:
+    url = server.url
+    # one request opens 1,024 streams: every slot of seq1's and seq2's tables
+    rows = np.random.default_rng(0).random((1024, 4)).round(3).tolist()
+    filled = post(url, "stocks", {"input_batch": rows,
+                                  "streams": [LONGEST] + [f"s{i}" for i in range(1, 1024)]})
+    assert filled.status_code == 200, filled.text[:300]
+
+    def one(i: int) -> tuple[bool, httpx.Response]:
+        old = i % 2 == 1  # existing and new streams interleaved, so they share batches
+        stream = f"s{i}" if old else f"new{i}"
+        return old, post(url, "stocks", {"input": GOOD, "ticker": stream})
+
+    with ThreadPoolExecutor(20) as pool:
+        replies = list(pool.map(one, range(100)))
+    for old, reply in replies:
+        if old:  # always answered
+            assert reply.status_code == 200, reply.text
+            assert np.isfinite(reply.json()["output"]).all()
+        else:
+            assert reply.status_code == 429, reply.text
+            assert int(reply.headers["Retry-After"]) >= 1
+            assert reply.json()["code"] == "too_many_streams"
+            assert "max_streams=1024" in reply.json()["error"]
+    wait_until(lambda: graph_state(url, "stocks")["records"] == 0, 30)
+    assert httpx.get(f"{url}/v2/models/stocks/ready").status_code == 200
+
+
+def test_an_idle_stream_gives_way_and_primary_and_backup_drop_it_alike(
+        server: RunningServer) -> None:
+    url = server.url
+    wait_until(lambda: graph_state(url, "means")["operators"]["mean"]["backup_synced"], 60)
+    first = post(url, "means", {"input_batch": [[float(i)] * 4 for i in range(SLOTS)],
+                                "streams": ["a", "b", "c", "d"]})
+    assert first.status_code == 200, first.text
+    # a fifth stream waits (429) until the others have been idle for IDLE_S, then takes the
+    # least recently used slot: a's (all four came in one batch; a has the lowest slot)
+    wait_until(lambda: post(url, "means", {"input": [8.0] * 4, "ticker": "e"}).status_code
+               == 200, 30)
+    back = post(url, "means", {"input": [2.0] * 4, "ticker": "a"})  # a new stream again
+    if back.status_code == 429:  # e and a are the newest now; wait for the others to idle
+        wait_until(lambda: post(url, "means", {"input": [2.0] * 4, "ticker": "a"})
+                   .status_code == 200, 30)
+        back = post(url, "means", {"input": [6.0] * 4, "ticker": "a"})
+        assert back.json()["output"] == [4.0] * 4  # the mean of its rows since it came back
+    else:
+        assert back.json()["output"] == [2.0] * 4  # its old row (0.0) is gone
+
+    def same_state() -> bool:  # the eviction is in the state the backup installed
+        digests = httpx.get(f"{url}/admin/graphs/means/digests", timeout=30).json()["mean"]
+        backup = digests["backup"]
+        return backup is not None and backup["seq"] == digests["primary"]["seq"] \
+            and backup["digest"] == digests["primary"]["digest"]
+
+    wait_until(same_state, 30)
