@@ -523,7 +523,9 @@ class Graph(_Frozen):
     checkpoint_every: int = Field(150, ge=1, description="checkpoint-replay: batches between "
                                   "checkpoints (the paper's baseline: 150)")
     max_batch: int = Field(64, ge=1, le=4096, description="requests per operator batch")
-    timeout_ms: float = Field(30_000, gt=0, description="how long a client waits for a reply")
+    timeout_ms: float = Field(
+        30_000, gt=0, description="how long a client waits for a reply, and a batch may be in "
+        "flight at an operator before the watchdog fails it (and the graph reads not ready)")
     detection: Literal["exit", "timeout"] = Field(
         "exit", description="how a lost operator process is noticed: its exit (the kernel "
         "tells the frontend at once), or missed heartbeats alone")
