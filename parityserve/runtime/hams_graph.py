@@ -590,7 +590,7 @@ class GraphRuntime:
         """The watchdog: a batch in flight past the graph's deadline fails, its clients have
         given up anyway, and the operator's slot is free again. An operator that had nothing
         to do is not behind (readiness)."""
-        limit, expired = self.graph.timeout_ms / 1000, False
+        limit, stuck = self.graph.timeout_ms / 1000, False
         for op, out in self.inflight.items():
             late = out.expired(now, limit)
             for _, batch in late:
@@ -598,14 +598,15 @@ class GraphRuntime:
                     f"{op}: a batch was in flight for more than the graph's timeout_ms "
                     f"({self.graph.timeout_ms:g} ms); the watchdog failed it"))
             if late:
-                expired = True
                 log.warning("graph %s: the watchdog failed %d batch(es) of %s", self.graph.name,
                             len(late), op)
                 if self.on_expired is not None:
                     self.on_expired(op, len(late))
-            if not out and not self.router.managers[op].queued():
+            queued = self.router.managers[op].queued()
+            if not out and not queued:
                 out.idle(now)
-        if expired:
+            stuck = stuck or bool(queued and len(out) < _IN_FLIGHT)  # work, and room for it
+        if stuck:  # a pass that failed (or a slot the watchdog freed): try again now
             self._pump_all()
 
     def _forget(self, member: Member) -> None:

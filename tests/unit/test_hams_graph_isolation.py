@@ -299,6 +299,24 @@ def test_an_exception_at_any_step_of_the_send_path_leaves_no_batch_in_flight(
 # --- the watchdog and readiness -----------------------------------------------------------------
 
 
+def test_work_left_queued_by_a_failed_pass_is_sent_by_the_next_watchdog_tick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test() -> None:
+        h = Harness()
+        fail_once(h.runtime.router, "batch", monkeypatch)  # the only pass there will be
+        asking = asyncio.ensure_future(h.ask(GOOD))
+        while not h.runtime.router.managers["feat"].queued():
+            await asyncio.sleep(0)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not asking.done()  # nothing else would ever send it
+        h.runtime._expire(h.clock())
+        assert answered((await asyncio.wait_for(asking, 5))[0], GOOD)
+        assert h.left_behind() == NOTHING
+
+    run(test, monkeypatch)
+
+
 def test_a_batch_that_never_comes_back_is_failed_counted_and_the_graph_heals(
         monkeypatch: pytest.MonkeyPatch) -> None:
     async def test() -> None:
