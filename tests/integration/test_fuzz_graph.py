@@ -22,7 +22,7 @@ from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 12  # about 100 requests; derandomized, so every run sends the same ones
+ROUNDS = 60  # about 500 requests (10 s here); derandomized, so every run sends the same ones
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,9 @@ def test_mixed_good_and_hostile_rows_never_5xx_or_wedge_the_graph(server: Runnin
         f"{f['kind']}: {f['why']}; {f['path']} {f['request'][:120]!r} -> {f['answer'][:200]!r}"
         for f in report.failures)
     kinds = {key.split(":")[0] for key in report.counts}
-    assert report.rounds == ROUNDS and len(kinds) >= len(HOSTILE) // 2, report.counts
+    assert report.rounds == ROUNDS and len(kinds) >= len(HOSTILE), report.counts
+    if report.known:  # another engineer's to fix (fuzz_graph.KNOWN_ELSEWHERE): say so
+        print(f"known elsewhere: {report.known}")
     stuck = stuck_operators(server.url)
     assert stuck is None, f"graph {GRAPH!r} still busy after the rounds: {stuck}"
     # within the graph's own 30 s deadline: a wedged operator answers 504 only after it
