@@ -166,7 +166,7 @@ def _feed(h: hashlib.blake2b, x: object) -> None:
     if isinstance(x, np.ndarray | np.generic):
         _feed_array(h, np.asarray(x))
     elif isinstance(x, list | tuple):
-        if not _feed_numbers(h, x):
+        if not _feed_numbers(h, x) and not _feed_texts(h, x):
             _feed_header(h, b"L", len(x))
             for item in x:
                 _feed(h, item)
@@ -209,6 +209,28 @@ def _feed_numbers(h: hashlib.blake2b, x: list[Any] | tuple[Any, ...]) -> bool:
     _feed_header(h, tag, len(x))
     h.update(mask)
     h.update(values.astype(values.dtype.newbyteorder("<"), copy=False).data)
+    return True
+
+
+_TEXT_TAGS: dict[type, bytes] = {bytes: b"Y", str: b"Z"}
+
+
+def _feed_texts(h: hashlib.blake2b, x: list[Any] | tuple[Any, ...]) -> bool:
+    """Digest a flat list of only bytes or only str in one pass: the tag, the count, every
+    length (uint64) and the data joined; False if it is anything else.
+
+    Why: a V2 BYTES tensor reaches the cache as an object array, and one ``_feed`` call per
+    element cost 1.6 us (0.4 s for 262,144 empty strings, while the event loop answered
+    nobody); this costs about 0.15 us. Lists of one type always take it, so equal values
+    still share a digest; the lengths make the joined data decodable, so none collide.
+    """
+    kinds = set(map(type, x))
+    if len(kinds) != 1 or (tag := _TEXT_TAGS.get(kinds.pop())) is None:
+        return False
+    data = x if tag == b"Y" else [s.encode("utf-8", "surrogatepass") for s in x]
+    _feed_header(h, tag, len(data))
+    h.update(np.fromiter(map(len, data), dtype="<u8", count=len(data)).data)
+    h.update(b"".join(data))
     return True
 
 

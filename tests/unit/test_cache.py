@@ -213,6 +213,26 @@ def test_object_arrays_hash_their_values_not_pointers() -> None:
     assert input_digest(a) != input_digest(np.array(["x", 2, None], dtype=object))
 
 
+def test_lists_of_bytes_or_strings_digest_their_values_and_boundaries() -> None:
+    # One pass over the lengths and the joined data (a V2 BYTES tensor's object array): the
+    # lengths tell apart values whose data joins alike, and bytes never pass for str.
+    splits = [[b"ab", b""], [b"", b"ab"], [b"a", b"b"], [b"ab"], [b"a", b"", b"b"], []]
+    assert len({input_digest(v) for v in splits}) == len(splits)
+    assert input_digest([b"a", b"b"]) != input_digest(["a", "b"])
+    assert input_digest(["\u00e9", "\ud800"]) == input_digest(["\u00e9", "\ud800"])
+    assert input_digest(["\u00e9"]) != input_digest(["\u00e9", ""])
+    strings = np.array([[b"x", b""], [b"yz", b"x"]], dtype=object)
+    assert input_digest(strings) == input_digest(strings.copy())
+    assert input_digest(strings) != input_digest(strings.reshape(1, 4))
+    assert input_digest(np.array([b"x", "x"], dtype=object)) != input_digest(
+        np.array([b"x", b"x"], dtype=object))
+
+
+@given(st.lists(st.binary(max_size=4), max_size=6), st.lists(st.binary(max_size=4), max_size=6))
+def test_lists_of_bytes_share_a_digest_only_when_equal(a: list[bytes], b: list[bytes]) -> None:
+    assert (input_digest(a) == input_digest(b)) == (a == b)
+
+
 def test_int_enum_hashes_as_its_value_and_unknown_types_fail() -> None:
     class Color(enum.IntEnum):
         RED = 1
