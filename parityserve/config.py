@@ -579,6 +579,18 @@ class Limits(_Frozen):
     max_stream_key_bytes: int = Field(
         256, ge=1, description="UTF-8 bytes of one stream key on a graph route (the "
         "stream_key field, or each of 'streams')")
+    # The two below keep one request's decoding near 50 ms of event loop on a 2-core VM
+    # (benchmarks/results/loop-block): the frontend makes a Python object of each such value,
+    # and while it does, nobody else (health checks included) is answered.
+    max_request_elements: int = Field(
+        1 << 17, ge=1, description="values of one request that are decoded one by one: every "
+        "JSON value of a Clipper or graph body and of a V2 tensor's JSON data (lists "
+        "included), every BYTES element, every typed gRPC content. Binary numeric tensors "
+        "are read in place: only max_body_bytes bounds them")
+    max_json_bytes: int = Field(
+        1 << 19, ge=1024, description="JSON of one inference request (a JSON body, or the "
+        "header of a V2 binary one; for gRPC, the message less its raw_input_contents), "
+        "parsed value by value before anything can be counted")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line plus headers")
     header_timeout_s: float = Field(
         10.0, gt=0, description="a connection must send its whole head within this")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from time import perf_counter
@@ -38,7 +39,7 @@ from parityserve.config import (
     TensorSpec,
 )
 from parityserve.core.edge_guards import same_origin
-from parityserve.core.inputs import depth_error, scan
+from parityserve.core.inputs import depth_error, scan, take_elements
 from parityserve.core.scheduling import is_parity_slot
 from parityserve.errors import (
     CrossOrigin,
@@ -207,9 +208,11 @@ def _object(body: bytes, limits: Limits | None = None) -> dict[str, Any]:
     return data
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing it with 413 as soon as it is known to exceed ``limit``."""
-    _check_declared_length(request, limit)
+async def _read_body(request: Request, limit: int, name: str = "server.max_body_bytes"
+                     ) -> bytes:
+    """The whole body, refusing it with 413 as soon as it is known to exceed ``limit`` (the
+    setting ``name``)."""
+    _check_declared_length(request, limit, name)
     chunks: list[bytes] = []
     size = 0
     receive = request.receive  # straight off the channel: cheaper than request.stream()
@@ -220,7 +223,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:  # Content-Length may be absent (chunked) or lie
-            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            raise PayloadTooLarge(f"request body exceeds {name} = {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -234,7 +237,7 @@ def _header(request: Request, name: bytes) -> str | None:
     return None
 
 
-def _check_declared_length(request: Request, limit: int) -> None:
+def _check_declared_length(request: Request, limit: int, name: str) -> None:
     declared = _header(request, b"content-length")
     if declared is None:
         return
@@ -243,7 +246,7 @@ def _check_declared_length(request: Request, limit: int) -> None:
     except ValueError:
         raise MalformedRequest(f"invalid Content-Length {declared!r}") from None
     if length > limit:
-        raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds {name} = {limit} bytes")
 
 
 def _version(request: Request) -> int | None:
@@ -397,12 +400,14 @@ def _output_name(request: v2.InferRequest, meta: ModelMetadata) -> str:
 # ---------------------------------------------------------------- Clipper documents
 
 
-def _predict_items(body: dict[str, Any], limits: Limits) -> tuple[list[Any], bool]:
-    """The queries in a predict body, and whether it was a batch (limits checked)."""
+def _predict_items(body: dict[str, Any], limits: Limits, size: int | None = None
+                   ) -> tuple[list[Any], bool]:
+    """The queries in a predict body of ``size`` bytes, and whether it was a batch (limits
+    checked)."""
     has_one, has_batch = "input" in body, "input_batch" in body
     if has_one == has_batch:
         raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
-    _check_body(body, limits)
+    _check_body(body, limits, size)
     if has_one:
         return [body["input"]], False
     batch = body["input_batch"]
@@ -417,16 +422,23 @@ def _predict_items(body: dict[str, Any], limits: Limits) -> tuple[list[Any], boo
 _INPUTS = ("input", "input_batch")
 
 
-def _check_body(body: dict[str, Any], limits: Limits) -> None:
-    """Depth and element limits over a body's other values (a label, unknown keys).
+def _check_body(body: dict[str, Any], limits: Limits, size: int | None = None) -> None:
+    """Depth and element limits over a body's other values (a label, unknown keys), and
+    ``max_request_elements`` over all its values (lists and objects included) when its
+    ``size`` (bytes) could hold more.
 
-    Inputs are scanned once, by the system, where the same pass checks them against the
-    model's signature (runtime/system.py ``_coerce_for``).
+    Inputs are scanned once more, by the system, where the same pass checks them against the
+    model's signature (runtime/system.py ``_coerce_for``): this pass is skipped for a body too
+    short to hold more than the limit (n values take at least 2n - 1 bytes), most of them.
     """
     for key, value in body.items():
         if key not in _INPUTS:
             scan(value, max_depth=limits.max_json_depth,
                  max_elements=limits.max_input_elements, depth=2)
+    if size is None or size >= 2 * limits.max_request_elements:
+        leaves = scan(body, max_depth=limits.max_json_depth, max_elements=sys.maxsize)
+        take_elements(0, leaves.count + leaves.containers, limit=limits.max_request_elements,
+                      what="the body")
 
 
 def _optional_str(body: dict[str, Any], key: str) -> str | None:
@@ -485,6 +497,10 @@ class _Frontend:
         self.auth = auth
         self.sources = sources or SourcePolicy()
         self.limits = limits or Limits()
+        # Inference bodies of JSON: the smaller of the two limits, named in the 413.
+        self.json_limit = ((self.limits.max_json_bytes, "server.limits.max_json_bytes")
+                           if self.limits.max_json_bytes < max_body_bytes
+                           else (max_body_bytes, "server.max_body_bytes"))
         self.overload_status = overload_status
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
@@ -669,7 +685,9 @@ class _Frontend:
 
     async def infer(self, request: Request) -> tuple[Response, Outcome]:
         model, version = request.path_params["model"], _version(request)
-        body = await _read_body(request, self.limit)
+        binary = _header(request, _HEADER_LENGTH_KEY) is not None  # its JSON header: v2 checks
+        body = await (_read_body(request, self.limit) if binary
+                      else _read_body(request, *self.json_limit))
         if self.system.has_graph(model):
             return await self._infer_graph(model, request, body)
         meta = self.system.model_metadata(model, version)
@@ -710,10 +728,10 @@ class _Frontend:
     # ------------------------------------------------------------ Clipper handlers
 
     async def predict(self, request: Request) -> tuple[Response, Outcome]:
-        raw = await _read_body(request, self.limit)
+        raw = await _read_body(request, *self.json_limit)
         app = request.path_params["app"]
         if self.system.has_graph(app):
-            return await self._predict_graph(app, _object(raw, self.limits))
+            return await self._predict_graph(app, _object(raw, self.limits), len(raw))
         items, batched, uid = self._predict_request(raw)
         predictions = await self.system.predict(app, items, uid)
         outcome = "default" if any(p.default for p in predictions) else "ok"
@@ -728,20 +746,21 @@ class _Frontend:
         if fast is not None:
             return list(fast.items), fast.batched, fast.uid
         body = _object(raw, self.limits)
-        items, batched = _predict_items(body, self.limits)
+        items, batched = _predict_items(body, self.limits, len(raw))
         return items, batched, _optional_str(body, "uid")
 
-    async def _predict_graph(self, name: str, body: dict[str, Any]
+    async def _predict_graph(self, name: str, body: dict[str, Any], size: int
                              ) -> tuple[Response, Outcome]:
         """A stateful service graph: the reply leaves once every state it depends on is
         durable (HAMS output commit); ``seqs`` says where it passed."""
-        _check_body(body, self.limits)
+        _check_body(body, self.limits, size)
         answers = await self.system.predict_graph(name, body)
         return _json(answers if "input_batch" in body else answers[0]), "ok"
 
     async def update(self, request: Request) -> tuple[Response, Outcome]:
-        body = _object(await _read_body(request, self.limit), self.limits)
-        _check_body(body, self.limits)
+        raw = await _read_body(request, *self.json_limit)
+        body = _object(raw, self.limits)
+        _check_body(body, self.limits, len(raw))
         uid, item, label = _update_fields(body)
         result = await self.system.update(request.path_params["app"], uid, item, label,
                                           _optional_str(body, "query_id"))

@@ -27,12 +27,14 @@ from parityserve.core.inputs import (
     Leaves,
     check_leaves,
     check_raw_size,
+    decoded_one_by_one,
     depth_error,
     element_count,
     scan,
+    take_elements,
 )
 from parityserve.datatypes import DATATYPES, datatype_to_dtype, dtype_to_datatype  # re-exported
-from parityserve.errors import InvalidInput, MalformedRequest
+from parityserve.errors import InvalidInput, MalformedRequest, PayloadTooLarge
 from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = [
@@ -153,6 +155,11 @@ def _split(body: bytes, header_length: int | None, limits: Limits | None = None
     if not 0 <= end <= len(view):
         raise MalformedRequest(f"{HEADER_LENGTH} is {header_length}, but the body has "
                                f"{len(view)} bytes")
+    if limits is not None and end > limits.max_json_bytes:  # orjson makes an object a value
+        raise PayloadTooLarge(f"the JSON of this request is {end} bytes, more than "
+                              f"max_json_bytes = {limits.max_json_bytes}; send tensors as "
+                              f"binary data ({HEADER_LENGTH}) or raise "
+                              "server.limits.max_json_bytes")
     try:
         header = orjson.loads(view[:end])
     except orjson.JSONDecodeError as exc:
@@ -172,14 +179,19 @@ def _tensors(header: dict[str, Any], key: str, buffers: _Buffers | None,
         items = []
     if not isinstance(items, list) or (required and not items):
         raise MalformedRequest(f"{key!r} must be a non-empty list of tensors")
-    tensors = tuple(_tensor(item, key[:-1], i, buffers, limits) for i, item in enumerate(items))
+    tensors, taken = [], 0
+    for i, item in enumerate(items):
+        tensor, taken = _tensor(item, key[:-1], i, buffers, limits, taken)
+        tensors.append(tensor)
     if buffers is not None:
         buffers.finish()
-    return tensors
+    return tuple(tensors)
 
 
 def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
-            limits: Limits | None = None) -> Tensor:
+            limits: Limits | None = None, taken: int = 0) -> tuple[Tensor, int]:
+    """The tensor ``obj`` describes, and the request's values decoded one by one with it
+    (``taken`` before it): counted from its shape, before its data is read."""
     if not isinstance(obj, dict):
         raise MalformedRequest(f"{kind} #{index} must be a JSON object")
     name = obj.get("name")
@@ -192,16 +204,23 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
                            f"{', '.join(DATATYPES)}")
     shape = _shape(obj.get("shape"), name)
     count = tensor_count(name, shape, limits)
-    leaves = _scan_data(obj.get("data"), shape, limits)
     size = _parameters(obj, f"{kind} {name!r}").get("binary_data_size")
+    if limits is not None and decoded_one_by_one(datatype, raw=size is not None):
+        taken = take_elements(taken, count, limit=limits.max_request_elements,
+                              what=f"tensor {name!r}")
     if size is not None:
         if "data" in obj:
             raise MalformedRequest(f"{kind} {name!r} has both 'data' and binary_data_size")
-        return Tensor(name, datatype, shape, _from_binary(name, datatype, shape, size, buffers))
+        array = _from_binary(name, datatype, shape, size, buffers)
+        return Tensor(name, datatype, shape, array), taken
     if "data" not in obj:
         raise MalformedRequest(f"{kind} {name!r} has neither 'data' nor binary_data_size")
-    return Tensor(name, datatype, shape,
-                  _from_json(name, datatype, shape, count, obj["data"], leaves))
+    leaves = _scan_data(obj["data"], shape, limits)
+    if limits is not None and leaves is not None:  # its lists are values too
+        taken = take_elements(taken, leaves.containers, limit=limits.max_request_elements,
+                              what=f"tensor {name!r}")
+    array = _from_json(name, datatype, shape, count, obj["data"], leaves)
+    return Tensor(name, datatype, shape, array), taken
 
 
 def tensor_count(name: str, shape: Sequence[int], limits: Limits | None) -> int:
@@ -308,21 +327,33 @@ def array_to_raw(array: np.ndarray, datatype: str) -> bytes:
 
 
 def _unpack_bytes(chunk: memoryview, count: int, name: str) -> np.ndarray:
-    out = np.empty(count, dtype=object)
-    pos, end = 0, len(chunk)
+    """``count`` length-prefixed elements. The walk is sequential (each offset follows the
+    previous length), so it is kept to one ``unpack_from`` and one slice of a ``bytes`` per
+    element, and the array is filled in one call: about a third of the time of slicing the
+    memoryview and storing each element into the array (measured in-process)."""
+    buf = chunk.tobytes()
+    items: list[bytes] = [b""] * count
+    pos, end, unpack = 0, len(buf), _U32.unpack_from
     for i in range(count):
         if pos + 4 > end:
             raise InvalidInput(f"tensor {name!r}: binary BYTES data ends after {i} of "
                                f"{count} elements")
-        (length,) = _U32.unpack_from(chunk, pos)
-        if pos + 4 + length > end:
+        (length,) = unpack(buf, pos)
+        start = pos + 4
+        pos = start + length
+        if pos > end:
             raise InvalidInput(f"tensor {name!r}: BYTES element {i} claims {length} bytes, "
-                               f"only {end - pos - 4} left")
-        out[i] = chunk[pos + 4:pos + 4 + length].tobytes()
-        pos += 4 + length
+                               f"only {end - start} left")
+        items[i] = buf[start:pos]
     if pos != end:
         raise InvalidInput(f"tensor {name!r}: {end - pos} bytes left after {count} BYTES "
                            "elements")
+    return _objects(items)
+
+
+def _objects(items: list[Any]) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
     return out
 
 
@@ -333,7 +364,7 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], count: int, dat
     leaves = leaves or Leaves(frozenset((type(data),)), 1)
     _check_count(name, shape, count, leaves.count)
     if datatype == "BYTES":
-        return _json_bytes(name, shape, data)
+        return _json_bytes(name, shape, data, leaves)
     dtype = datatype_to_dtype(datatype)
     check_leaves(leaves, dtype, datatype, f"tensor {name!r}")
     try:
@@ -370,18 +401,24 @@ def _check_range(name: str, datatype: str, arr: np.ndarray, dtype: np.dtype[Any]
         raise InvalidInput(f"tensor {name!r}: values [{low}, {high}] do not fit {datatype}")
 
 
-def _json_bytes(name: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def _json_bytes(name: str, shape: tuple[int, ...], data: Any, leaves: Leaves) -> np.ndarray:
     try:
         arr = np.array(data, dtype=object)  # ragged lists become list elements, rejected below
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"tensor {name!r}: 'data' is not a rectangular array ({exc})") from exc
     flat = arr.reshape(-1)
+    strings = leaves.types <= _STR and not (leaves.ragged or leaves.objects)
+    if strings and flat.size == leaves.count:  # each element a str: encoded at C speed
+        return _objects(list(map(str.encode, flat.tolist()))).reshape(shape)
     for i, value in enumerate(flat):
         if not isinstance(value, str):
             raise InvalidInput(f"tensor {name!r}: BYTES element {i} must be a string, "
                                f"got {type(value).__name__}")
         flat[i] = value.encode()
     return flat.reshape(shape)
+
+
+_STR = frozenset((str,))
 
 
 # ---------------------------------------------------------------- encoding

@@ -21,6 +21,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from parityserve.client import Client
+from parityserve.config import Limits
 from parityserve.runtime.server import RunningServer
 from tests.integration.conftest import start_server
 
@@ -92,12 +93,14 @@ def hostile_calls(http: th.InferenceServerClient, grpc: tg.InferenceServerClient
                   ) -> dict[str, tuple[Callable[[], object], str]]:
     """Each hostile request, as a call, and the words its refusal's message must hold."""
     calls: dict[str, tuple[Callable[[], object], str]] = {}
+    # Values decoded one by one (JSON data, BYTES) are counted from the shape first.
+    capped = f"more than max_request_elements = {Limits().max_request_elements}"
     for datatype in ("BYTES", "FP32"):
         data = _sample(datatype)
-        need = "at least 17179869184 bytes" if datatype == "BYTES" else "needs 17179869184"
+        need = capped if datatype == "BYTES" else "needs 17179869184"
         for binary in (False, True):
             route = "binary" if binary else "json"
-            words = "needs 4294967296" if not binary else need
+            words = capped if not binary else need
             for model, shape, said in (("free", HUGE, words),
                                        ("free", MANY_DIMS, "20001 dimensions, more than 32"),
                                        ("stocks", HUGE, words)):
@@ -152,8 +155,9 @@ def test_huge_shapes_are_refused_while_health_is_answered(server: RunningServer,
 
 def test_a_long_string_among_numbers_is_refused_before_numpy_pads_them(
         server: RunningServer) -> None:
-    # numpy makes one fixed-width string array of them: 100,001 x 4 MB from a 1.2 MB body.
-    data = ["x" * 1_000_000] + ["y"] * 100_000
+    # numpy makes one fixed-width string array of them: 90,001 x 400 KB from a 0.46 MB body
+    # (within max_json_bytes and max_request_elements).
+    data = ["x" * 100_000] + ["y"] * 90_000
     body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32",
                                      "shape": [1, len(data)], "data": data}]})
     response = httpx.post(f"{server.url}/v2/models/free/infer", content=body, timeout=60)

@@ -29,7 +29,8 @@ def test_public_names() -> None:
         "queue_bound", "retry_after"])
     assert sorted(inputs.__all__) == [
         "BYTES_PREFIX", "EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array", "check_leaves",
-        "check_raw_size", "depth_error", "element_count", "scan"]
+        "check_raw_size", "decoded_one_by_one", "depth_error", "element_count", "scan",
+        "take_elements"]
 
 
 @pytest.mark.parametrize(("estimate", "slo_s", "replicas", "max_batch", "bound"), [
@@ -118,15 +119,17 @@ def test_service_estimate_ignores_unusable_samples(batch_s: float, rows: int) ->
 
 @pytest.mark.parametrize(("value", "leaves"), [
     (1.5, Leaves(frozenset({float}), 1)),
-    ([1.0, 2, 3.0], Leaves(frozenset({float, int}), 3)),
-    ([[1.0, 2.0], [3.0, True]], Leaves(frozenset({float, bool}), 4)),
-    ([[1.0], 2.0], Leaves(frozenset({float}), 2, ragged=True)),
+    ([1.0, 2, 3.0], Leaves(frozenset({float, int}), 3, containers=1)),
+    ([[1.0, 2.0], [3.0, True]], Leaves(frozenset({float, bool}), 4, containers=3)),
+    ([[1.0], 2.0], Leaves(frozenset({float}), 2, ragged=True, containers=2)),
     ({"a": [1, 2], "b": None}, Leaves(frozenset({int, type(None)}), 3, ragged=True,
-                                      objects=True)),
-    ([[1.0], {"a": 2.0}], Leaves(frozenset({float}), 2, objects=True)),
-    ({"a": 1}, Leaves(frozenset({int}), 1, objects=True)),
-    ([], Leaves(frozenset(), 0)),
-    ([["x"], [None]], Leaves(frozenset({str, type(None)}), 2)),
+                                      objects=True, containers=2)),
+    ([[1.0], {"a": 2.0}], Leaves(frozenset({float}), 2, objects=True, containers=3)),
+    ({"a": 1}, Leaves(frozenset({int}), 1, objects=True, containers=1)),
+    ([], Leaves(frozenset(), 0, containers=1)),
+    ([["x"], [None]], Leaves(frozenset({str, type(None)}), 2, containers=3)),
+    ([[1], [[2]]], Leaves(frozenset({int}), 2, ragged=True, containers=4)),  # 2 depths
+    ([[], [[]]], Leaves(frozenset(), 0, containers=4)),
 ])
 def test_scan_reports_leaf_types_and_count(value: object, leaves: Leaves) -> None:
     assert scan(value, max_depth=8, max_elements=100) == leaves

@@ -28,6 +28,9 @@ from parityserve.runtime import grpc_v2, v2
 from parityserve.runtime.api import ModelMetadata
 
 LIMITS = Limits()
+# The shape-against-data checks, with the request's element cap (which refuses most of these
+# shapes first at its default: tests/unit/test_request_elements.py) raised out of their way.
+UNCAPPED = Limits(max_request_elements=2**62, max_json_bytes=2**62)
 HUGE = [1024, 4194304]  # 2**32 elements: within max_batch_items and max_input_elements
 MANY_DIMS = [0] + [2**62] * 20_000  # a product with 20,000 factors of 2**62
 FREE = ModelMetadata("m", ("1",), "python", (), ())
@@ -157,10 +160,10 @@ def test_a_huge_shape_is_refused_before_anything_is_allocated(case: str) -> None
         body, length = sent
         _, parsed = peak_of(lambda: orjson.loads(body[:length]))
         size = len(body)
-        raised, peak = peak_of(lambda: v2.decode_infer_request(body, length, LIMITS))
+        raised, peak = peak_of(lambda: v2.decode_infer_request(body, length, UNCAPPED))
     else:  # a gRPC request arrives parsed
         parsed, size = 0, sent.ByteSize()
-        raised, peak = peak_of(lambda: grpc_v2._the_input(sent, FREE, LIMITS))
+        raised, peak = peak_of(lambda: grpc_v2._the_input(sent, FREE, UNCAPPED))
     assert isinstance(raised, error), repr(raised)
     assert isinstance(raised, RequestError)  # a 4xx, never a 500 with numpy's text
     assert words in str(raised), str(raised)
