@@ -583,7 +583,7 @@ class Limits(_Frozen):
     # (benchmarks/results/loop-block): the frontend makes a Python object of each such value,
     # and while it does, nobody else (health checks included) is answered.
     max_request_elements: int = Field(
-        1 << 17, ge=1, description="values of one request that are decoded one by one: every "
+        1 << 16, ge=1, description="values of one request that are decoded one by one: every "
         "JSON value of a Clipper or graph body and of a V2 tensor's JSON data (lists "
         "included), every BYTES element, every typed gRPC content. Binary numeric tensors "
         "are read in place: only max_body_bytes bounds them")

@@ -165,6 +165,8 @@ def _typed_floats() -> int:
         n -= 1
 
 
+TYPED_FLOATS = _typed_floats()
+
 # route -> (the request of n values, n at the defaults, the words of the refusal of n + 1).
 # JSON values include the lists that hold them: each is a Python object to make, too.
 ROUTES: dict[str, tuple[Callable[[int], Send], int, str]] = {
@@ -177,8 +179,8 @@ ROUTES: dict[str, tuple[Callable[[int], Send], int, str]] = {
     "clipper batch": (_batch, CAP, "max_request_elements"),
     "graph json": (_graph, CAP, "max_request_elements"),
     "grpc raw BYTES": (lambda n: _grpc_v2("BYTES", n, raw=True), CAP, "max_request_elements"),
-    "grpc typed FP32": (lambda n: _grpc_v2("FP32", n, raw=False), min(CAP, _typed_floats()),
-                        "max_json_bytes"),
+    "grpc typed FP32": (lambda n: _grpc_v2("FP32", n, raw=False), min(CAP, TYPED_FLOATS),
+                        "max_request_elements" if CAP < TYPED_FLOATS else "max_json_bytes"),
     "grpc typed BYTES": (lambda n: _grpc_v2("BYTES", n, raw=False), CAP,
                          "max_request_elements"),
     "grpc raw FP32": (lambda n: _grpc_v2("FP32", n, raw=True), _binary_floats(_grpc_size),

@@ -32,7 +32,7 @@ FREE = ModelMetadata("m", ("1",), "python", (), ())
 
 
 def test_the_defaults() -> None:
-    assert (CAP, LIMITS.max_json_bytes) == (131_072, 512 * 1024)
+    assert (CAP, LIMITS.max_json_bytes) == (65_536, 512 * 1024)
 
 
 # ---- the pure arithmetic (core/inputs.py) -------------------------------------------------------
