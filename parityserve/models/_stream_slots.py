@@ -78,14 +78,11 @@ def plan_slots(batch: OperatorBatch, state: State, max_streams: int,
     Raises ``StreamTableFull`` naming the rows of new streams no slot could take."""
     keys = [stream_key(name) if name else 0 for name in batch.streams]
     plan = plan_streams(keys, state["keys"].tolist(), state["used"].tolist(), batch.at, idle_s)
-    if plan.refused:
-        names = sorted({batch.streams[row] for row in plan.refused})
-        shown = ", ".join(repr(n[:40]) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    if plan.refused:  # each refused row's client reads this: no key of another client
         raise StreamTableFull(
             f"stream table full: all max_streams={max_streams} slots hold a stream used "
-            f"in the last stream_idle_s={idle_s:g} s and {len(names)} new stream(s) "
-            f"({shown}) found no slot; nothing was written",
-            plan.refused, plan.retry_after_s)
+            f"in the last stream_idle_s={idle_s:g} s, and no slot is left for a new "
+            "stream; nothing was written", plan.refused, plan.retry_after_s)
     return SlotPlan(plan.lane_of_row, plan.slots, plan.keys, plan.known, batch.at)
 
 

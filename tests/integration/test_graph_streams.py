@@ -101,6 +101,7 @@ def test_a_full_stream_table_refuses_new_streams_alone_with_429(server: RunningS
             assert int(reply.headers["Retry-After"]) >= 1
             assert reply.json()["code"] == "too_many_streams"
             assert "max_streams=1024" in reply.json()["error"]
+            assert "'new" not in reply.json()["error"]  # nor any batch-mate's stream key
     wait_until(lambda: graph_state(url, "stocks")["records"] == 0, 30)
     assert httpx.get(f"{url}/v2/models/stocks/ready").status_code == 200
 
