@@ -6,6 +6,7 @@ A deployment is described in YAML (``load_config``) or built in Python from the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -23,6 +25,7 @@ from pydantic import (
 from parityserve.core.coding.berrut import minimum_workers
 from parityserve.core.edge_guards import check_host_entry
 from parityserve.core.emulation import ServiceProfile, profile_named
+from parityserve.core.hams.door import door_shape
 from parityserve.core.hams.topology import GraphError, Topology
 from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.core.scheduling.settings import check_parallelism
@@ -507,6 +510,9 @@ class GraphOperator(_Frozen):
     stateful: bool = Field(False, description="kept by a primary and a hot backup")
 
 
+_MAX_ROW_RANK = 8  # a graph row's dimensions at most: a row is a feature vector or an image
+
+
 class Graph(_Frozen):
     """A DAG of operators served at ``POST /{name}/predict``; ``output`` answers the client."""
 
@@ -535,12 +541,35 @@ class Graph(_Frozen):
         "unix", description="how a primary sends states to its backup: a Unix socket in a "
         "0700 folder (same host; the kernel checks the user), or TCP with CURVE (encrypted, "
         "for hosts apart; costs the encryption of every state byte)")
+    input_shape: tuple[StrictInt, ...] | None = Field(
+        None, description="the shape of one row (e.g. [4]): rows of another shape get 400 "
+        "before any batch. null: only an entry model's declared input shape is checked, "
+        "else any shape reaches the operators, which refuse what they cannot take")
+
+    @field_validator("input_shape")
+    @classmethod
+    def _check_input_shape(cls, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if shape is not None and not 1 <= len(shape) <= _MAX_ROW_RANK:
+            raise ValueError(f"input_shape has 1 to {_MAX_ROW_RANK} dimensions, got "
+                             f"{len(shape)}")
+        if shape is not None and min(shape) < 1:
+            raise ValueError(f"input_shape's dimensions are positive, got {list(shape)}")
+        return shape
 
     def topology(self) -> Topology:
         edges = [(i, op.name) for op in self.operators for i in op.inputs]
         return Topology.build([op.name for op in self.operators],
                               [*edges, (self.output, "frontend")],
                               [op.name for op in self.operators if op.stateful])
+
+    def door(self, models: Iterable[Deployment]) -> tuple[int, ...] | None:
+        """The row shape refused at the door (-1: any size): ``input_shape`` and the entry
+        operators' models' declared ``input`` shapes, never one learned from traffic (a
+        client could then choose it); None when nothing is declared."""
+        specs = {m.name: m.input for m in models}
+        entries = sorted({op.model for op in self.operators if "frontend" in op.inputs})
+        return door_shape(self.input_shape, [spec.shape for m in entries
+                                             if (spec := specs.get(m)) is not None])
 
     @model_validator(mode="after")
     def _check_shape(self) -> Graph:
@@ -757,7 +786,7 @@ class ServingConfig(_Frozen):
             missing = [m for m in app.models if m not in names]
             if missing:
                 raise ValueError(f"application {app.name!r} links unknown models {missing}")
-        _check_graphs(self.graphs, names, apps)
+        _check_graphs(self.graphs, self.models, apps)
         workers = sum(m.worker_processes() for m in self.models)
         if workers > self.server.max_local_workers:
             raise ValueError(f"the models need {workers} worker processes, more than "
@@ -765,7 +794,9 @@ class ServingConfig(_Frozen):
         return self
 
 
-def _check_graphs(graphs: tuple[Graph, ...], models: list[str], apps: list[str]) -> None:
+def _check_graphs(graphs: tuple[Graph, ...], deployments: tuple[Deployment, ...],
+                  apps: list[str]) -> None:
+    models = [m.name for m in deployments]
     routes = [g.name for g in graphs] + apps
     if len(set(routes)) != len(routes):
         raise ValueError(f"graph and application names share one route space, got {routes}")
@@ -773,6 +804,11 @@ def _check_graphs(graphs: tuple[Graph, ...], models: list[str], apps: list[str])
         missing = sorted({op.model for op in graph.operators} - set(models))
         if missing:
             raise ValueError(f"graph {graph.name!r} uses undeployed models {missing}")
+        try:
+            graph.door(deployments)
+        except GraphError as exc:
+            raise ValueError(f"graph {graph.name!r}: input_shape and its entry models' "
+                             f"input shapes: {exc}") from None
 
 
 def parse_config(data: Any, *, where: str = "config") -> ServingConfig:

@@ -30,6 +30,7 @@ from parityserve.errors import (
 from parityserve.runtime.hams_graph import GraphAnswer, GraphRuntime, Infer
 from parityserve.runtime.keys import ServerKeys
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = ["Graphs", "stateful_models"]
 
@@ -135,25 +136,38 @@ def graph_items(body: dict[str, Any], stream_key: str
 
 _FP32 = np.dtype(np.float32)
 _WHERE = "graph input"
+_MAX_ROW_DIMS = MAX_DIMS - 1  # a batch of rows is one more
 
 
 def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
+    """Rows of float32 numbers, of one shape, that the worker wire can carry in a batch: a
+    deeper row once reached the first operator's model, whose replica answered 500."""
+    rows = _float_rows(inputs)
+    if rows[0].ndim > _MAX_ROW_DIMS:
+        raise InvalidInput(f"{_WHERE}: a row has at most {_MAX_ROW_DIMS} dimensions (the "
+                           f"worker wire's {MAX_DIMS}, less the batch's), got {rows[0].ndim}")
+    return rows
+
+
+def _float_rows(inputs: Sequence[Any]) -> list[np.ndarray]:
     """Rows of float32 numbers. JSON inputs pass the model routes' check first (no numeric
     strings, booleans or null, which numpy would turn into numbers); V2 tensors must be of
     a number type (a BYTES row's b"abc" failed in numpy's float parser: a 500)."""
-    if all(isinstance(x, np.ndarray) for x in inputs):  # V2: rows of a decoded tensor
-        if inputs[0].dtype.kind not in "iuf":  # one tensor: its rows share one dtype
-            raise InvalidInput(f"{_WHERE}: FP32 data takes only numbers, got a "
-                               f"{dtype_to_datatype(inputs[0].dtype)} tensor")
-        return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+    if all(isinstance(x, np.ndarray | np.generic) for x in inputs):  # V2: a tensor's rows
+        _check_tensor_rows(inputs)
+        with np.errstate(over="ignore"):  # as below
+            return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
     check_leaves(scan(inputs, max_depth=sys.maxsize, max_elements=sys.maxsize), _FP32, "FP32",
                  _WHERE)
-    with contextlib.suppress(TypeError, ValueError):  # ragged or not numbers: see below
+    # 1e39 is finite in JSON and infinity in float32: cast quietly (a RuntimeWarning per
+    # request on the server's stderr); the model path refuses the infinity with a 400
+    with contextlib.suppress(TypeError, ValueError), np.errstate(over="ignore"):
         whole = np.asarray(inputs, dtype=np.float32)  # one C pass, not one call per row
         if whole.ndim >= 2 and whole[0].size:
             return list(whole)
     try:
-        rows = [np.asarray(x, dtype=np.float32) for x in inputs]
+        with np.errstate(over="ignore"):
+            rows = [np.asarray(x, dtype=np.float32) for x in inputs]
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"graph inputs must be numbers or nested lists of numbers: {exc}"
                            ) from exc
@@ -161,6 +175,18 @@ def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
     if len(shapes) != 1 or not rows[0].size:
         raise InvalidInput(f"graph inputs must be non-empty and share one shape, got {shapes}")
     return rows
+
+
+def _check_tensor_rows(rows: Sequence[np.ndarray | np.generic]) -> None:
+    """A V2 tensor's rows: of a number type, and rows, not numbers (a tensor of shape [4]
+    gave numpy scalars, refused as "got float32")."""
+    if rows[0].dtype.kind not in "iuf":  # one tensor: its rows share one dtype
+        raise InvalidInput(f"{_WHERE}: FP32 data takes only numbers, got a "
+                           f"{dtype_to_datatype(rows[0].dtype)} tensor")
+    if isinstance(rows[0], np.generic):
+        raise InvalidInput(f"{_WHERE}: a V2 tensor's first dimension counts the rows, so a "
+                           f"graph takes two or more dimensions; for one row of "
+                           f"{len(rows)} values send shape [1, {len(rows)}]")
 
 
 def _checked(values: Any, kind: type, what: str, count: int) -> list[Any]:

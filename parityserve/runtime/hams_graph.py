@@ -14,9 +14,10 @@ until every state in its lineage is durable. This module only moves data:
   must roll back with it), the spare becomes the new backup, and a new spare is started.
 
 One client never hurts another (issue 38): rows of two shapes never share an operator batch,
-and once the graph has answered a row, rows of another shape are refused at the door; an
-operator's refusal fails the refused rows alone (a stateless operator's batch is searched
-for them, ``RowBisection``; a stateful primary searches its own and says which it refused);
+and rows that do not fit the shape the graph declares (``Graph.door``; never one learned from
+traffic, which a client could choose) are refused at the door; an operator's refusal fails
+the refused rows alone (a stateless operator's batch is searched for them, ``RowBisection``;
+a stateful primary searches its own and says which it refused);
 no exception on the send or answer path leaves a batch in flight; and a watchdog fails, and
 counts, any batch in flight past the graph's ``timeout_ms``, so a graph heals instead of
 wedging, while ``ready()`` says no for as long as an operator finishes nothing.
@@ -52,6 +53,7 @@ from parityserve.core.hams import (
     InFlight,
     OutputCommit,
     RowBisection,
+    admits,
     client_of,
     plan_failover,
     seq_at,
@@ -131,7 +133,6 @@ class _Waiting:
     stream: str
     label: int
     future: asyncio.Future[GraphAnswer]
-    shape: tuple[int, ...] = ()  # the row's shape as it entered the graph
     name: str = ""  # how an error names the row: "input_batch[3]: " in a request of several
 
 
@@ -166,7 +167,8 @@ class GraphRuntime:
         # every operator's batches in flight (the watchdog's and readiness's view)
         self.inflight: dict[str, InFlight[Batch]] = {
             op: InFlight(clock()) for op in self.topology.operators}
-        self.input_shape: tuple[int, ...] | None = None  # learned from the first answer
+        # declared only: learned from the first answer, one client chose it for everyone
+        self.input_shape = graph.door(deployments.values())
         self.on_expired: Callable[[str, int], None] | None = None  # (op, batches): a metric
         self._recovery = asyncio.Lock()
         self._paused = False
@@ -256,7 +258,7 @@ class GraphRuntime:
         futures = []
         for i, (row, stream, label) in enumerate(zip(rows, streams, labels, strict=True)):
             client = next(self._clients)
-            waiting = _Waiting(stream, label, loop.create_future(), np.shape(row),
+            waiting = _Waiting(stream, label, loop.create_future(),
                                f"input_batch[{i}]: " if len(rows) > 1 else "")
             self._waiting[client] = waiting
             futures.append(waiting.future)
@@ -269,16 +271,14 @@ class GraphRuntime:
         return [f.result() for f in futures]
 
     def _check_shapes(self, rows: Sequence[np.ndarray]) -> None:
-        """Once the graph has answered a row, it knows its input shape: a row of another
-        shape is refused here, before it enters any batch."""
+        """A row that does not fit the declared shape is refused here, before it enters
+        any batch. With none declared, every row goes on and stands or falls alone."""
         shape = self.input_shape
-        if shape is None:
-            return
         for i, row in enumerate(rows):
-            if np.shape(row) != shape:
+            if not admits(np.shape(row), shape):
                 where = f"input_batch[{i}]" if len(rows) > 1 else "the input"
                 raise InvalidInput(f"graph {self.graph.name!r} takes rows of shape "
-                                   f"{list(shape)} (the shape of the rows it has answered); "
+                                   f"{list(shape or ())} (declared; -1 is any size); "
                                    f"{where} has shape {list(np.shape(row))}")
 
     # ---- dispatch --------------------------------------------------------------------------
@@ -415,8 +415,6 @@ class GraphRuntime:
         for reply in held:
             self._note_first_reply(reply, now)
             waiting = self._waiting.pop(reply.client, None)
-            if waiting is not None and self.input_shape is None:
-                self.input_shape = waiting.shape  # what the whole graph took: the door's rule
             if waiting is not None and not waiting.future.done():
                 seqs = {h.op: h.seq for h in reply.lineage}
                 waiting.future.set_result(GraphAnswer(reply.client, reply.reply, seqs))

@@ -39,11 +39,7 @@ from hypothesis import strategies as st
 
 # Failures owned by another engineer's change (kind -> why): reported in ``Report.known``,
 # not failed on. The lead empties this once that change is in.
-KNOWN_ELSEWHERE: dict[str, str] = {
-    "float32 overflow": "graphs._rows casts JSON rows to float32 without "
-                        "np.errstate(over='ignore') (v2.py and tensors.py have it): a "
-                        "RuntimeWarning per request, so a 500 wherever warnings are errors "
-                        "(the in-process server of the tests); a real server answers 400"}
+KNOWN_ELSEWHERE: dict[str, str] = {}
 
 GRAPH = "stocks"
 MODEL = "vec"

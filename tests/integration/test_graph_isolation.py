@@ -33,7 +33,8 @@ BAD = [0.1, 0.2]  # two values where the graph takes four
 
 
 def stocks_config(timeout_ms: float = 20_000) -> dict[str, Any]:
-    """The README's sequence service (its YAML, with a shorter client wait)."""
+    """The README's sequence service (its YAML, with a shorter client wait), without its
+    ``input_shape``: no door, so every row reaches the operators."""
     return {
         "server": {"http_port": 0, "require_admin_token": False},
         "models": [
@@ -106,15 +107,10 @@ def fresh(tmp_path: Path) -> Iterator[RunningServer]:
 def test_rows_of_the_wrong_width_fail_alone_and_the_graph_keeps_answering(
         fresh: RunningServer) -> None:
     url = fresh.url
-    # a fresh graph: no row answered yet, so the bad rows reach the operators' batches
-    for round_ in range(3):
+    # no input_shape declared: the bad rows reach the operators' batches, round after round
+    for round_ in range(4):
         rows = mixed()
-        check_answers(rows, burst(url, rows, f"fresh{round_}"))
-    # answered rows taught the graph its input shape: bad rows now stop at the door
-    rows = mixed()
-    replies = burst(url, rows, "known")
-    check_answers(rows, replies)
-    assert "takes rows of shape [4]" in replies[2].json()["error"], replies[2].text
+        check_answers(rows, burst(url, rows, f"round{round_}"))
     # nothing stuck: every operator idle, every per-request record freed, and still serving
     wait_until(lambda: idle(url), 30)
     assert httpx.get(f"{url}/v2/models/stocks/ready").status_code == 200
@@ -174,4 +170,84 @@ def test_a_mute_operator_makes_the_graph_not_ready_until_the_watchdog_heals_it(
         stop.set()
         for asker in askers:
             asker.join(60)
+        server.stop()
+
+
+# --- nobody chooses the graph's input shape (issue 38, attacker review) ---------------------
+# The graph once learned the shape it takes from the first row it answered, and refused every
+# other shape at the door from then on. The LSTM takes a [2, 2] row (4 values), so one such
+# request on a fresh server made every later [4] row a 400, on every route, until a restart.
+# Now the door refuses only what a graph declares (``input_shape``); without a declaration
+# each row stands or falls alone.
+
+SQUARE = [[0.1, 0.2], [0.3, 0.4]]  # four values in another shape: the LSTM answers it
+
+
+def ask(url: str, row: Any, ticker: str = "x") -> httpx.Response:
+    return httpx.post(f"{url}/stocks/predict", json={"input": row, "ticker": ticker},
+                      timeout=60)
+
+
+def ask_v2(url: str, row: Any, ticker: str = "x") -> httpx.Response:
+    array = np.asarray(row, dtype=np.float32)[None]  # one row: the first axis counts rows
+    tensor = {"name": "x", "datatype": "FP32", "shape": list(array.shape),
+              "data": array.ravel().tolist()}
+    return httpx.post(f"{url}/v2/models/stocks/infer", timeout=60,
+                      json={"inputs": [tensor], "parameters": {"streams": [ticker]}})
+
+
+def all_answered(replies: list[httpx.Response]) -> None:
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+
+
+def test_one_request_cannot_choose_the_shape_of_everyone_elses_rows(
+        fresh: RunningServer) -> None:
+    url = fresh.url
+    first = ask(url, SQUARE)  # the exact attack: the first row a fresh server answers
+    assert first.status_code == 200, first.text  # the model takes it: its own business
+    all_answered([ask(url, GOOD), ask_v2(url, GOOD), ask(url, GOOD, "IBM")])
+    assert graph_state(url)["input_shape"] is None  # nothing declared, nothing learned
+
+
+def test_a_race_of_two_shapes_locks_the_graph_to_neither(fresh: RunningServer) -> None:
+    url = fresh.url
+    rows = [SQUARE if i % 4 == 1 and i < 24 else GOOD for i in range(26)]  # 6 squares
+    all_answered(burst(url, rows, "race"))
+    # whichever shape won the race once locked out the other: both are served now
+    all_answered(burst(url, [GOOD] * 5 + [SQUARE] * 3, "after"))
+    # no declaration: good rows, too-short rows and other-shaped rows at once, each alone
+    rows = [(GOOD, BAD, SQUARE)[i % 3] for i in range(24)]
+    replies = burst(url, rows, "mixed")
+    for row, reply in zip(rows, replies, strict=True):
+        if row is BAD:  # refused by seq1, alone, naming its shape
+            assert reply.status_code == 400, reply.text
+            assert "got shape [1, 2]" in reply.json()["error"], reply.text
+        else:
+            assert reply.status_code == 200, reply.text
+            assert np.isfinite(reply.json()["output"]).all()
+    all_answered(burst(url, [GOOD] * 5, "later"))
+    wait_until(lambda: idle(url), 30)
+
+
+def test_a_declared_input_shape_is_the_doors_rule(tmp_path: Path) -> None:
+    config = stocks_config()
+    config["graphs"][0]["input_shape"] = [4]
+    server = start_server(config, tmp_path)
+    try:
+        url = server.url
+        assert graph_state(url)["input_shape"] == [4]
+        for reply in (ask(url, SQUARE), ask(url, BAD), ask_v2(url, SQUARE)):
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert "graph 'stocks' takes rows of shape [4]" in error, error
+            assert "seq1" not in error  # refused at the door: no operator saw it
+        all_answered([ask(url, GOOD), ask_v2(url, GOOD)])
+        # a 1-D V2 tensor is not one row: its first axis counts rows; a clear 400 says so
+        flat = {"name": "x", "datatype": "FP32", "shape": [4], "data": GOOD}
+        reply = httpx.post(f"{url}/v2/models/stocks/infer", json={"inputs": [flat]},
+                           timeout=60)
+        assert reply.status_code == 400, reply.text
+        assert "shape [1, 4]" in reply.json()["error"], reply.text
+    finally:
         server.stop()

@@ -46,6 +46,7 @@ def config(mode: str = "hams", noise: float = 0.0) -> dict:
                    {"name": "scorer", "source": "zoo:echo", "replicas": 1}],
         "graphs": [{"name": "stocks", "stream_key": "ticker", "max_batch": 8,
                     "fault_tolerance": mode, "checkpoint_every": 10,
+                    "input_shape": [4],  # as the README's: rows of another shape stop at once
                     "operators": [
                         {"name": "feat", "model": "features", "inputs": ["frontend"]},
                         {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
@@ -186,8 +187,8 @@ def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path
 
 
 def test_a_bad_row_gets_a_400_and_the_stream_goes_on(server: RunningServer) -> None:
-    """The graph has answered rows of 4 here, so a row of 2 is refused at the door, naming
-    the shape it takes (on a fresh graph, seq1 refuses it: test_graph_isolation.py)."""
+    """The graph declares input_shape [4], so a row of 2 is refused at the door, naming the
+    shape it takes (with none declared, seq1 refuses it: test_graph_isolation.py)."""
     with Client(server.url) as client:
         client.predict_graph("stocks", [0.1] * 4, stream="bad", stream_key="ticker")
     response = httpx.post(f"{server.url}/stocks/predict", timeout=30,

@@ -51,3 +51,30 @@ def test_numbers_of_any_number_type_become_float32_rows() -> None:
     ints = np.arange(8, dtype=np.int32).reshape(2, 4)
     rows, _, _ = graph_items({"input_batch": list(ints)}, "ticker")
     assert [r.dtype for r in rows] == [np.float32] * 2
+
+
+def test_a_one_dimensional_v2_tensor_is_refused_saying_what_one_row_looks_like() -> None:
+    # a V2 tensor's first axis counts rows: [4] was 4 numpy scalars, refused as "float32"
+    rows = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
+    with pytest.raises(InvalidInput, match=r"first dimension counts the rows.*shape \[1, 4\]"):
+        graph_items({"input_batch": list(rows)}, "ticker")
+
+
+def test_a_number_too_large_for_float32_is_cast_without_a_warning() -> None:
+    # warnings are errors here: each such request printed a RuntimeWarning to the server's
+    # stderr. The row becomes infinity, which the model path refuses with a 400.
+    for body in ({"input": [1e39, 0, 0, 0]}, {"input_batch": [ROW, [1e39, 0, 0, 0]]}):
+        rows, _, _ = graph_items(body, "ticker")
+        assert np.isinf(rows[-1][0])
+    with pytest.raises(InvalidInput, match="share one shape"):  # cast row by row
+        graph_items({"input_batch": [[1e39], [0.1, 0.2]]}, "ticker")
+
+
+def test_a_row_deeper_than_the_worker_wire_carries_is_a_400() -> None:
+    # no shape declared, so no door stopped it: the operator's model answered 500 ProtocolError
+    deep: Any = 1.0
+    for _ in range(32):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match=r"at most 31 dimensions \(.*got 32"):
+        graph_items({"input": deep}, "ticker")
+    graph_items({"input": deep[0]}, "ticker")  # 31: the batch's axis makes the wire's 32

@@ -122,3 +122,27 @@ def test_a_graph_body_names_each_rows_stream_and_label() -> None:
     assert rows[0].dtype.name == "float32" and streams == ["ibm"] and labels == [3]
     rows, streams, labels = graph_items({"input_batch": [[1], [2]]}, "ticker")
     assert len(rows) == 2 and streams == ["", ""] and labels == [-1, -1]
+
+
+def test_a_graph_declares_the_shape_of_its_rows() -> None:
+    assert parse_config(graph_config()).graphs[0].input_shape is None  # default: none
+    graph = parse_config(graph_config(input_shape=[2, 4])).graphs[0]
+    assert graph.input_shape == (2, 4)
+
+
+@pytest.mark.parametrize(("shape", "message"), [
+    ([0], "positive"), ([4, -1], "positive"), ([], "1 to 8"), ([1] * 9, "1 to 8"),
+    ([4.5], "input_shape"), (["4"], "input_shape"), ([True], "input_shape"),
+])
+def test_a_bad_input_shape_is_refused(shape: list[Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(graph_config(input_shape=shape))
+
+
+def test_an_input_shape_no_entry_model_takes_is_refused() -> None:
+    data = graph_config(input_shape=[4])
+    data["models"][0]["input"] = {"name": "x", "datatype": "FP32", "shape": [2, 2]}
+    with pytest.raises(ConfigError, match="graph 'stocks'.*no row fits both"):
+        parse_config(data)
+    data["models"][0]["input"]["shape"] = [-1]
+    assert parse_config(data).graphs[0].door(parse_config(data).models) == (4,)

@@ -93,9 +93,11 @@ async def echo_infer(model: str, rows: np.ndarray) -> np.ndarray:
 class Harness:
     """A graph ``feat`` (stateless) -> ``seq`` (stateful) with a fake primary."""
 
-    def __init__(self, mode: str = "bare", infer: Any = echo_infer) -> None:
+    def __init__(self, mode: str = "bare", infer: Any = echo_infer,
+                 input_shape: tuple[int, ...] | None = None) -> None:
         self.clock = Clock()
         graph = Graph(name="g", fault_tolerance=mode, timeout_ms=1000, max_batch=8,
+                      input_shape=input_shape,
                       operators=[GraphOperator(name="feat", model="features",
                                                inputs=["frontend"]),
                                  GraphOperator(name="seq", model="lstm", inputs=["feat"],
@@ -183,13 +185,30 @@ def test_rows_of_two_widths_share_no_batch_and_only_the_bad_ones_fail(
                 assert isinstance(result, InvalidInput) and "seq: ValueError: got shape [2]" \
                     in str(result)
         assert h.left_behind() == NOTHING
-        assert h.runtime.input_shape == (4,)  # learned from the first answered row
-        with pytest.raises(InvalidInput, match=r"takes rows of shape \[4\].* has shape \[2\]"):
-            await h.runtime.predict([np.asarray(BAD, np.float32)], ["x"], [-1], 5.0)
+        # nothing declared, nothing learned from the rows answered: a client could choose it
+        assert h.runtime.input_shape is None
+        later = await h.ask(BAD, GOOD)
+        assert isinstance(later[0], InvalidInput) and "seq: " in str(later[0])
+        assert answered(later[1], GOOD)
         batches = [h for _, h, _ in h.link.sent if h["t"] == hp.BATCH]
         widths = [{len(r) for r in np.array(wire.unpack_payload(b["inputs"], f[:1]))}
                   for (_, b, f) in [x for x in h.link.sent if x[1]["t"] == hp.BATCH]]
         assert batches and all(len(w) == 1 for w in widths)  # never two widths in a batch
+
+    run(test, monkeypatch)
+
+
+def test_a_declared_input_shape_refuses_other_shapes_before_any_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test() -> None:
+        h = Harness(input_shape=(4,))
+        assert h.runtime.input_shape == (4,)
+        for row in (BAD, [[1.0, 2.0], [3.0, 4.0]]):
+            with pytest.raises(InvalidInput, match=r"takes rows of shape \[4\].* has shape"):
+                await h.runtime.predict([np.asarray(row, np.float32)], ["x"], [-1], 5.0)
+        assert not h.link.sent  # refused at the door: no operator saw them
+        assert answered((await h.ask(GOOD))[0], GOOD)
+        assert h.left_behind() == NOTHING
 
     run(test, monkeypatch)
 

@@ -10,10 +10,12 @@
 * ``history``: an operator's durable history rebuilt from client replies (the replay check);
 * ``bisect``: which rows of a failed batch fail it, found in row order;
 * ``streams``: a per-stream operator's slot table (which idle stream a new one evicts);
-* ``inflight``: an operator's batches in flight, their deadlines and its progress.
+* ``inflight``: an operator's batches in flight, their deadlines and its progress;
+* ``door``: the row shape a graph refuses before any batch, from declarations only.
 """
 
 from parityserve.core.hams.bisect import Part, RowBisection
+from parityserve.core.hams.door import admits, door_shape
 from parityserve.core.hams.durability import (
     BackupApplier,
     Held,
@@ -45,6 +47,6 @@ __all__ = [
     "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
     "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RequestManager",
     "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology", "Watermarks",
-    "client_of", "durable_batches", "extend", "merge", "plan_failover", "plan_streams",
-    "seq_at", "speculative",
+    "admits", "client_of", "door_shape", "durable_batches", "extend", "merge", "plan_failover",
+    "plan_streams", "seq_at", "speculative",
 ]
