@@ -372,12 +372,24 @@ def _from_json(name: str, datatype: str, shape: tuple[int, ...], count: int, dat
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"tensor {name!r}: 'data' is not a rectangular array of numbers "
                            f"({exc})") from exc
+    if dtype.kind in "iu" and arr.dtype.kind in "fO" and leaves.types <= {int}:
+        arr = _exact_ints(name, datatype, data, dtype)
     if arr.size and arr.dtype.kind not in _JSON_KINDS[dtype.kind]:
         raise InvalidInput(f"tensor {name!r}: 'data' must hold {datatype} values, got "
                            f"{_describe_kind(arr.dtype)}")
     _check_range(name, datatype, arr, dtype)
     with np.errstate(over="ignore"):  # 1e39 as FP32 is infinity: the server refuses it
         return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _exact_ints(name: str, datatype: str, data: Any, dtype: np.dtype[Any]) -> np.ndarray:
+    """Integers numpy could not fit one type to (2**64 - 1 beside a 1: float64, rounded;
+    2**64: objects), read as ``dtype`` itself, which refuses any that do not fit: their type
+    was never floats."""
+    try:
+        return np.array(data, dtype=dtype)
+    except OverflowError as exc:
+        raise InvalidInput(f"tensor {name!r}: values do not fit {datatype} ({exc})") from exc
 
 
 def _check_count(name: str, shape: tuple[int, ...], want: int, count: int) -> None:

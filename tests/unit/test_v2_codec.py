@@ -393,3 +393,22 @@ def test_limits_are_only_checked_when_given():
     with pytest.raises(LimitExceeded, match="max_json_depth = 4"):
         v2.decode_infer_request(*body, Limits(max_json_depth=4))  # data's rows sit at 5
     v2.decode_infer_request(*body, Limits(max_json_depth=5))
+
+
+@pytest.mark.parametrize(("data", "datatype"), [
+    ([2**64 - 1, 1, 2, 3], "UINT64"),  # beside small ints, numpy's guess was float64
+    ([2**64 - 1], "UINT64"),
+    ([-(2**63), 2**63 - 1], "INT64"),
+])
+def test_json_integers_fill_their_64_bit_types_exactly(data, datatype):
+    array = decode_one(_fp(data, [len(data)], datatype)).array
+    assert array.dtype == v2.datatype_to_dtype(datatype) and array.tolist() == data
+
+
+@pytest.mark.parametrize(("data", "datatype"), [
+    ([-1, 2**64 - 1], "UINT64"), ([2**63, -1], "INT64"), ([[2**64 - 1], [-(2**63)]], "INT64"),
+])
+def test_json_integers_outside_a_64_bit_type_say_they_do_not_fit(data, datatype):
+    # integers all: "got floats" named a type the client never sent
+    with pytest.raises(InvalidInput, match=f"do not fit {datatype}"):
+        decode_one(_fp(data, list(np.shape(data)), datatype))
