@@ -146,6 +146,12 @@ def _rows(inputs: Sequence[Any]) -> list[np.ndarray]:
     if rows[0].ndim > _MAX_ROW_DIMS:
         raise InvalidInput(f"{_WHERE}: a row has at most {_MAX_ROW_DIMS} dimensions (the "
                            f"worker wire's {MAX_DIMS}, less the batch's), got {rows[0].ndim}")
+    # Refused at the door, as the model routes do: a stateful first operator would otherwise
+    # fold NaN or infinity (1e39 is infinity in float32) into its stream's state for good.
+    for i, row in enumerate(rows):
+        if not np.isfinite(row).all():
+            raise InvalidInput(f"{_WHERE}: row {i} holds NaN or infinity (or a number too "
+                               "large for float32); graph inputs must be finite")
     return rows
 
 
