@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -39,7 +40,14 @@ import numpy as np
 import orjson
 
 from benchmarks._cli import build_parser, examples, main
-from benchmarks.soak_attacks import ATTACKS, UNANSWERED, Target, is_finding, run_attacks
+from benchmarks.soak_attacks import (
+    ATTACKS,
+    UNANSWERED,
+    Target,
+    is_finding,
+    prepare_attacks,
+    run_attacks,
+)
 from parityserve.bench.loadgen import (
     HttpSender,
     LoadResult,
@@ -194,27 +202,45 @@ def percentile_table(windows: Sequence[dict[str, Any]]) -> list[str]:
     """The well-behaved client per window and pooled per kind: p50/p99/p99.9 with the samples
     behind each (a percentile without enough samples is marked with *), success and RSS."""
     lines = ["| window | kind | route | answered / sent | success | p50 ms | p99 ms | "
-             "p99.9 ms | send lag p99 ms | frontend RSS max MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "p99.9 ms | send lag p99 ms | frontend RSS max MB | health check max ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in windows:
         rss = max((mb for _, mb in w["rss_mb"]), default=float("nan"))
+        probe = max((ms for _, ms in w.get("health_ms", [])), default=float("nan"))
         for route in ("model", "graph"):
-            lines.append(_row(str(w["index"]), w["kind"], route, w["routes"][route], rss))
+            lines.append(_row(str(w["index"]), w["kind"], route, w["routes"][route], rss,
+                              probe))
     for kind in ("calm", "hostile"):
         for route, routes in (("model", ("model",)), ("graph", ("graph",)),
                               ("both", ("model", "graph"))):
             stats = pooled(windows, kind, routes)
             if stats["windows"]:
-                lines.append(_row(f"**all {kind}**", kind, route, stats, float("nan")))
+                lines.append(_row(f"**all {kind}**", kind, route, stats, float("nan"),
+                                  float("nan")))
     return lines
 
 
-def _row(label: str, kind: str, route: str, s: dict[str, Any], rss: float) -> str:
+_CPU_ROLES = ("machine", "frontend", "workers", "attackers", "soak client", "other")
+
+
+def cpu_table(windows: Sequence[dict[str, Any]]) -> list[str]:
+    """Cores each part kept busy per window; ``other`` is what no part of this soak used."""
+    lines = ["| window | kind | " + " | ".join(_CPU_ROLES) + " |",
+             "|---|---|" + "---|" * len(_CPU_ROLES)]
+    for w in windows:
+        cpu = w.get("cpu_cores", {})
+        lines.append(f"| {w['index']} | {w['kind']} | "
+                     + " | ".join(f"{cpu.get(r, float('nan')):.2f}" for r in _CPU_ROLES) + " |")
+    return lines
+
+
+def _row(label: str, kind: str, route: str, s: dict[str, Any], rss: float, probe: float
+         ) -> str:
     p99 = _ms(s["p99_ms"]) + ("" if s["p99_reliable"] else "*")
     p999 = _ms(s["p999_ms"]) + ("" if s["p999_reliable"] else "*")
     lag = s.get("send_lag_p99_ms", float("nan"))
     return (f"| {label} | {kind} | {route} | {s['ok']} / {s['n']} | {_pct(s['success'])} | "
-            f"{_ms(s['p50_ms'])} | {p99} | {p999} | {_ms(lag)} | {_ms(rss)} |")
+            f"{_ms(s['p50_ms'])} | {p99} | {p999} | {_ms(lag)} | {_ms(rss)} | {_ms(probe)} |")
 
 
 def _ms(value: float) -> str:
@@ -255,11 +281,15 @@ def markdown(store: dict[str, Any]) -> str:
         f"- Frontend RSS: {_ms(v['rss_first_mb'] or float('nan'))} MB at the first reading, "
         f"at most {_ms(v['rss_max_mb'] or float('nan'))} MB over the run.",
         f"- Findings (an attack answered 5xx, a server-side gRPC error or a dropped "
-        f"connection): {_findings(v['findings'])}", "",
+        f"connection): {_findings(v['findings'])}",
+        f"- Other jobs on this machine (CPU no part of the soak used): up to "
+        f"{max((w.get('cpu_cores', {}).get('other', 0.0) for w in windows), default=0.0):.2f} "
+        "cores in a window (see the CPU table).", "",
         "## The well-behaved client", "",
         "`*`: fewer samples than the percentile needs (100 for p99, 1,000 for p99.9). Send "
         "lag: how late the generator sent (large would mean the client, not the server, was "
-        "slow).", "",
+        "slow). Health check: the longest `GET /v2/health/live` of a probe sent every 0.25 s, "
+        "which the frontend's event loop answers at once (long: the loop was stalled).", "",
         *percentile_table(windows), "",
         "## The attacks", "",
         "Summed over the hostile windows. An answer is an HTTP status, a gRPC status, `held` "
@@ -267,6 +297,10 @@ def markdown(store: dict[str, Any]) -> str:
         "out at a window's end is counted as `unanswered at the window's end`.", "",
         "| attack | sent | answers | expected | verdict |", "|---|---|---|---|---|",
         *_attack_rows(attack_totals(windows)), "",
+        "## CPU per window", "",
+        f"Cores kept busy (of {store['machine']}), from /proc: the frontend process, its "
+        "workers, the attackers' process, this soak's well-behaved client, and `other`: what "
+        "none of them used.", "", *cpu_table(windows), "",
         "![timeline](soak.png)", "", "Command:", "", f"    {store['command']}", ""]
     return "\n".join(lines)
 
@@ -319,6 +353,10 @@ def plot(store: dict[str, Any], path: Path) -> None:
                     label=f"{route} p99")
         lat_ax.plot(mids, [w["routes"][route]["p50_ms"] for w in windows], ".--",
                     color=color, alpha=0.6, label=f"{route} p50")
+    probe = [(w["offset_s"] + t, ms) for w in windows for t, ms in w.get("health_ms", [])]
+    if probe:
+        lat_ax.plot(*zip(*probe, strict=True), ".", ms=2, color="gray", alpha=0.5,
+                    label="health check (each)")
     lat_ax.set_yscale("log")
     lat_ax.set_ylabel("well-behaved latency, ms")
     lat_ax.legend(fontsize=8, ncol=2)
@@ -353,12 +391,65 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
-async def _sample_rss(pid: int, out: list[list[float]], start: float) -> None:
-    while True:
-        mb = _rss_mb(pid)
-        if mb is not None:
-            out.append([round(time.monotonic() - start, 2), round(mb, 1)])
-        await asyncio.sleep(1.0)
+async def _watch(session: Session, rss: list[list[float]], health: list[list[float]],
+                 start: float) -> None:
+    """The frontend's RSS once a second, and every 0.25 s how long it takes to answer a
+    health check (a route its event loop answers at once: a long one is a stalled loop)."""
+    async with httpx.AsyncClient(base_url=session.url, timeout=_DEADLINE_S) as probe:
+        for i in itertools.count():
+            now = round(time.monotonic() - start, 2)
+            if i % 4 == 0 and (mb := _rss_mb(session.pid)) is not None:
+                rss.append([now, round(mb, 1)])
+            sent = time.perf_counter()
+            with contextlib.suppress(httpx.HTTPError):
+                await probe.get("/v2/health/live")
+                health.append([now, round((time.perf_counter() - sent) * 1e3, 1)])
+            await asyncio.sleep(0.25)
+
+
+def proc_ticks() -> dict[int, tuple[int, int]]:
+    """Every process now: pid -> (parent pid, utime + stime in clock ticks)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot, from /proc/stat (idle and iowait
+    are not busy; steal is: another guest had the core)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def descendants(pid: int, ticks: dict[int, tuple[int, int]]) -> set[int]:
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, (parent, _) in ticks.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cpu_split(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+              machine_before: tuple[int, int], machine_after: tuple[int, int],
+              roles: dict[str, set[int]], cores: int | None = None) -> dict[str, float]:
+    """Cores each role kept busy over a window, the whole machine's, and ``other``: what
+    no role of this soak used (another job on the machine). A process that started during
+    the window counts from zero; one that ended is missed."""
+    cores = cores or os.cpu_count() or 1
+    busy, total = (a - b for a, b in zip(machine_after, machine_before, strict=True))
+    wall_ticks = total / cores  # every core's ticks advance with the wall clock
+    out = {"machine": busy / wall_ticks if wall_ticks else 0.0}
+    for role, pids in roles.items():
+        used = sum(after[p][1] - before.get(p, (0, 0))[1] for p in pids if p in after)
+        out[role] = used / wall_ticks if wall_ticks else 0.0
+    out["other"] = max(0.0, out["machine"] - sum(out[r] for r in roles))
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def _good_bodies(rng: np.random.Generator) -> dict[str, list[bytes]]:
@@ -382,20 +473,31 @@ def _summary(result: LoadResult) -> dict[str, Any]:
 
 @dataclass
 class Session:
-    """One server's life: the senders, the frontend's pid and the hostile process's pipe."""
+    """One server's life: the sender, the frontend's and the attackers' pids, the attackers'
+    pipe."""
 
     http: HttpSender
+    url: str
     pid: int
     hostile: Connection
+    hostile_pid: int
     params: dict[str, Any]
+
+
+def _roles(session: Session, ticks: dict[int, tuple[int, int]]) -> dict[str, set[int]]:
+    return {"frontend": {session.pid}, "workers": descendants(session.pid, ticks),
+            "attackers": {session.hostile_pid} | descendants(session.hostile_pid, ticks),
+            "soak client": {os.getpid()}}
 
 
 async def measure(session: Session, window: Window) -> dict[str, Any]:
     """One window: the well-behaved client's open loops (and the attacks, if hostile)."""
     p = session.params
     rss: list[list[float]] = []
+    health: list[list[float]] = []
     start = time.monotonic()
-    sampler = asyncio.create_task(_sample_rss(session.pid, rss, start))
+    ticks, machine = proc_ticks(), machine_ticks()
+    sampler = asyncio.create_task(_watch(session, rss, health, start))
     attacks: asyncio.Future[Any] | None = None
     if window.kind == "hostile":
         session.hostile.send(window.seconds)
@@ -410,9 +512,12 @@ async def measure(session: Session, window: Window) -> dict[str, Any]:
     results = await asyncio.gather(*loops)
     tally = await attacks if attacks is not None else {}
     sampler.cancel()
+    after = proc_ticks()
+    cpu = cpu_split(ticks, after, machine, machine_ticks(), _roles(session, after))
     return {**asdict(window), "routes": {r: _summary(res) for r, res in
                                          zip(("model", "graph"), results, strict=True)},
-            "rss_mb": rss, "attacks": tally, "wall_s": round(time.monotonic() - start, 1)}
+            "rss_mb": rss, "health_ms": health, "attacks": tally, "cpu_cores": cpu,
+            "wall_s": round(time.monotonic() - start, 1)}
 
 
 async def _warm_up(http: HttpSender) -> None:
@@ -424,13 +529,14 @@ async def _warm_up(http: HttpSender) -> None:
             await send(i)
 
 
-async def _run_windows(url: str, pid: int, hostile: Connection, params: dict[str, Any],
-                       todo: Sequence[Window], store: dict[str, Any], path: Path) -> None:
+async def _run_windows(url: str, pids: tuple[int, int], hostile: Connection,
+                       params: dict[str, Any], todo: Sequence[Window], store: dict[str, Any],
+                       path: Path) -> None:
     # 100 connections, as httpx and aiohttp open by default: an ordinary client, well under
     # the per-address cap (a slow server makes queries wait for one; that counts as latency)
     async with HttpSender(url, limit=100, timeout_s=_DEADLINE_S) as http:
         await _warm_up(http)
-        session = Session(http, pid, hostile, params)
+        session = Session(http, url, pids[0], hostile, pids[1], params)
         for window in todo:
             print(f"window {window.index + 1}/{params['windows']} ({window.kind}, "
                   f"{window.seconds:g} s)", flush=True)
@@ -459,7 +565,10 @@ def _save(path: Path, store: dict[str, Any]) -> None:
 
 
 def hostile_main(conn: Connection, target: Target, seed: int) -> None:
-    """The attackers' process: one window's attacks per message, answers sent back."""
+    """The attackers' process: its streams opened (then it says so), then one window's
+    attacks per message, answers sent back."""
+    run_event_loop(prepare_attacks(target))
+    conn.send("ready")
     window = 0
     while (seconds := conn.recv()) is not None:
         window += 1
@@ -473,6 +582,8 @@ def _start_hostile(target: Target, seed: int
     proc = ctx.Process(target=hostile_main, args=(theirs, target, seed), daemon=True,
                        name="soak-hostile")
     proc.start()
+    if not mine.poll(120) or mine.recv() != "ready":
+        raise RuntimeError("the attackers' process did not get ready within 120 s")
     return proc, mine
 
 
@@ -508,9 +619,10 @@ def _serve_and_measure(params: dict[str, Any], todo: Sequence[Window], store: di
             target = Target(server.url, f"127.0.0.1:{grpc_port}", GRAPH, STREAM_KEY, MODEL,
                             WIDTH)
             proc, conn = _start_hostile(target, params["seed"])
+            assert proc.pid is not None
             try:
-                run_event_loop(_run_windows(server.url, server.proc.pid, conn, params, todo,
-                                            store, path))
+                run_event_loop(_run_windows(server.url, (server.proc.pid, proc.pid), conn,
+                                            params, todo, store, path))
             finally:
                 _stop_hostile(proc, conn)
 

@@ -28,7 +28,8 @@ import httpx
 import numpy as np
 import orjson
 
-__all__ = ["ATTACKS", "UNANSWERED", "Attack", "Target", "is_finding", "run_attacks"]
+__all__ = ["ATTACKS", "UNANSWERED", "Attack", "Target", "is_finding", "prepare_attacks",
+           "run_attacks"]
 
 HOG_ADDRESS = "127.0.0.2"
 ATTACKER_ADDRESS = "127.0.0.3"
@@ -83,8 +84,11 @@ class _Ctx:
         self.counter = itertools.count()
         self.http = httpx.AsyncClient(
             base_url=target.url, timeout=httpx.Timeout(60.0),
-            transport=httpx.AsyncHTTPTransport(local_address=ATTACKER_ADDRESS,
-                                               limits=httpx.Limits(max_connections=64)))
+            # idle connections are dropped well before the server's 5 s keep-alive closes
+            # them, so a request never races that close (a ReadError that is no finding)
+            transport=httpx.AsyncHTTPTransport(
+                local_address=ATTACKER_ADDRESS,
+                limits=httpx.Limits(max_connections=64, keepalive_expiry=2.0)))
         self.grpc: Any = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str] | None = None
@@ -116,17 +120,30 @@ class _Ctx:
 
 WRONG_WIDTH = "graph batch: wrong-width rows"
 MATES = "graph batch: their well-formed batch-mates"
+_MATE_STREAMS = [f"ww{i}" for i in range(25)]
+
+
+async def prepare_attacks(target: Target) -> None:
+    """Open the wrong-width attack's streams before any window: its well-formed rows must be
+    rows of existing streams, or once the floods have filled the stream table they would be
+    refused as new streams (429) and the attack would no longer test batch isolation."""
+    async with httpx.AsyncClient(base_url=target.url, timeout=60.0) as http:
+        for stream in _MATE_STREAMS:
+            reply = await http.post(f"/{target.graph}/predict",
+                                    json={"input": [0.1] * target.width,
+                                          target.stream_key: stream})
+            reply.raise_for_status()
 
 
 async def _wrong_width(ctx: _Ctx) -> Labels:
     """The issue's recipe: 25 concurrent graph requests, 5 of them with 2 values instead of 4,
-    on the attacker's own (reused) streams."""
+    on the attacker's own streams (opened by ``prepare_attacks``)."""
     t = ctx.target
     shots = [(MATES, [0.1] * t.width)] * 20 + [(WRONG_WIDTH, [0.1, 0.2])] * 5
     ctx.rng.shuffle(shots)
     answers = await asyncio.gather(*(
-        ctx.post(f"/{t.graph}/predict", orjson.dumps({"input": x, t.stream_key: f"ww{i}"}))
-        for i, (_, x) in enumerate(shots)))
+        ctx.post(f"/{t.graph}/predict", orjson.dumps({"input": x, t.stream_key: stream}))
+        for stream, (_, x) in zip(_MATE_STREAMS, shots, strict=True)))
     return [(name, a) for (name, _), a in zip(shots, answers, strict=True)]
 
 

@@ -13,6 +13,9 @@ import pytest
 from benchmarks.soak import (
     _params,
     command,
+    cpu_split,
+    cpu_table,
+    descendants,
     load_store,
     markdown,
     pending,
@@ -21,6 +24,7 @@ from benchmarks.soak import (
     pooled,
     route_stats,
     verdicts,
+    write,
 )
 from benchmarks.soak_attacks import ATTACKS, UNANSWERED, is_finding
 
@@ -82,9 +86,10 @@ def test_pooled_figures_cover_every_window_of_a_kind() -> None:
 
 def test_the_table_marks_a_percentile_without_enough_samples() -> None:
     windows = [_window(0, "calm", [1.0] * 100, [2.0] * 10, rss=(100.0, 120.0))]
+    windows[0]["health_ms"] = [[0.0, 2.0], [0.25, 40.0]]
     rows = percentile_table(windows)
     assert rows[2] == ("| 0 | calm | model | 100 / 100 | 100.00% | 1.0 | 1.0 | 1.0* | 0.5 "
-                       "| 120.0 |")
+                       "| 120.0 | 40.0 |")
     assert rows[3].startswith("| 0 | calm | graph | 10 / 10 | 100.00% | 2.0 | 2.0* | 2.0* |")
     assert any(r.startswith("| **all calm** | calm | both | 110 / 110 |") for r in rows)
 
@@ -122,6 +127,20 @@ def test_the_report_names_every_attack_its_answers_and_the_command() -> None:
     assert text.rstrip().endswith("python -m benchmarks.soak --quick")
 
 
+def test_the_results_folder_gets_the_table_the_plot_and_the_command(tmp_path: Path) -> None:
+    windows = [_window(0, "calm", [1.0] * 10, [2.0] * 10),
+               _window(1, "hostile", [3.0] * 10, [4.0] * 10)]
+    windows[1]["health_ms"] = [[0.0, 3.0], [0.25, 300.0]]
+    store = {"params": {"calm_s": 10.0, "hostile_s": 10.0, "rate_model": 20.0,
+                        "rate_graph": 20.0}, "machine": "2 cores",
+             "command": "python -m benchmarks.soak --quick",
+             "windows": {str(w["index"]): w for w in windows}}
+    write(tmp_path, store)
+    assert (tmp_path / "command.txt").read_text() == "python -m benchmarks.soak --quick\n"
+    assert "| 1 | hostile | graph | 10 / 10 |" in (tmp_path / "soak.md").read_text()
+    assert (tmp_path / "soak.png").stat().st_size > 0
+
+
 def test_a_stopped_run_resumes_with_its_finished_windows(tmp_path: Path) -> None:
     path = tmp_path / "soak.json"
     params = {"rounds": 1, "calm_s": 5.0, "hostile_s": 5.0, "seed": 0}
@@ -147,3 +166,20 @@ def test_findings_are_server_faults_not_refusals() -> None:
 def test_the_command_is_recorded_from_the_project_root() -> None:
     assert command(["--quick", "--results-dir", "a b"]) == (
         "python -m benchmarks.soak --quick --results-dir 'a b'")
+
+
+def test_cpu_is_split_by_role_and_the_rest_is_other_jobs() -> None:
+    # pid -> (parent, ticks): 10 the frontend, 11 and 12 its workers (12 under 11), 20 the
+    # attackers, 30 the client, 40 a stranger; 13 started during the window
+    before = {10: (1, 100), 11: (10, 50), 12: (11, 0), 20: (1, 0), 30: (1, 10), 40: (1, 0)}
+    after = {10: (1, 150), 11: (10, 100), 12: (11, 25), 13: (10, 25), 20: (1, 40),
+             30: (1, 20), 40: (1, 60)}
+    assert descendants(10, after) == {11, 12, 13}
+    roles = {"frontend": {10}, "workers": descendants(10, after), "attackers": {20},
+             "soak client": {30}}
+    # 2 cores, 200 ticks of wall time (400 core-ticks), 300 of them busy: 1.5 cores
+    cpu = cpu_split(before, after, (1000, 5000), (1300, 5400), roles, cores=2)
+    assert cpu == {"machine": 1.5, "frontend": 0.25, "workers": 0.5, "attackers": 0.2,
+                   "soak client": 0.05, "other": 0.5}
+    rows = cpu_table([{"index": 0, "kind": "hostile", "cpu_cores": cpu}])
+    assert rows[2] == "| 0 | hostile | 1.50 | 0.25 | 0.50 | 0.20 | 0.05 | 0.50 |"
