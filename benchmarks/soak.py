@@ -288,15 +288,19 @@ def markdown(store: dict[str, Any]) -> str:
         "## The well-behaved client", "",
         "`*`: fewer samples than the percentile needs (100 for p99, 1,000 for p99.9). Send "
         "lag: how late the generator sent (large would mean the client, not the server, was "
-        "slow). Health check: the longest `GET /v2/health/live` of a probe sent every 0.25 s, "
+        "slow). Health check: the longest `GET /v2/health/live` of a probe sent about every "
+        "0.25 s (Poisson), "
         "which the frontend's event loop answers at once (long: the loop was stalled).", "",
         *percentile_table(windows), "",
         "## The attacks", "",
         "Summed over the hostile windows. An answer is an HTTP status, a gRPC status, `held` "
         "(an idle socket the server kept open) or a client-side error; an attack round still "
         "out at a window's end is counted as `unanswered at the window's end`.", "",
-        "| attack | sent | answers | expected | verdict |", "|---|---|---|---|---|",
-        *_attack_rows(attack_totals(windows)), "",
+        "| attack | sent | answers | expected | verdict | round p50 ms | round max ms |",
+        "|---|---|---|---|---|---|---|",
+        *_attack_rows(attack_totals(windows), attack_rounds(windows)), "",
+        "A round is one request, or for the wrong-width attack its 25 at once (its slowest); "
+        "the idle-connection hog's round is its 9 s hold.", "",
         "## CPU per window", "",
         f"Cores kept busy (of {store['machine']}), from /proc: the frontend process, its "
         "workers, the attackers' process, this soak's well-behaved client, and `other`: what "
@@ -311,15 +315,28 @@ def _findings(found: dict[str, dict[str, int]]) -> str:
     return "; ".join(f"{name}: {answers}" for name, answers in found.items())
 
 
-def _attack_rows(totals: dict[str, dict[str, int]]) -> list[str]:
+def attack_rounds(windows: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Every attack's round durations (ms), over the hostile windows."""
+    rounds: dict[str, list[float]] = {}
+    for w in windows:
+        for name, ms in w.get("attack_round_ms", {}).items():
+            rounds.setdefault(name, []).extend(ms)
+    return rounds
+
+
+def _attack_rows(totals: dict[str, dict[str, int]], rounds: dict[str, list[float]]
+                 ) -> list[str]:
     expected = {a.name: a.expect for a in ATTACKS}
     rows = []
     for name, answers in totals.items():
         want = expected.get(name, frozenset())
         sent = sum(answers.values())
         shown = ", ".join(f"{a}: {c}" for a, c in answers.items()) or "-"
+        ms = rounds.get(name)
+        took = (f"{_ms(float(np.percentile(ms, 50, method='higher')))} | {_ms(max(ms))}"
+                if ms else "- | -")
         rows.append(f"| {name} | {sent} | {shown} | {', '.join(sorted(want))} | "
-                    f"{_attack_verdict(answers, want)} |")
+                    f"{_attack_verdict(answers, want)} | {took} |")
     return rows
 
 
@@ -393,10 +410,11 @@ def _rss_mb(pid: int) -> float | None:
 
 async def _watch(session: Session, rss: list[list[float]], health: list[list[float]],
                  start: float) -> None:
-    """The frontend's RSS once a second, and every 0.25 s how long it takes to answer a
-    health check (a route its event loop answers at once: a long one is a stalled loop)."""
+    """The frontend's RSS about once a second, and about every 0.25 s (Poisson) how long it
+    takes to answer a health check (its event loop answers it at once: long means stalled)."""
+    gaps = np.random.default_rng(session.params["seed"])  # irregular: never in step with
     async with httpx.AsyncClient(base_url=session.url, timeout=_DEADLINE_S) as probe:
-        for i in itertools.count():
+        for i in itertools.count():  # an attack that repeats every 2 s
             now = round(time.monotonic() - start, 2)
             if i % 4 == 0 and (mb := _rss_mb(session.pid)) is not None:
                 rss.append([now, round(mb, 1)])
@@ -404,7 +422,7 @@ async def _watch(session: Session, rss: list[list[float]], health: list[list[flo
             with contextlib.suppress(httpx.HTTPError):
                 await probe.get("/v2/health/live")
                 health.append([now, round((time.perf_counter() - sent) * 1e3, 1)])
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(gaps.exponential(0.25))
 
 
 def proc_ticks() -> dict[int, tuple[int, int]]:
@@ -510,13 +528,14 @@ async def measure(session: Session, window: Window) -> dict[str, Any]:
                            timeout_s=_DEADLINE_S)
              for i, route in enumerate(("model", "graph"))]
     results = await asyncio.gather(*loops)
-    tally = await attacks if attacks is not None else {}
+    hostile = await attacks if attacks is not None else {"answers": {}, "round_ms": {}}
     sampler.cancel()
     after = proc_ticks()
     cpu = cpu_split(ticks, after, machine, machine_ticks(), _roles(session, after))
     return {**asdict(window), "routes": {r: _summary(res) for r, res in
                                          zip(("model", "graph"), results, strict=True)},
-            "rss_mb": rss, "health_ms": health, "attacks": tally, "cpu_cores": cpu,
+            "rss_mb": rss, "health_ms": health, "attacks": hostile["answers"],
+            "attack_round_ms": hostile["round_ms"], "cpu_cores": cpu,
             "wall_s": round(time.monotonic() - start, 1)}
 
 

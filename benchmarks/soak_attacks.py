@@ -324,8 +324,8 @@ ATTACKS: tuple[Attack, ...] = (
 )
 
 
-async def _loop(ctx: _Ctx, attack: Attack, until: float, tally: dict[str, Counter[str]]
-                ) -> None:
+async def _loop(ctx: _Ctx, attack: Attack, until: float, tally: dict[str, Counter[str]],
+                rounds_ms: dict[str, list[float]]) -> None:
     while time.monotonic() < until:
         started = time.monotonic()
         try:
@@ -333,22 +333,27 @@ async def _loop(ctx: _Ctx, attack: Attack, until: float, tally: dict[str, Counte
         except asyncio.CancelledError:
             tally.setdefault(attack.name, Counter())[UNANSWERED] += 1
             raise
+        rounds_ms.setdefault(attack.name, []).append(
+            round((time.monotonic() - started) * 1e3, 1))
         for name, answer in labels:
             tally.setdefault(name, Counter())[answer] += 1
         await asyncio.sleep(max(0.0, min(attack.interval_s - (time.monotonic() - started),
                                           until - time.monotonic())))
 
 
-async def run_attacks(target: Target, duration_s: float, seed: int
-                      ) -> dict[str, dict[str, int]]:
-    """Every attack on its loop for ``duration_s``; answers per attack. An attack still
-    waiting when the time is up is cancelled and counted once as UNANSWERED."""
+async def run_attacks(target: Target, duration_s: float, seed: int) -> dict[str, Any]:
+    """Every attack on its loop for ``duration_s``: ``answers`` per attack, and ``round_ms``,
+    how long each of its finished rounds took (one request's latency, or a burst's slowest).
+    An attack still waiting when the time is up is cancelled and counted once as
+    UNANSWERED."""
     ctx = _Ctx(target, seed)
     tally: dict[str, Counter[str]] = {}
+    rounds_ms: dict[str, list[float]] = {}
     until = time.monotonic() + duration_s
     loops = {a.run for a in ATTACKS}  # MATES' answers come from WRONG_WIDTH's round
     by_run = {a.run: a for a in reversed(ATTACKS)}
-    tasks = [asyncio.create_task(_loop(ctx, by_run[run], until, tally)) for run in loops]
+    tasks = [asyncio.create_task(_loop(ctx, by_run[run], until, tally, rounds_ms))
+             for run in loops]
     try:
         await asyncio.wait(tasks, timeout=duration_s)
     finally:
@@ -357,4 +362,5 @@ async def run_attacks(target: Target, duration_s: float, seed: int
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
         await ctx.close()
-    return {name: dict(counts) for name, counts in tally.items()}
+    return {"answers": {name: dict(counts) for name, counts in tally.items()},
+            "round_ms": rounds_ms}

@@ -114,13 +114,16 @@ def test_the_report_names_every_attack_its_answers_and_the_command() -> None:
                    "Host: evil.example on /admin/state": {"421": 5},
                    "cross-site text/plain admin POST": {"200": 4},
                    "50,000-row input_batch": {UNANSWERED: 1}})]
+    windows[1]["attack_round_ms"] = {"10 MB stream key": [10.0, 30.0, 20.0]}
     store = {"params": {"calm_s": 10.0, "hostile_s": 10.0, "rate_model": 20.0,
                         "rate_graph": 20.0}, "machine": "2 cores",
              "command": "python -m benchmarks.soak --quick",
              "windows": {str(w["index"]): w for w in windows}}
     text = markdown(store)
-    assert "| 10 MB stream key | 3 | 500: 2, 400: 1 | 400, 413 | **finding** |" in text
-    assert "| Host: evil.example on /admin/state | 5 | 421: 5 | 421 | as expected |" in text
+    assert ("| 10 MB stream key | 3 | 500: 2, 400: 1 | 400, 413 | **finding** | 20.0 | 30.0 |"
+            in text)
+    assert ("| Host: evil.example on /admin/state | 5 | 421: 5 | 421 | as expected | - | - |"
+            in text)
     assert "| 403, 415 | unexpected: 200 |" in text
     assert "| 50,000-row input_batch | 1 |" in text and "no answer within a window" in text
     assert all(a.name in text for a in ATTACKS)
