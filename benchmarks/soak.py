@@ -82,7 +82,8 @@ CONFIG: dict[str, Any] = {
         {"name": MODEL, "source": "zoo:echo", "replicas": 1,
          "input": {"name": "x", "datatype": "FP32", "shape": [WIDTH]},
          "output": {"name": "y", "datatype": "FP32", "shape": [WIDTH]}},
-        # the README's sequence service, as written there
+        # the README's sequence service, as written there (its input_shape: [4] refuses rows
+        # of another width at the door; tests/integration/fuzz_graph.py fuzzes it without)
         {"name": "features", "source": "zoo:echo"},
         {"name": "lstm1", "source": "zoo:stream-lstm",
          "options": {"input_size": 4, "outputs": 4, "seed": 1}},
@@ -90,7 +91,7 @@ CONFIG: dict[str, Any] = {
          "options": {"input_size": 4, "outputs": 1, "seed": 2}},
         {"name": "scorer", "source": "zoo:echo"}],
     "graphs": [{"name": GRAPH, "stream_key": STREAM_KEY, "fault_tolerance": "hams",
-                "operators": [
+                "input_shape": [WIDTH], "operators": [
                     {"name": "feat", "model": "features", "inputs": ["frontend"]},
                     {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
                     {"name": "seq2", "model": "lstm2", "inputs": ["seq1"], "stateful": True},

@@ -54,7 +54,9 @@ CONFIG: dict[str, Any] = {
         {"name": MODEL, "source": "zoo:echo", "replicas": 1,
          "input": {"name": "x", "datatype": "FP32", "shape": [WIDTH]},
          "output": {"name": "y", "datatype": "FP32", "shape": [WIDTH]}},
-        # the README's sequence service, as written there
+        # the README's sequence service without its input_shape: [4] (the default, no shape
+        # declared): rows of another width then pass the door and share operator batches
+        # with good rows, the harder case
         {"name": "features", "source": "zoo:echo"},
         {"name": "lstm1", "source": "zoo:stream-lstm",
          "options": {"input_size": 4, "outputs": 4, "seed": 1}},
