@@ -75,17 +75,12 @@ def apps_for(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"name": m["name"], "models": [m["name"]], "slo_ms": 5000} for m in models]
 
 
-def check_plain(folder: Path) -> str:
-    present = [name for name in OPTIONAL if importable(name)]
-    if present:
-        raise SystemExit(f"FAIL: {', '.join(present)} can be imported here; run the plain "
-                         "check in a venv where only `pip install .` ran")
+def plain_models(folder: Path) -> dict[str, Any]:
+    """A deployment of what a plain install serves: a ``python:`` class, a scikit-learn model
+    (both written into ``folder``) and ``zoo:echo``, one application each. Also used by
+    ``test_plain_install.py``."""
     import joblib
     from sklearn.linear_model import LinearRegression
-
-    from parityserve.bench.loadgen import HttpSender, json_sender, run_event_loop, run_open_loop
-    from parityserve.bench.serverproc import ServerProcess, write_config
-    from parityserve.client import Client
 
     (folder / "plainmodel.py").write_text(PLAIN_MODEL)
     x = np.arange(12, dtype=np.float64).reshape(4, 3)
@@ -93,8 +88,19 @@ def check_plain(folder: Path) -> str:
     models = [{"name": "double", "source": "python:plainmodel:Doubler"},
               {"name": "linear", "source": "sklearn:linear.joblib"},
               {"name": "echo", "source": "zoo:echo"}]
-    config = write_config({"server": {"http_port": 0}, "models": models,
-                           "applications": apps_for(models)}, folder / "serving.yaml")
+    return {"server": {"http_port": 0}, "models": models, "applications": apps_for(models)}
+
+
+def check_plain(folder: Path) -> str:
+    present = [name for name in OPTIONAL if importable(name)]
+    if present:
+        raise SystemExit(f"FAIL: {', '.join(present)} can be imported here; run the plain "
+                         "check in a venv where only `pip install .` ran")
+    from parityserve.bench.loadgen import HttpSender, json_sender, run_event_loop, run_open_loop
+    from parityserve.bench.serverproc import ServerProcess, write_config
+    from parityserve.client import Client
+
+    config = write_config(plain_models(folder), folder / "serving.yaml")
 
     async def burst(url: str) -> tuple[str, list[Any]]:
         async with HttpSender(url) as http:

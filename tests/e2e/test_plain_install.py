@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import joblib
 import numpy as np
 import pytest
-from sklearn.linear_model import LinearRegression
+from plain_install_check import STOCKS, plain_models  # the real install's check, beside this
 
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.client import Client
@@ -37,15 +36,6 @@ WATCH_SITE = Path(__file__).with_name("import_watch")
 # What a config may need but a plain install does not have (pyproject's extras), and what
 # only the benchmarks and plots use.
 OPTIONAL = ("torch", "onnxruntime", "onnx", "ray", "redis", "matplotlib", "aiohttp")
-
-PLAIN_MODEL = '''
-import numpy as np
-
-class Doubler:
-    def predict(self, batch):
-        return [2.0 * np.asarray(x, dtype=np.float32) for x in batch]
-'''
-
 
 @pytest.fixture
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -81,20 +71,8 @@ def _write_onnx(path: Path) -> None:
     path.write_bytes(model.SerializeToString())
 
 
-def _plain_models(folder: Path) -> dict[str, Any]:
-    (folder / "plainmodel.py").write_text(PLAIN_MODEL)
-    x = np.arange(12, dtype=np.float64).reshape(4, 3)
-    joblib.dump(LinearRegression().fit(x, x.sum(axis=1)), folder / "linear.joblib")
-    models = [{"name": "double", "source": "python:plainmodel:Doubler"},
-              {"name": "linear", "source": "sklearn:linear.joblib"},
-              {"name": "echo", "source": "zoo:echo"}]
-    return {"server": {"http_port": 0}, "models": models,
-            "applications": [{"name": m["name"], "models": [m["name"]], "slo_ms": 5000}
-                             for m in models]}
-
-
 def test_plain_models_load_no_optional_framework(tmp_path: Path, watched: Path) -> None:
-    config = write_config(_plain_models(tmp_path), tmp_path / "serving.yaml")
+    config = write_config(plain_models(tmp_path), tmp_path / "serving.yaml")
     with ServerProcess(config) as server, Client(server.url) as client:
         assert client.predict("double", [1.0, 2.0, 3.0])["output"] == [2.0, 4.0, 6.0]
         assert client.predict("linear", [1.0, 2.0, 3.0])["output"] == pytest.approx(6.0)
@@ -120,27 +98,7 @@ def test_an_onnx_model_loads_onnxruntime_in_its_worker_only(tmp_path: Path,
     assert not [r for r in records if r["pid"] == frontend], _describe(records)
 
 
-README_GRAPH = {
-    "server": {"http_port": 0},
-    "models": [
-        {"name": "features", "source": "zoo:echo"},
-        {"name": "lstm1", "source": "zoo:stream-lstm",
-         "options": {"input_size": 4, "outputs": 4, "seed": 1}},
-        {"name": "lstm2", "source": "zoo:stream-lstm",
-         "options": {"input_size": 4, "outputs": 1, "seed": 2}},
-        {"name": "scorer", "source": "zoo:echo"},
-    ],
-    "graphs": [{
-        "name": "stocks", "stream_key": "ticker", "fault_tolerance": "hams",
-        "operators": [
-            {"name": "feat", "model": "features", "inputs": ["frontend"]},
-            {"name": "seq1", "model": "lstm1", "inputs": ["feat"], "stateful": True},
-            {"name": "seq2", "model": "lstm2", "inputs": ["seq1"], "stateful": True},
-            {"name": "score", "model": "scorer", "inputs": ["seq2"]},
-        ],
-        "output": "score",
-    }],
-}
+README_GRAPH = {"server": {"http_port": 0}, **STOCKS}  # the README's stocks graph
 
 
 def test_a_stateful_graph_loads_torch_in_its_operators_never_in_the_frontend(
@@ -184,7 +142,7 @@ def test_without_torch_a_stateful_graph_is_refused_naming_the_extra(
 
 def test_without_torch_a_torch_deploy_is_refused_with_400_and_the_server_serves_on(
         tmp_path: Path, without_torch: None) -> None:
-    config = write_config(_plain_models(tmp_path), tmp_path / "serving.yaml")
+    config = write_config(plain_models(tmp_path), tmp_path / "serving.yaml")
     with ServerProcess(config) as server, Client(server.url) as client:
         with pytest.raises(InvalidInput) as refused:  # InvalidInput: a 400 invalid_input
             client.deploy({"name": "lenet", "source": "zoo:lenet5"})
