@@ -256,13 +256,14 @@ class GraphRuntime:
         self._check_shapes(rows)
         loop = asyncio.get_running_loop()
         futures = []
+        origin = object()  # this request's rows take turns with other requests' in batches
         for i, (row, stream, label) in enumerate(zip(rows, streams, labels, strict=True)):
             client = next(self._clients)
             waiting = _Waiting(stream, label, loop.create_future(),
                                f"input_batch[{i}]: " if len(rows) > 1 else "")
             self._waiting[client] = waiting
             futures.append(waiting.future)
-            self.router.submit(client, row)
+            self.router.submit(client, row, origin)
         self._pump_all()
         done, pending = await asyncio.wait(futures, timeout=timeout_s)
         if pending:

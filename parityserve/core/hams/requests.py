@@ -18,11 +18,11 @@ The manager
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from parityserve.core.fair_queue import FairQueue
 from parityserve.core.hams.lineage import Lineage, client_of, extend, speculative
 
 __all__ = ["Arrival", "Executed", "RequestManager"]
@@ -34,10 +34,12 @@ Sources = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True)
 class Arrival(Generic[P]):
-    """An input for the operator: the lineage so far, which outputs it combines, the data."""
+    """An input for the operator: the lineage so far, which outputs it combines, the data,
+    and its origin: the client's request it came in (batches share turns between origins)."""
     lineage: Lineage
     sources: Sources
     payload: P
+    origin: Hashable = None
 
 
 @dataclass
@@ -54,7 +56,9 @@ class RequestManager(Generic[P]):
     def __init__(self, op: str) -> None:
         self.op = op
         self._next_seq = 1
-        self._queue: deque[Arrival[P]] = deque()
+        # one lane per origin, taken in turns: a 1,024-row request does not put a one-row
+        # request behind all of its rows (see core/fair_queue.py)
+        self._queue: FairQueue[Arrival[P]] = FairQueue()
         self._keys: set[Sources] = set()
         self._log: dict[int, Executed[P]] = {}
         # each client request's sequence numbers, so that collecting one is not a scan of the
@@ -75,7 +79,7 @@ class RequestManager(Generic[P]):
         if arrival.sources in self._keys:
             return False
         self._keys.add(arrival.sources)
-        self._queue.append(arrival)
+        self._queue.append(arrival.origin, arrival)
         return True
 
     def records(self) -> int:
@@ -84,15 +88,15 @@ class RequestManager(Generic[P]):
 
     def form_batch(self, limit: int, same: Callable[[P], Hashable] | None = None
                    ) -> list[Executed[P]]:
-        """Take up to ``limit`` inputs in queue order and number them as they will execute.
-        With ``same``, the batch ends before the first input whose ``same(payload)`` differs
-        from the first one's: inputs of two shapes never share a batch (one would fail it)."""
+        """Take up to ``limit`` inputs, one per origin in turn (in arrival order within an
+        origin), and number them as they will execute. With ``same``, only inputs whose
+        ``same(payload)`` is the first one's: inputs of two shapes never share a batch (one
+        would fail it)."""
         batch: list[Executed[P]] = []
-        kind = same(self._queue[0].payload) if same is not None and self._queue else None
-        while self._queue and len(batch) < limit:
-            if same is not None and batch and same(self._queue[0].payload) != kind:
-                break
-            arrival = self._queue.popleft()
+        kind: Callable[[Arrival[P]], Hashable] | None = None
+        if same is not None:
+            kind = lambda arrival: same(arrival.payload)  # noqa: E731
+        for arrival in self._queue.take(limit, kind):
             seq = self._slots.pop(arrival.sources, None) or self._take_seq()
             lineage = extend(arrival.lineage, arrival.sources, self.op, seq)
             self._log[seq] = entry = Executed(seq, arrival, lineage)
@@ -146,17 +150,15 @@ class RequestManager(Generic[P]):
         # slots past the rollback point are renumbered too: keeping one would hand a later
         # input a number the new sequence also reaches, twice
         self._slots = {src: seq for src, seq in self._slots.items() if seq <= to_seq}
-        keep = [a for a in (*redo, *self._queue) if not speculative(a.lineage, bounds)]
-        self._drop_keys(a for a in (*redo, *self._queue) if speculative(a.lineage, bounds))
-        self._queue = deque(keep)
+        queue = FairQueue((a.origin, a) for a in (*redo, *self._queue))
+        self._drop_keys(queue.remove(lambda a: speculative(a.lineage, bounds)))
+        self._queue = queue
 
     def discard(self, bounds: Mapping[str, int]) -> None:
         """An upstream operator rolled back: drop queued speculation, and free the executed
         slots that depended on it so that the re-sent input re-executes under its original
         sequence number (H8: downstream numbering stays contiguous)."""
-        gone = [a for a in self._queue if speculative(a.lineage, bounds)]
-        self._queue = deque(a for a in self._queue if not speculative(a.lineage, bounds))
-        self._drop_keys(gone)
+        self._drop_keys(self._queue.remove(lambda a: speculative(a.lineage, bounds)))
         for seq, entry in list(self._log.items()):
             if speculative(entry.lineage, bounds):
                 del self._log[seq]

@@ -38,10 +38,13 @@ class GraphRouter(Generic[P]):
         self._joins: dict[tuple[str, int], dict[str, tuple[Lineage, int, P]]] = {}
         self._fired: set[tuple[str, int]] = set()
 
-    def submit(self, client: int, payload: P) -> None:
-        """A client request enters: the frontend's output ``client`` goes to every entry."""
+    def submit(self, client: int, payload: P, origin: Hashable = None) -> None:
+        """A client request enters: the frontend's output ``client`` goes to every entry.
+        ``origin`` names what it came in with (one HTTP request's rows share one): every
+        operator's batches take turns between origins. None: the client request itself."""
         for op in self.topology.entries:
-            self._deliver(op, FRONTEND, client, (), payload)
+            self._deliver(op, FRONTEND, client, (), payload,
+                          client if origin is None else origin)
 
     def batch(self, op: str, limit: int, same: Callable[[P], Hashable] | None = None
               ) -> list[Executed[P]]:
@@ -59,16 +62,17 @@ class GraphRouter(Generic[P]):
         if op in self.topology.exits:
             return self.commit.offer(client_of(entry.lineage), entry.lineage, payload)
         for succ in self.topology.succs(op):
-            self._deliver(succ, op, seq, entry.lineage, payload)
+            self._deliver(succ, op, seq, entry.lineage, payload, entry.arrival.origin)
         return []
 
     def notify(self, op: str, seq: int) -> list[Held[P]]:
         return self.commit.notify(op, seq)
 
-    def _deliver(self, op: str, pred: str, pred_seq: int, lineage: Lineage, payload: P) -> None:
+    def _deliver(self, op: str, pred: str, pred_seq: int, lineage: Lineage, payload: P,
+                 origin: Hashable) -> None:
         preds = self.topology.preds[op]
         if len(preds) == 1:
-            self.managers[op].offer(Arrival(lineage, ((pred, pred_seq),), payload))
+            self.managers[op].offer(Arrival(lineage, ((pred, pred_seq),), payload, origin))
             return
         key = (op, pred_seq if pred == FRONTEND else client_of(lineage))
         parts = self._joins.setdefault(key, {})
@@ -79,7 +83,7 @@ class GraphRouter(Generic[P]):
             self.managers[op].offer(Arrival(
                 merge(lin for lin, _, _ in ordered),
                 tuple((p, part[1]) for p, part in zip(preds, ordered, strict=True)),
-                self._combine([pl for _, _, pl in ordered])))
+                self._combine([pl for _, _, pl in ordered]), origin))
 
     def apply(self, plan: Failover) -> list[int]:
         """Roll back promoted operators, drop speculation everywhere else (H8). Returns the
