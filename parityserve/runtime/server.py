@@ -213,7 +213,8 @@ async def _run(config: ServingConfig, system: ServingSystem,
             await grpc_server.start()
         admin = _url(config, admin_sock) if admin_sock is not None else None
         on_ready(ServerUrls(_url(config, socks[0]), system.rpc_address, admin, grpc_url))
-        await _wait_stop(tasks, servers, stop)
+        await _wait_stop(tasks, servers, stop, grpc_server, _drain_grace_s(system))
+        grpc_server = None  # stopped, its accepted calls answered
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace=1.0)  # answers in flight finish, new calls are refused
@@ -288,14 +289,37 @@ async def _unless_stopped(starting: Coroutine[object, object, None], stop: async
 
 
 async def _wait_stop(tasks: list[asyncio.Task[None]], servers: list[uvicorn.Server],
-                     stop: asyncio.Event) -> None:
-    """Until ``stop`` (or a listener ends): then each listener, public first, stops in turn."""
+                     stop: asyncio.Event, grpc_server: Any = None, grace_s: float = 0.0) -> None:
+    """Until ``stop`` (or a listener ends): then gRPC and the public HTTP listener stop taking
+    queries at once, each answering what it accepted; the other listeners stop after, in turn.
+
+    gRPC refuses new calls from its ``stop`` on and cancels those left after ``grace_s``, so
+    it must start with HTTP's drain (a call it took during that drain could be cut short) and
+    its grace outlast every accepted query's deadline (by then each has had its answer).
+    """
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    grpc_stopped = None if grpc_server is None else asyncio.ensure_future(
+        grpc_server.stop(grace=grace_s))
     for uv, task in zip(servers, tasks, strict=True):
         uv.should_exit = True
         await task
+    if grpc_stopped is not None:
+        await grpc_stopped
     waiter.cancel()
+
+
+# After a query's deadline the scheduler answers it (the default, or 504): what a call may
+# still need then is its answer's writing, well within this.
+_ANSWER_MARGIN_S = 5.0
+
+
+def _drain_grace_s(system: ServingSystem) -> float:
+    """How long a stopping gRPC server lets its accepted calls run: past the longest deadline
+    a query served now can have (a model's ``timeout_ms``, an application's ``slo_ms``)."""
+    deadlines_ms = [p.deployment.timeout_ms for p in system.models.values()]
+    deadlines_ms += [a.config.slo_ms for a in system.apps.values()]
+    return max(deadlines_ms, default=0.0) / 1000 + _ANSWER_MARGIN_S
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
