@@ -125,3 +125,14 @@ def predict_all(url: str, app: str, xs: np.ndarray, workers: int) -> list[dict]:
     finally:
         for c in clients:
             c.close()
+
+
+def metric_value(client: Client, sample: str, **labels: str) -> float:
+    """One sample's value in the server's /metrics, read with prometheus_client's parser (0 if
+    absent: a labelled counter has no sample before its first count). Checking that a name
+    appears proves nothing, since HELP and TYPE lines name every metric on a fresh server."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(client.metrics_text())
+               for s in family.samples
+               if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
