@@ -13,7 +13,7 @@ import joblib
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from conftest import model_state, wait_until
+from conftest import metric_value, model_state, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput, UnknownApplication, UnknownModel
@@ -116,22 +116,24 @@ def test_update_stores_feedback(client, digits_data) -> None:
 
 
 def test_default_output_on_slo_miss(client) -> None:
+    defaults = metric_value(client, "parityserve_default_outputs_total", app="tight")
     started = time.monotonic()
     answer = client.predict("tight", [0.0])
     elapsed = time.monotonic() - started
     assert answer["default"] is True and answer["output"] == "fallback"
     assert "50 ms SLO" in answer["default_explanation"]
     assert elapsed < 0.3  # answered at the deadline, not when the 300 ms model finished
-    assert 'parityserve_default_outputs_total{app="tight"' in client.metrics_text()
+    assert metric_value(client, "parityserve_default_outputs_total", app="tight") == defaults + 1
 
 
 def test_cache_hit_for_repeated_input(served, client, digits_data) -> None:
     x = digits_data[2][100] + 0.001  # an input no other test sends
     hits = served.system.cache.statistics().hits
+    counted = metric_value(client, "parityserve_cache_hits_total", model="digits")
     first, second = client.predict("digits", x), client.predict("digits", x)
     assert first["output"] == second["output"]
     assert served.system.cache.statistics().hits == hits + 1
-    assert "parityserve_cache_hits_total" in client.metrics_text()
+    assert metric_value(client, "parityserve_cache_hits_total", model="digits") == counted + 1
 
 
 def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
@@ -169,6 +171,7 @@ def test_bad_input_gets_a_clear_4xx(served, body, status, code) -> None:
 
 
 def test_oversized_body_and_unknown_targets(served, client, digits_data) -> None:
+    too_large = metric_value(client, "parityserve_bad_requests_total", code="payload_too_large")
     big = b'{"input": [' + b"0.0," * 40_000 + b"0.0]}"
     r = httpx.post(f"{served.url}/digits/predict", content=big)
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
@@ -179,7 +182,8 @@ def test_oversized_body_and_unknown_targets(served, client, digits_data) -> None
     with pytest.raises(InvalidInput):
         client.infer("digits", np.zeros((1, 3), np.float32))
     assert client.predict("digits", digits_data[2][0])["default"] is False  # still serving
-    assert 'parityserve_bad_requests_total{code="payload_too_large"}' in client.metrics_text()
+    assert metric_value(client, "parityserve_bad_requests_total",
+                        code="payload_too_large") == too_large + 1
 
 
 def test_admin_api_round_trip(client, digits_model, digits_data) -> None:
