@@ -6,6 +6,7 @@
 * ``shipping``: the primary's non-stop state shipping (copy gate, one state in flight);
 * ``topology``: a validated graph, with next/previous stateful operators;
 * ``recovery``: which backups to promote and what is speculation after a failure;
+* ``recovery_plan``: the whole recovery as one state machine, any loss folded into it;
 * ``router``: the frontend's graph router (every operator's request manager, the commit);
 * ``history``: an operator's durable history rebuilt from client replies (the replay check);
 * ``bisect``: which rows of a failed batch fail it, found in row order;
@@ -36,6 +37,7 @@ from parityserve.core.hams.lineage import (
     speculative,
 )
 from parityserve.core.hams.recovery import Failover, plan_failover
+from parityserve.core.hams.recovery_plan import RecoveryPlan
 from parityserve.core.hams.requests import Arrival, Executed, RequestManager
 from parityserve.core.hams.router import GraphRouter
 from parityserve.core.hams.shipping import CopyOrder, PrimaryShipper, ShipperStats
@@ -45,8 +47,9 @@ from parityserve.core.hams.topology import GraphError, Topology
 __all__ = [
     "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "Executed", "Failover",
     "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
-    "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RequestManager",
-    "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology", "Watermarks",
+    "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RecoveryPlan",
+    "RequestManager", "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology",
+    "Watermarks",
     "admits", "client_of", "door_shape", "durable_batches", "extend", "merge", "plan_failover",
     "plan_streams", "seq_at", "speculative",
 ]

@@ -1,0 +1,357 @@
+"""A stateful graph's recovery as one sans-I/O plan (issue 39, DESIGN: "a second failure
+during recovery is a normal case").
+
+Every stateful operator has a primary, a backup and a spare (a loaded process with no
+state). The plan knows each member's role and what it holds; the driver feeds it what it
+sees (a member started, loaded, lost; a backup admitted its primary, holds its first full
+state; a member took over at a sequence number) and performs the actions it returns
+(start a process, fence one, promote, roll back, let a backup in, attach it, pause, resume,
+fail). Any loss at any step folds into the recovery under way, and the plan fails the
+graph only when an operator has no member left that holds its state, saying which and why.
+
+Who holds an operator's state: its primary (the live state and the copy its backup last
+applied, H5), and its backup once it has applied a first full state (``seeded``). A
+member that is taking over (a backup being promoted, or a primary rolling back in place,
+Fig. 6) holds it too. A spare and a backup still being seeded hold nothing.
+
+The order of one recovery: the lost primaries' backups are promoted; once every member that
+was asked has taken over, the planner (``plan_failover`` over the router's lineages) says
+which other operators ran on discarded speculation; each of those rolls back too (its
+backup is promoted, or its primary rolls back in place when the backup is gone or holds
+nothing yet), and the planner is asked again with the points they really resumed at, until
+it lists nothing new. Then ``Resume`` carries the final plan, and every operator without a
+backup gets its spare attached and a new spare started. Backups are never attached while a
+recovery is under way: the primary they would attach to may be about to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from parityserve.core.hams.recovery import Failover
+
+__all__ = ["Allow", "Attach", "Fail", "Fence", "Pause", "Planner", "Promote",
+           "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start"]
+
+
+@dataclass(frozen=True)
+class Start:
+    """Launch a process for ``op`` (it becomes its backup or spare); answer ``started``."""
+    op: str
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Kill and forget ``member``: lost, or demoted; nothing it sends counts any more."""
+    op: str
+    member: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Tell ``backup`` to admit ``primary``'s key (and how far upstream is durable)."""
+    op: str
+    backup: str
+    primary: str
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Tell ``primary`` to send its retained copy to ``backup``, then every state after."""
+    op: str
+    primary: str
+    backup: str
+
+
+@dataclass(frozen=True)
+class Promote:
+    """``member`` (a seeded backup) becomes ``op``'s primary; answer ``took_over``."""
+    op: str
+    member: str
+
+
+@dataclass(frozen=True)
+class RollBack:
+    """``member`` (the primary, whose backup holds nothing) rolls back to its retained
+    copy (Fig. 6); answer ``took_over``."""
+    op: str
+    member: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Send no more batches to any stateful operator until ``Resume``."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Apply ``failover`` to the router (what rolled back re-runs, what was in flight on a
+    lost primary is sent again), note it, and dispatch again."""
+    failover: Failover
+    lost: tuple[tuple[str, str], ...]  # (op, member) primaries lost in this recovery
+
+
+@dataclass(frozen=True)
+class Fail:
+    """No member holds an operator's state any more: the graph cannot answer consistently."""
+    reason: str
+
+
+RecoveryAction = Start | Fence | Allow | Attach | Promote | RollBack | Pause | Resume | Fail
+Planner = Callable[[Mapping[str, int], int], Failover]  # (resumed points, epoch) -> plan
+
+
+@dataclass
+class _Member:
+    op: str
+    ready: bool = False  # loaded its model and said hello
+    seeded: bool = False  # a backup that applied a first full state
+    allow_for: str | None = None  # the primary it was last told to admit
+    admitted: bool = False  # ... and it said it does
+    attached_to: str | None = None  # the primary last told to send it its base
+
+
+@dataclass
+class _Op:
+    primary: str | None = None
+    backup: str | None = None
+    spare: str | None = None
+    starting: int = 0  # Start actions not answered yet
+    taker: str | None = None  # the member taking over in the recovery under way
+    rolling: bool = False  # the taker is the primary itself, rolling back in place
+
+
+@dataclass
+class _Recovery:
+    lost: list[tuple[str, str]] = field(default_factory=list)  # (op, primary member)
+    resumed: dict[str, int] = field(default_factory=dict)  # op -> seq it took over at
+    in_place: list[str] = field(default_factory=list)
+    promoted: list[str] = field(default_factory=list)
+
+
+class RecoveryPlan:
+    """The members of every stateful operator of one graph, and the recovery under way."""
+
+    def __init__(self, ops: Mapping[str, tuple[str, str, str]], planner: Planner) -> None:
+        """``ops``: each operator's first (primary, backup, spare) member ids. The backup
+        is not attached yet: ``ready`` of both, then ``Allow`` and ``Attach`` follow."""
+        self._planner = planner
+        self._ops = {op: _Op(*trio) for op, trio in ops.items()}
+        self._members = {m: _Member(op) for op, trio in ops.items() for m in trio}
+        self._recovery: _Recovery | None = None
+        self.epoch = 0
+        self.failed: str | None = None
+
+    # ---- what the driver asks --------------------------------------------------------------
+    def roles(self, op: str) -> tuple[str | None, str | None, str | None]:
+        """(primary, backup, spare): a backup being promoted is nobody's backup any more."""
+        o = self._ops[op]
+        return o.primary, o.backup, o.spare
+
+    def recovering(self) -> bool:
+        return self._recovery is not None
+
+    def taker(self, op: str) -> str | None:
+        return self._ops[op].taker
+
+    def seeded(self, member: str) -> bool:
+        found = self._members.get(member)
+        return found is not None and found.seeded
+
+    # ---- events ----------------------------------------------------------------------------
+    def started(self, op: str, member: str) -> list[RecoveryAction]:
+        """A process asked for with ``Start`` is launched (not loaded yet)."""
+        o = self._ops[op]
+        o.starting = max(0, o.starting - 1)
+        self._members[member] = _Member(op)
+        if self.failed is not None:
+            return [Fence(op, member, "the graph has failed")]
+        if o.backup is None:
+            o.backup = member
+        elif o.spare is None:
+            o.spare = member
+        else:  # more than asked for (a loss crossed a start): not needed
+            del self._members[member]
+            return [Fence(op, member, "not needed")]
+        return []
+
+    def ready(self, member: str) -> list[RecoveryAction]:
+        found = self._members.get(member)
+        if found is None or self.failed is not None:
+            return []
+        found.ready = True
+        return self._protect(found.op)
+
+    def allowed(self, member: str) -> list[RecoveryAction]:
+        """The backup admits its primary: the primary may connect and send its base."""
+        found = self._members.get(member)
+        if found is None:
+            return []
+        found.admitted = True
+        return self._protect(found.op)  # not during a recovery: it attaches on resuming
+
+    def seeded_at(self, member: str) -> list[RecoveryAction]:
+        """The backup applied a first full state: it may be promoted from now on."""
+        found = self._members.get(member)
+        if found is not None and self._ops[found.op].backup == member:
+            found.seeded = True
+        return []
+
+    def took_over(self, member: str, seq: int) -> list[RecoveryAction]:
+        """A promoted backup, or a primary rolled back in place, is at state ``seq``."""
+        found = self._members.get(member)
+        rec = self._recovery
+        if found is None or rec is None or self._ops[found.op].taker != member:
+            return []
+        o = self._ops[found.op]
+        actions: list[RecoveryAction] = []
+        if o.primary is not None and o.primary != member:  # demoted: it must answer nothing
+            actions.append(self._drop(found.op, o.primary, "demoted: its backup took over"))
+        if o.rolling and o.backup is not None:  # it may hold states of the discarded run:
+            self._members[o.backup].allow_for = None  # attach it again, from a new base
+        o.primary, o.taker, o.rolling = member, None, False
+        rec.resumed[found.op] = seq
+        return actions + self._advance()
+
+    def lost(self, member: str, why: str) -> list[RecoveryAction]:
+        """Any member is gone (exit, silence, or it failed to answer in time)."""
+        found = self._members.get(member)
+        if found is None:
+            return []
+        op, o = found.op, self._ops[found.op]
+        taker, primary = o.taker == member, o.primary == member
+        actions: list[RecoveryAction] = [self._drop(op, member, why)]
+        if self.failed is not None:
+            return actions
+        if taker:
+            return actions + self._taker_lost(op, member, why)
+        if primary:
+            return actions + self._primary_lost(op, member, why)
+        return actions + self._protect(op)
+
+    # ---- the plan --------------------------------------------------------------------------
+    def _primary_lost(self, op: str, member: str, why: str) -> list[RecoveryAction]:
+        o = self._ops[op]
+        actions: list[RecoveryAction] = []
+        if self._recovery is None:
+            self._recovery = _Recovery()
+            actions.append(Pause())
+        rec = self._recovery
+        rec.lost.append((op, member))
+        if o.taker is not None:  # a demotion under way (its backup is taking over): it goes on
+            return actions
+        if op in rec.resumed:  # took over in this recovery, and lost again before a backup
+            rec.resumed.pop(op)
+        backup = o.backup
+        if backup is None or not self._members[backup].seeded:
+            return actions + self._fail(op, f"its primary {member} was lost ({why}) and "
+                                        + self._no_backup(o))
+        o.backup, o.taker = None, backup
+        rec.promoted.append(op)
+        return [*actions, Promote(op, backup)]
+
+    def _taker_lost(self, op: str, member: str, why: str) -> list[RecoveryAction]:
+        o = self._ops[op]
+        o.taker = None
+        if o.rolling or o.primary is None:
+            o.rolling = False
+            if o.primary == member:
+                o.primary = None
+            return self._fail(op, f"{member} was lost ({why}) while taking over, and no other "
+                              "member holds the state (primary and backup both lost)")
+        return self._roll_back(op)  # a demotion whose backup died: Fig. 6 after all
+
+    def _advance(self) -> list[RecoveryAction]:
+        """Everyone asked has taken over: plan again, until nothing new is listed."""
+        rec = self._recovery
+        if rec is None or any(o.taker is not None for o in self._ops.values()):
+            return []
+        if not rec.resumed:  # every loss so far was undone by another (cannot happen)
+            return self._resume(rec, Failover(self.epoch + 1, (), {}, (), (), False))
+        plan = self._planner(dict(rec.resumed), self.epoch + 1)
+        extra = [op for op in plan.bounds if op not in rec.resumed]
+        if not extra:
+            return self._resume(rec, plan)
+        actions: list[RecoveryAction] = []
+        for op in extra:
+            actions += self._demote(op)
+        return actions + self._advance() if self.failed is None else actions
+
+    def _demote(self, op: str) -> list[RecoveryAction]:
+        """``op`` ran on discarded speculation: its seeded backup takes over (the primary
+        is fenced once it has), else its primary rolls back in place."""
+        o = self._ops[op]
+        backup = o.backup
+        if backup is not None and self._members[backup].seeded:
+            o.backup, o.taker = None, backup
+            assert self._recovery is not None
+            self._recovery.promoted.append(op)
+            return [Promote(op, backup)]
+        return self._roll_back(op)
+
+    def _roll_back(self, op: str) -> list[RecoveryAction]:
+        o = self._ops[op]
+        if o.primary is None:
+            return self._fail(op, "its primary was lost and " + self._no_backup(o))
+        o.taker, o.rolling = o.primary, True
+        assert self._recovery is not None
+        self._recovery.in_place.append(op)
+        return [RollBack(op, o.primary)]
+
+    def _resume(self, rec: _Recovery, plan: Failover) -> list[RecoveryAction]:
+        self.epoch = plan.epoch
+        final = replace(plan, failed=tuple(dict.fromkeys(op for op, _ in rec.lost)),
+                        promote=tuple(op for op in dict.fromkeys(rec.promoted)
+                                      if op not in rec.in_place),
+                        roll_back_in_place=tuple(dict.fromkeys(rec.in_place)))
+        self._recovery = None
+        actions: list[RecoveryAction] = [Resume(final, tuple(rec.lost))]
+        for op in self._ops:
+            actions += self._protect(op)
+        return actions
+
+    def _protect(self, op: str) -> list[RecoveryAction]:
+        """Give ``op`` a backup (its spare, else a new process) and a spare, and attach a
+        loaded, unseeded backup to the primary. Not during a recovery, not after failing."""
+        o = self._ops[op]
+        if self._recovery is not None or self.failed is not None or o.primary is None:
+            return []
+        actions: list[RecoveryAction] = []
+        if o.backup is None and o.spare is not None:
+            o.backup, o.spare = o.spare, None
+        wanted = (o.backup is None) + (o.spare is None)
+        for _ in range(max(0, wanted - o.starting)):
+            o.starting += 1
+            actions.append(Start(op))
+        backup = self._members.get(o.backup) if o.backup is not None else None
+        if o.backup is None or backup is None or not backup.ready or backup.seeded:
+            return actions
+        if backup.allow_for != o.primary:  # (again: the primary it admitted is gone)
+            backup.allow_for, backup.admitted, backup.attached_to = o.primary, False, None
+            actions.append(Allow(op, o.backup, o.primary))
+        elif backup.admitted and backup.attached_to != o.primary:
+            backup.attached_to = o.primary
+            actions.append(Attach(op, o.primary, o.backup))
+        return actions
+
+    def _drop(self, op: str, member: str, why: str) -> Fence:
+        self._members.pop(member, None)
+        o = self._ops[op]
+        for role in ("primary", "backup", "spare", "taker"):
+            if getattr(o, role) == member:
+                setattr(o, role, None)
+        return Fence(op, member, why)
+
+    def _no_backup(self, o: _Op) -> str:
+        if o.backup is None:
+            return "it had no backup (lost before a new one was attached)"
+        if not self._members[o.backup].ready:
+            return f"its backup {o.backup} was still loading, with no state"
+        return f"its backup {o.backup} was still receiving its first full state"
+
+    def _fail(self, op: str, why: str) -> list[RecoveryAction]:
+        self.failed = f"no member holds {op}'s state: {why}"
+        self._recovery = None
+        return [Fail(self.failed)]

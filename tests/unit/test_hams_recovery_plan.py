@@ -1,0 +1,345 @@
+"""The recovery plan model-checked (issue 39): hypothesis drives ``RecoveryPlan`` through
+random interleavings of batches, copies, message deliveries, the plan's own round trips
+(processes starting and loading, ALLOW, the base state, PROMOTE, ROLLBACK) and losses of any
+member at any step: a primary, a backup, a spare, a backup still being seeded, a member
+being promoted, the promoted primary again, and the next operator's members.
+
+The graph is ``hams_sim.Sim`` (the real router, shippers and appliers, with injected
+non-determinism); every action the plan returns is performed on it the way the runtime
+performs it. Invariants: the plan fails the graph only when some operator has no live
+member holding its state; after the run drains, every client request has exactly one
+answer (a reply, or the failure), no (operator, sequence) had two durable values, and
+unless the graph failed, every state equals the replay of its durable history with primary
+and backup identical (``Sim.problems``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from parityserve.core.hams import (
+    FRONTEND,
+    BackupApplier,
+    Failover,
+    PrimaryShipper,
+    Topology,
+    plan_failover,
+)
+from parityserve.core.hams.recovery_plan import (
+    Allow,
+    Attach,
+    Fail,
+    Fence,
+    Pause,
+    Promote,
+    RecoveryAction,
+    RecoveryPlan,
+    Resume,
+    RollBack,
+    Start,
+)
+from tests.unit.hams_sim import Backup, Primary, Sim
+from tests.unit.test_hams_protocol import ADJACENT, CHAIN, THREE
+
+MAX_LOSSES = 4
+CLIENTS = 8
+
+
+class PlanSim(Sim):
+    """``Sim`` whose crashes and recoveries all go through one ``RecoveryPlan``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.dead: set[int] = set()
+        self.paused = False
+        self.failed: str | None = None
+        self.failed_holders: dict[str, set[int]] = {}
+        self.pending: list[tuple] = []
+        trios = {}
+        for op in sorted(self.topology.stateful):
+            self.backups[op] = None  # attached through the plan, as at a real start
+            trios[op] = (str(self.primaries[op].pid), str(self._pid()), str(self._pid()))
+        self.plan = RecoveryPlan(trios, self._planner)
+        for trio in trios.values():
+            for member in trio:
+                self.perform(self.plan.ready(member))
+
+    def _planner(self, resumed: Mapping[str, int], epoch: int) -> Failover:
+        applied = {o: self.router.commit.durable[o] for o in self.topology.stateful}
+        applied.update(resumed)
+        executed = {o: self.router.executed(o) for o in self.topology.operators}
+        executed[FRONTEND] = self.router.held()
+        return plan_failover(self.topology, resumed, applied, executed, epoch)
+
+    # ---- the runtime's side: perform what the plan says ---------------------------------
+    def perform(self, actions: list[RecoveryAction]) -> None:
+        for action in actions:
+            if isinstance(action, Start):
+                self.pending.append(("started", action.op))
+            elif isinstance(action, Fence):
+                self._kill(action.op, int(action.member))
+            elif isinstance(action, Allow):
+                self.pending.append(("allowed", action.backup))
+            elif isinstance(action, Attach):
+                self.pending.append(("base", action.op, action.backup, action.primary))
+            elif isinstance(action, Promote | RollBack):
+                self.pending.append(("take", action.op, action.member,
+                                     isinstance(action, RollBack)))
+            elif isinstance(action, Pause):
+                self.paused = True
+            elif isinstance(action, Resume):
+                self._resume(action.failover)
+            elif isinstance(action, Fail):
+                self.failed = action.reason
+                self.failed_holders = {op: self.holders(op) for op in self.topology.stateful}
+
+    def _kill(self, op: str, pid: int) -> None:
+        self.dead.add(pid)
+        backup = self.backups.get(op)
+        if backup is not None and backup.pid == pid:
+            self.backups[op] = None
+
+    def _resume(self, plan: Failover) -> None:
+        for o, backup in self.backups.items():
+            if backup is not None and o not in plan.bounds:
+                backup.applier.discard_beyond(plan.bounds)
+        self.router.apply(plan)
+        for o, seq in plan.bounds.items():
+            self.router.commit.durable.reset(o, seq)
+        self.paused = False
+
+    def holders(self, op: str) -> set[int]:
+        """Live processes holding ``op``'s state: its primary, and its backup once seeded."""
+        found = {self.primaries[op].pid}
+        if (backup := self.backups[op]) is not None:
+            found.add(backup.pid)
+        return found - self.dead
+
+    # ---- the processes' side: the plan's round trips, one at a time ---------------------
+    def answer(self, index: int) -> None:
+        event = self.pending.pop(index)
+        kind = event[0]
+        if kind == "started":
+            pid = self._pid()
+            self.perform(self.plan.started(event[1], str(pid)))
+            self.pending.append(("ready", str(pid)))
+        elif int(event[-1] if kind in ("ready", "allowed") else event[2]) in self.dead:
+            return  # a dead process answers nothing
+        elif kind == "ready":
+            self.perform(self.plan.ready(event[1]))
+        elif kind == "allowed":
+            self.perform(self.plan.allowed(event[1]))
+        elif kind == "base":
+            self._base(event[1], int(event[2]), int(event[3]))
+        else:
+            self._take_over(event[1], int(event[2]), event[3])
+
+    def _base(self, op: str, pid: int, primary_pid: int) -> None:
+        """H6: the primary sends its retained copy; the backup applies it and says so."""
+        primary = self.primaries[op]
+        if primary.pid != primary_pid or primary_pid in self.dead:
+            return  # that primary is gone: the plan attaches the backup again
+        applied = primary.shipper.retained_seq
+        pfm = self.topology.prev_stateful(op)
+        seed = {m: self.known_durable(m) for m in pfm if m in self.backups}
+        self.backups[op] = Backup(pid, primary.copies[applied],
+                                  BackupApplier(op, pfm, applied, seed))
+        self._announce(op)
+        self._ship(op, primary.shipper.lost_backup())
+        self.perform(self.plan.seeded_at(str(pid)))
+
+    def _take_over(self, op: str, pid: int, in_place: bool) -> None:
+        if in_place:  # Fig. 6: the primary rolls back to the copy it retains
+            old = self.primaries[op]
+            seq = old.shipper.retained_seq
+            snap = old.copies[seq]
+        else:  # the backup becomes the primary at the state it last applied
+            backup = self.backups[op]
+            assert backup is not None and backup.pid == pid
+            seq, snap = backup.applier.applied_seq, backup.snap
+            self.backups[op] = None
+        self.primaries[op] = Primary(pid, snap, PrimaryShipper(op, seq), {seq: snap})
+        self.perform(self.plan.took_over(str(pid), seq))
+
+    # ---- the sim, held by the plan's pause and its fences -------------------------------
+    def _alive(self) -> set[int]:
+        return super()._alive() - self.dead
+
+    def runnable(self) -> list[str]:
+        if self.paused or self.failed is not None:
+            return []
+        return [op for op in super().runnable()
+                if op not in self.primaries or self.primaries[op].pid not in self.dead]
+
+    def copying(self) -> list[str]:
+        return [op for op in super().copying() if self.primaries[op].pid not in self.dead]
+
+    def members(self) -> list[tuple[str, int]]:
+        """Every live member the plan knows of, whatever its role or step."""
+        found = []
+        for op in sorted(self.topology.stateful):
+            primary, backup, spare = self.plan.roles(op)
+            for member in (primary, backup, spare, self.plan.taker(op)):
+                if member is not None and int(member) not in self.dead:
+                    found.append((op, int(member)))
+        return sorted(set(found))
+
+    def lose(self, op: str, pid: int) -> None:
+        self.perform(self.plan.lost(str(pid), "killed"))
+
+    def settle(self, limit: int = 100_000) -> None:
+        """No more losses: answer every round trip and run the graph until nothing is left."""
+        for _ in range(limit):
+            if self.pending:
+                self.answer(0)
+                continue
+            choices = self.step_choices()
+            if not choices:
+                return
+            self.do(choices[0])
+        raise AssertionError("the graph did not quiesce")
+
+
+class RecoveryMachine(RuleBasedStateMachine):
+    sim: PlanSim
+    losses: int
+
+    @initialize(graph=st.sampled_from([ADJACENT, CHAIN, THREE]), seed=st.integers(0, 2**16))
+    def start(self, graph: Topology, seed: int) -> None:
+        self.sim = PlanSim(graph, random.Random(seed))
+        self.losses = 0
+        self.sim.settle()  # every backup attached and seeded, every spare loaded
+
+    @precondition(lambda self: len(self.sim.submitted) < CLIENTS)
+    @rule()
+    def submit(self) -> None:
+        self.sim.submit()
+
+    @rule(pick=st.integers(0, 2**16))
+    def step(self, pick: int) -> None:
+        choices = self.sim.step_choices()
+        if choices:
+            self.sim.do(choices[pick % len(choices)])
+
+    @rule(pick=st.integers(0, 2**16))
+    def answer(self, pick: int) -> None:
+        if self.sim.pending:
+            self.sim.answer(pick % len(self.sim.pending))
+
+    @precondition(lambda self: self.losses < MAX_LOSSES)
+    @rule(pick=st.integers(0, 2**16))
+    def lose(self, pick: int) -> None:
+        members = self.sim.members()
+        if members:
+            self.losses += 1
+            self.sim.lose(*members[pick % len(members)])
+
+    @precondition(lambda self: self.losses < MAX_LOSSES)
+    @rule(pick=st.integers(0, 2**16))
+    def lose_while_taking_over(self, pick: int) -> None:
+        """The step that matters most: a loss while a member is taking over (the taker, or
+        the primary it demotes, or any member of the next operator)."""
+        takers = [(op, int(t)) for op in sorted(self.sim.topology.stateful)
+                  if (t := self.sim.plan.taker(op)) is not None and int(t) not in self.sim.dead]
+        if takers:
+            self.losses += 1
+            members = [*takers, *self.sim.members()]
+            self.sim.lose(*members[pick % len(members)])
+
+    @invariant()
+    def fails_only_with_no_holder(self) -> None:
+        sim = getattr(self, "sim", None)
+        if sim is not None and sim.failed is not None:
+            assert any(not held for held in sim.failed_holders.values()), \
+                f"failed while every operator had a live holder: {sim.failed}"
+
+    def teardown(self) -> None:
+        sim = getattr(self, "sim", None)
+        if sim is None:
+            return
+        while len(sim.submitted) < CLIENTS and sim.failed is None:
+            sim.submit()
+        sim.settle()
+        if sim.failed is not None:  # the runtime fails every waiting client: one answer
+            assert not sim.conflicts, sim.conflicts
+            assert all(len(r) == 1 for r in sim.replies.values())
+            return
+        assert sim.problems() == []
+        for op in sim.topology.stateful:  # whole again: a seeded backup and a loaded spare
+            primary, backup, spare = sim.plan.roles(op)
+            assert primary is not None and backup is not None and spare is not None
+            assert sim.plan.seeded(backup)
+
+
+RecoveryMachine.TestCase.settings = settings(
+    max_examples=400, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestRecoveryPlan = RecoveryMachine.TestCase
+
+
+def test_a_promoted_primary_lost_before_its_backup_is_seeded_fails_with_the_reason() -> None:
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    plan.allowed("b")
+    plan.seeded_at("b")
+    assert plan.lost("p", "exit")[-1] == Promote("s", "b")
+    resumed = plan.took_over("b", 7)
+    assert any(isinstance(a, Resume) for a in resumed)
+    assert Allow("s", "x", "b") in resumed  # the spare is the new backup
+    fail = plan.lost("b", "exit")[-1]
+    assert isinstance(fail, Fail) and "no member holds s's state" in fail.reason
+    assert "x was still receiving its first full state" in fail.reason
+
+
+def test_a_lost_spare_during_a_promotion_is_replaced_and_the_promotion_goes_on() -> None:
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    plan.allowed("b")
+    plan.seeded_at("b")
+    plan.lost("p", "exit")
+    assert plan.lost("x", "exit") == [Fence("s", "x", "exit")]  # nothing started mid-plan
+    after = plan.took_over("b", 3)
+    assert [a for a in after if isinstance(a, Start)] == [Start("s"), Start("s")]
+    assert plan.failed is None and plan.roles("s") == ("b", None, None)
+
+
+def _two(plan_bounds: dict[str, int]) -> RecoveryPlan:
+    """seq1 -> seq2, whose planner lists seq2 as built on seq1's discarded speculation."""
+    def planner(resumed: Mapping[str, int], epoch: int) -> Failover:
+        return Failover(epoch, ("a",), {**plan_bounds, **resumed}, (), (), False)
+    plan = RecoveryPlan({"a": ("pa", "ba", "xa"), "b": ("pb", "bb", "xb")}, planner)
+    for m in ("pa", "ba", "xa", "pb", "bb", "xb"):
+        plan.ready(m)
+    for b in ("ba", "bb"):
+        plan.allowed(b)
+        plan.seeded_at(b)
+    return plan
+
+
+def test_a_demoted_operators_backup_lost_mid_promotion_rolls_its_primary_back() -> None:
+    plan = _two({"b": 0})
+    plan.lost("pa", "exit")
+    assert plan.took_over("ba", 5)[-1] == Promote("b", "bb")  # b ran on a's speculation
+    assert plan.lost("bb", "exit")[-1] == RollBack("b", "pb")  # Fig. 6 after all
+    resumed = plan.took_over("pb", 4)
+    done = next(a for a in resumed if isinstance(a, Resume))
+    assert done.failover.bounds == {"a": 5, "b": 4}
+    assert done.failover.roll_back_in_place == ("b",) and done.failover.promote == ("a",)
+
+
+def test_a_second_primary_lost_mid_recovery_folds_into_the_same_plan() -> None:
+    plan = _two({})
+    assert plan.lost("pa", "exit") == [Fence("a", "pa", "exit"), Pause(), Promote("a", "ba")]
+    assert plan.lost("pb", "exit") == [Fence("b", "pb", "exit"), Promote("b", "bb")]
+    assert plan.took_over("ba", 3) == []  # b is still taking over
+    done = next(a for a in plan.took_over("bb", 2) if isinstance(a, Resume))
+    assert done.failover.bounds == {"a": 3, "b": 2} and done.failover.failed == ("a", "b")
