@@ -30,7 +30,9 @@ def served(server_factory, digits_model: Path):
         "models": [
             {"name": "digits", "source": f"sklearn:{digits_model}", "replicas": 2,
              "batching": {"max_batch_size": 16}},
-            {"name": "slow", "source": "zoo:sleep", "options": {"sleep_ms": 300}, "replicas": 1},
+            # 3 s: the tight app's default must come while this model is still computing.
+            {"name": "slow", "source": "zoo:sleep", "options": {"sleep_ms": 3000},
+             "replicas": 1},
             {"name": "sleepy", "source": "zoo:sleep", "options": {"sleep_ms": 400},
              "replicas": 2, "batching": {"max_batch_size": 4}},
         ],
@@ -102,11 +104,13 @@ def test_replica_state_splits_round_trips_into_worker_time_and_transport(client)
                 sum(r["served"] for r in replicas))
 
     trip0, work0, served0 = sums()
+    started = time.monotonic()
     assert client.predict("sleepy", [1.0])["default"] is False
+    elapsed = time.monotonic() - started
     trip, work, served = sums()
     assert served == served0 + 1
     assert 0.4 <= work - work0 < trip - trip0  # the worker's 400 ms sleep, inside the trip
-    assert trip - trip0 < 0.4 + 1.0  # and the transport is not all of the rest of the test
+    assert trip - trip0 < elapsed  # and the trip inside the client's wait, not the test's
 
 
 def test_update_stores_feedback(client, digits_data) -> None:
@@ -116,13 +120,15 @@ def test_update_stores_feedback(client, digits_data) -> None:
 
 
 def test_default_output_on_slo_miss(client) -> None:
+    """The default comes at the 50 ms deadline, flagged and counted, not when the 3 s model
+    finishes: its replica has served nothing yet when the answer is in (an ordering of
+    states, not a clock bound)."""
     defaults = metric_value(client, "parityserve_default_outputs_total", app="tight")
-    started = time.monotonic()
+    served = sum(r["served"] for r in model_state(client, "slow")["replicas"])
     answer = client.predict("tight", [0.0])
-    elapsed = time.monotonic() - started
+    assert sum(r["served"] for r in model_state(client, "slow")["replicas"]) == served
     assert answer["default"] is True and answer["output"] == "fallback"
     assert "50 ms SLO" in answer["default_explanation"]
-    assert elapsed < 0.3  # answered at the deadline, not when the 300 ms model finished
     assert metric_value(client, "parityserve_default_outputs_total", app="tight") == defaults + 1
 
 
@@ -137,14 +143,27 @@ def test_cache_hit_for_repeated_input(served, client, digits_data) -> None:
 
 
 def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
+    """A replica SIGKILLed while it holds a batch loses none of it: its queries go back to
+    the queue (the queue's requeued count shows the kill landed mid-batch) and every query
+    is answered once, by the model, and the replica is replaced."""
     replicas = model_state(client, "sleepy")["replicas"]
-    victim = replicas[0]["pid"]
+    victim, slot = replicas[0]["pid"], str(replicas[0]["index"])
+    # The victim holds its batches 5 s longer: the kill lands inside one, however slow the
+    # machine (the fault goes with the process; its replacement has none).
+    client.set_faults("sleepy", slot, delay_ms=5000)
+    requeued = model_state(client, "sleepy")["queue"]["requeued"]
+
+    def victim_busy() -> bool:
+        return any(r["pid"] == victim and r["inflight"] > 0
+                   for r in model_state(client, "sleepy")["replicas"])
+
     inputs = [[float(i)] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(client.predict, "sleepy", x) for x in inputs]
-        time.sleep(0.15)  # both replicas are now inside a 400 ms batch
+        wait_until(victim_busy)
         os.kill(victim, signal.SIGKILL)
         answers = [f.result(timeout=30) for f in futures]
+    assert model_state(client, "sleepy")["queue"]["requeued"] > requeued
     assert all(a["default"] is False for a in answers), answers
     assert len({a["query_id"] for a in answers}) == 8
     wait_until(lambda: all(r["state"] == "ready" for r in model_state(client, "sleepy")["replicas"])
