@@ -79,8 +79,6 @@ def test_resume_runs_one_more_epoch(trained: tuple[Path, str]) -> None:
 
 def test_trained_parity_model_deploys_with_its_one_printed_line(
         trained: tuple[Path, str], server_factory) -> None:
-    import time
-
     import yaml
 
     from parityserve.client import Client
@@ -99,10 +97,11 @@ def test_trained_parity_model_deploys_with_its_one_printed_line(
         "applications": [{"name": "digits", "models": ["digits"], "slo_ms": 10_000}]})
     _, _, x, y = load_digits_split(seed=0)
     with Client(served.url) as client:
-        started = time.monotonic()
         answer = client.predict("digits", x[0].tolist())  # replica 0 (3 s slow) takes it
-        assert time.monotonic() - started < 2.5
         assert answer["reconstructed"] == "parm-subtraction", answer
         state = next(m for m in client.state()["models"] if m["name"] == "digits")
+        # Rebuilt, not waited for: the slow replica has not answered its batch yet.
+        assert [r["served"] for r in state["replicas"]
+                if r["pool"] == "data" and r["index"] == 0] == [0], state
         assert sorted(r["pool"] for r in state["replicas"]) == ["data", "data", "parity0"]
     assert len(answer["output"]) == 10
