@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import combinations
 
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from conftest import model_state, wait_until
+from conftest import metric_value, model_state, wait_until
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput
@@ -80,8 +81,50 @@ def _inputs(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, size=(n, 4)).astype(np.float32)
 
 
+def _berrut_matrix(nodes: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Berrut's interpolant as a matrix, written here from the formula (not the package's):
+    r(z) = sum_m s_m f_m / (z - z_m) / sum_m s_m / (z - z_m), s_m = (-1)^m over sorted nodes."""
+    signs = np.empty(len(nodes))
+    signs[np.argsort(nodes)] = (-1.0) ** np.arange(len(nodes))
+    rows = []
+    for z in points:
+        terms = signs / (z - nodes)
+        rows.append(terms / terms.sum())
+    return np.array(rows)
+
+
+def _berrut_answers(x: np.ndarray, partners: np.ndarray, workers: int, used: int
+                    ) -> list[np.ndarray]:
+    """Every answer ApproxIFER with K = 2 gives an echo model's query ``x`` when it decodes from
+    ``used`` of ``workers``: x in either slot, beside any of ``partners`` or the zero padding of
+    a short batch, whichever workers answered. Data nodes are Chebyshev points of the first
+    kind, worker nodes of the second (the paper's); the echo model keeps the coded rows."""
+    alpha = np.cos((2 * np.arange(2) + 1) * np.pi / 4)
+    beta = np.cos(np.arange(workers) * np.pi / (workers - 1))
+    encode = _berrut_matrix(alpha, beta)  # (workers, 2)
+    answers = []
+    for subset in map(list, combinations(range(workers), used)):
+        c = _berrut_matrix(beta[subset], alpha) @ encode[subset]  # (2, 2): decoded from data
+        for p in [*partners, np.zeros_like(x)]:
+            answers += [c[0, 0] * x + c[0, 1] * p, c[1, 0] * p + c[1, 1] * x]
+    return answers
+
+
+def _assert_berrut_decode(answer: dict, x: np.ndarray, xs: np.ndarray, workers: int,
+                          used: int) -> None:
+    """Not within some tolerance of x: equal (to float32 rounding) to one of the answers an
+    exact Berrut decode can give, which a decoder that is off anywhere does not hit."""
+    got = np.asarray(answer["output"], dtype=np.float64)
+    partners = np.array([p for p in xs if not np.array_equal(p, x)], dtype=np.float64)
+    misses = [np.max(np.abs(got - a)) for a in _berrut_answers(x.astype(np.float64),
+                                                                partners, workers, used)]
+    assert min(misses) < 1e-4, (answer, x, min(misses))
+
+
 # ---- ParM ------------------------------------------------------------------------------------
 def test_parm_rebuilds_the_slow_replicas_batch_in_time_and_flags_it(served, client) -> None:
+    rebuilt = metric_value(client, "parityserve_reconstructed_total", model="parm",
+                           method="parm-subtraction")
     x = _inputs(1, 0)[0]
     started = time.monotonic()
     answer = client.predict("parm", x.tolist())  # the first idle replica is the slow one
@@ -90,7 +133,8 @@ def test_parm_rebuilds_the_slow_replicas_batch_in_time_and_flags_it(served, clie
     assert answer.get("reconstructed") == "parm-subtraction", answer
     np.testing.assert_allclose(answer["output"], x, rtol=1e-5, atol=1e-5)
     assert took < 1.0, took  # the slow replica takes 1.5 s
-    assert "parityserve_reconstructed_total" in client.metrics_text()
+    assert metric_value(client, "parityserve_reconstructed_total", model="parm",
+                        method="parm-subtraction") == rebuilt + 1
 
 
 def _idle(client: Client, model: str) -> None:
@@ -150,8 +194,9 @@ def test_berrut_decodes_around_a_straggler(served, client) -> None:
         assert answer["default"] is False, answer
         assert answer.get("reconstructed") == "berrut", answer
         assert took < 1.4, took
-        # Berrut interpolation is approximate, but nowhere near a wrong answer.
-        assert np.max(np.abs(np.asarray(answer["output"]) - x)) < 1.0, (answer, x)
+        # K = 2 from 2 of 3 workers: the encoder's interpolant is the line through the two
+        # queries, the echo model keeps it, and 2-node Berrut is that line: exact.
+        np.testing.assert_allclose(answer["output"], x, rtol=1e-5, atol=1e-5)
 
 
 def test_berrut_locates_the_byzantine_replica_and_excludes_it(served, client) -> None:
@@ -160,6 +205,8 @@ def test_berrut_locates_the_byzantine_replica_and_excludes_it(served, client) ->
     errors = [np.max(np.abs(np.asarray(a["output"]) - x)) for x, (a, _) in zip(xs, answers,
                                                                               strict=True)]
     assert max(errors) < 2.0, errors  # the noisy replica's sigma is 100
+    for x, (answer, _) in zip(xs, answers, strict=True):
+        _assert_berrut_decode(answer, x, xs, workers=6, used=5)  # the located one left out
     located = {r["index"]: r["located"] for r in model_state(client, "byzantine")["replicas"]}
     # The locator always excludes E results; a group the noisy replica took no part in would
     # lose its worst-fitting honest one. Replicas take at most one task per group, so every
@@ -177,7 +224,8 @@ def test_systematic_berrut_is_exact_when_originals_arrive(served, client) -> Non
         assert took < 1.4, took
         if answer.get("reconstructed"):
             assert answer["reconstructed"] == "systematic-berrut"
-            assert np.max(np.abs(np.asarray(answer["output"]) - x)) < 1.0
+            # K = 2 from one original and the coded row (both on the queries' line): exact.
+            np.testing.assert_allclose(answer["output"], x, rtol=1e-5, atol=1e-5)
         else:
             np.testing.assert_allclose(answer["output"], x, rtol=1e-6)
     assert any(a.get("reconstructed") for a, _ in answers)
@@ -242,4 +290,4 @@ def test_berrut_with_more_workers_than_the_minimum(served, client) -> None:
     for x, (answer, took) in zip(xs, _ask(served.url, "replication", xs), strict=True):
         assert answer.get("reconstructed") == "berrut", answer
         assert took < 1.4, took  # decoded from 3 of 4 without waiting for the slow one
-        assert np.max(np.abs(np.asarray(answer["output"]) - x)) < 1.0, (answer, x)
+        _assert_berrut_decode(answer, x, xs, workers=4, used=3)
