@@ -26,8 +26,7 @@ from parityserve.runtime import connection
 pytestmark = pytest.mark.integration
 
 HEADER_TIMEOUT_S = BODY_TIMEOUT_S = KEEP_ALIVE_S = 0.5
-LINGER_S = 1.0  # connection._LINGER_S: a refused client is read from this long at most
-SLACK_S = 1.5  # scheduling on a busy 2-core machine
+CEILING_S = 30.0  # how long a test waits for a close that must come; no verdict is timed
 MAX_HEADER_BYTES = 8192
 MAX_CONNECTIONS = 4
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -117,7 +116,7 @@ def test_slowloris_head_is_closed_after_the_header_timeout(fast: str,
         start = time.monotonic()
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         data, closed = b"", False
-        while not closed and time.monotonic() - start < HEADER_TIMEOUT_S + SLACK_S + LINGER_S:
+        while not closed and time.monotonic() - start < CEILING_S:
             try:
                 sock.sendall(b"X")  # one byte of a header that never ends
                 sock.settimeout(0.2)
@@ -130,14 +129,16 @@ def test_slowloris_head_is_closed_after_the_header_timeout(fast: str,
                 closed = True
         elapsed = time.monotonic() - start
     assert closed, "a trickled head kept its connection"
-    assert HEADER_TIMEOUT_S * 0.8 <= elapsed <= HEADER_TIMEOUT_S + SLACK_S
+    # Not before the header timeout, and by it (the 408 names that timer, not the header
+    # size limit the trickle would reach after 8 KB): no upper clock bound to flake on.
+    assert elapsed >= HEADER_TIMEOUT_S * 0.8
     assert "header_timeout_s" in _json_error(data, 408, "request_timeout")
     _normal_request_succeeds(fast)
 
 
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(fast: str) -> None:
     with _connect(fast) as sock:
-        data, elapsed = _until_closed(sock, HEADER_TIMEOUT_S + SLACK_S)
+        data, elapsed = _until_closed(sock, CEILING_S)
     assert data == b""
     assert elapsed >= HEADER_TIMEOUT_S * 0.8
 
@@ -146,7 +147,7 @@ def test_a_body_shorter_than_its_content_length_gets_408_after_the_body_timeout(
     with _connect(fast) as sock:
         sock.sendall(b"POST /v2/models/noop/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"inp")
-        data, elapsed = _until_closed(sock, BODY_TIMEOUT_S + SLACK_S)
+        data, elapsed = _until_closed(sock, CEILING_S)
     assert elapsed >= BODY_TIMEOUT_S * 0.8
     assert "body_timeout_s" in _json_error(data, 408, "request_timeout")
     _normal_request_succeeds(fast)
@@ -156,7 +157,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(fa
     with _connect(fast) as sock:
         sock.sendall(LIVE)
         assert _read_response(sock.makefile("rb"))[0] == 200
-        data, elapsed = _until_closed(sock, KEEP_ALIVE_S + SLACK_S)
+        data, elapsed = _until_closed(sock, CEILING_S)
     assert data == b""
     assert elapsed >= KEEP_ALIVE_S * 0.8
 
@@ -170,7 +171,7 @@ def test_an_oversized_head_gets_431(fast: str, size: int) -> None:
         # Refused before it was all sent? The answer is still there to be read.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(head)
-        data, _ = _until_closed(sock, LINGER_S + SLACK_S)
+        data, _ = _until_closed(sock, CEILING_S)
     assert str(MAX_HEADER_BYTES) in _json_error(data, 431, "header_too_large")
     _normal_request_succeeds(fast)
 
@@ -182,7 +183,7 @@ def test_an_oversized_head_gets_431(fast: str, size: int) -> None:
 def test_a_malformed_request_gets_a_json_400(fast: str, garbage: bytes) -> None:
     with _connect(fast) as sock:
         sock.sendall(garbage)
-        data, _ = _until_closed(sock, LINGER_S + SLACK_S)
+        data, _ = _until_closed(sock, CEILING_S)
     assert _json_error(data, 400, "malformed_request").startswith("malformed HTTP request")
 
 
@@ -290,7 +291,7 @@ def test_refusals_are_counted_by_reason_and_not_logged_at_warning(fast: str) -> 
         for request in (b"\x00garbage\r\n\r\n", LIVE[:-2] + b"X-Big: " + b"a" * 20000):
             with _connect(fast) as sock:
                 sock.sendall(request)
-                _until_closed(sock, LINGER_S + SLACK_S)
+                _until_closed(sock, CEILING_S)
     finally:
         for log in loggers:
             log.removeHandler(handler)
