@@ -59,6 +59,41 @@ def _curve(nodes: np.ndarray, seed: int) -> np.ndarray:
     return np.sin(rng.uniform(0.5, 2.0, DIM) * nodes[:, np.newaxis] + rng.uniform(0, 6.3, DIM))
 
 
+# The reference the codes are checked against, written from the papers and not from the
+# package: Berrut's interpolant evaluated point by point from its formula, with plain loops,
+# and the paper's nodes (ApproxIFER: data at Chebyshev points of the first kind, workers at
+# those of the second). A decoder that is off anywhere (zeros, nodes mis-indexed) misses it;
+# tolerances left from the implementation's own errors did not (issue 44).
+def _reference_berrut(nodes: np.ndarray, values: np.ndarray, points: np.ndarray) -> np.ndarray:
+    rank = {m: r for r, m in enumerate(sorted(range(len(nodes)), key=lambda m: nodes[m]))}
+    out = []
+    for z in points:
+        on_node = [m for m in range(len(nodes)) if abs(z - nodes[m]) < 1e-12]
+        if on_node:
+            out.append(values[on_node[0]])
+            continue
+        terms = [(-1.0) ** rank[m] / (z - nodes[m]) for m in range(len(nodes))]
+        out.append(sum(t * v for t, v in zip(terms, values, strict=True)) / sum(terms))
+    return np.array(out)
+
+
+def _paper_alpha(k: int) -> np.ndarray:
+    return np.cos((2 * np.arange(k) + 1) * np.pi / (2 * k))
+
+
+def _paper_beta(workers: int) -> np.ndarray:
+    return np.cos(np.arange(workers) * np.pi / max(1, workers - 1))
+
+
+def _reference_decode(k: int, workers: int, f: Callable[[np.ndarray], np.ndarray],
+                      queries: np.ndarray, arrived: list[int]) -> np.ndarray:
+    """ApproxIFER end to end on the reference: encode, f on the coded queries, decode from
+    the workers that ``arrived``."""
+    alpha, beta = _paper_alpha(k), _paper_beta(workers)
+    coded_out = f(_reference_berrut(alpha, queries, beta))
+    return _reference_berrut(beta[arrived], coded_out[arrived], alpha)
+
+
 # --- nodes and sizes --------------------------------------------------------------------
 
 
@@ -168,7 +203,10 @@ def test_smooth_models_are_recovered_with_any_stragglers_missing(
     queries = _curve(code.alpha, seed)
     coded_out = f(code.encode(queries))
     results = {i: coded_out[i] for i in range(code.n_workers) if i not in late}
-    error = np.max(np.abs(code.decode(results) - f(queries)))
+    decoded = code.decode(results)
+    expected = _reference_decode(k, code.n_workers, f, queries, sorted(results))
+    np.testing.assert_allclose(decoded, expected, rtol=1e-9, atol=1e-9)
+    error = np.max(np.abs(decoded - f(queries)))
     assert error <= TOL_C * lipschitz * (s + 1) ** 2 / k
 
 
@@ -198,6 +236,39 @@ def test_two_queries_and_an_affine_model_decode_exactly(arrived: list[int], seed
     coded_out = code.encode(queries) @ weights.T + bias
     results = {i: coded_out[i] for i in arrived}
     np.testing.assert_allclose(code.decode(results), queries @ weights.T + bias, atol=1e-9)
+
+
+@FAST
+@given(st.sampled_from([2, 3, 4, 8]), st.sampled_from(sorted(MODELS)), st.data())
+def test_decoding_is_exact_where_the_data_nodes_are_worker_nodes(
+    k: int, name: str, data: st.DataObject,
+) -> None:
+    """With 2K + 1 workers the odd worker nodes cos((2j + 1) pi / 2K) are the data nodes: those
+    workers compute f(x_j) itself and the decoder evaluates on their nodes, so any model is
+    decoded exactly whichever even workers straggle. Mis-indexed nodes or zeros are wrong."""
+    f, _ = MODELS[name]
+    late = data.draw(st.lists(st.sampled_from(range(0, 2 * k + 1, 2)), max_size=k + 1,
+                              unique=True))
+    code = BerrutCode(k, len(late), workers=2 * k + 1)
+    queries = np.random.default_rng(k).normal(size=(k, DIM))  # any queries, not a curve
+    coded_out = f(code.encode(queries))
+    decoded = code.decode({i: coded_out[i] for i in range(2 * k + 1) if i not in late})
+    np.testing.assert_allclose(decoded, f(queries), rtol=1e-12, atol=1e-12)
+
+
+@FAST
+@given(_straggler_case())
+def test_a_constant_model_is_decoded_exactly_with_any_stragglers(
+    case: tuple[str, int, int, list[int], int],
+) -> None:
+    """Berrut's interpolant reproduces constants: a model that answers the same vector to every
+    query is decoded to that vector, not approximately."""
+    _, k, s, late, seed = case
+    answer = np.random.default_rng(seed).normal(size=DIM)
+    code = BerrutCode(k, s)
+    results = {i: answer for i in range(code.n_workers) if i not in late}
+    np.testing.assert_allclose(code.decode(results), np.tile(answer, (k, 1)), rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_k_1_is_replication() -> None:
@@ -304,6 +375,14 @@ def test_systematic_is_approximate_when_originals_are_missing(
     decoded = code.decode({i: outputs[i] for i in range(k + s) if i not in late})
     arrived = [j for j in range(k) if j not in late]
     np.testing.assert_array_equal(decoded[arrived], outputs[arrived])
+    # The missing ones: the reference interpolant through every result that arrived, the
+    # originals at the paper's data nodes and the coded ones at theirs.
+    nodes = np.concatenate([_paper_alpha(k), code.coded_nodes])
+    np.testing.assert_allclose(code.encode(queries)[k:], _reference_berrut(
+        _paper_alpha(k), queries, code.coded_nodes), rtol=1e-6, atol=1e-6)
+    came = [i for i in range(k + s) if i not in late]
+    expected = _reference_berrut(nodes[came], outputs[came], _paper_alpha(k))
+    np.testing.assert_allclose(decoded, expected, rtol=1e-9, atol=1e-9)
     assert np.max(np.abs(decoded - f(queries))) <= TOL_C * lipschitz * (s + 1) ** 2 / k
 
 
