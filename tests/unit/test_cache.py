@@ -264,6 +264,13 @@ def test_arrays_digest_by_content(values: list[int], dtype: str) -> None:
         assert input_digest(changed) != input_digest(a)
 
 
+def test_true_and_false_have_different_digests() -> None:
+    # A model fed booleans (a JSON feature flag) must not get False's cached answer for True.
+    assert input_digest(True) != input_digest(False)
+    assert input_digest([True, False]) != input_digest([False, True])
+    assert input_digest({"flag": True}) != input_digest({"flag": False})
+
+
 def test_cache_key_separates_models_and_versions() -> None:
     d = input_digest([1, 2, 3])
     assert cache_key("m", 1, d) == ("m", 1, d)
