@@ -60,7 +60,7 @@ from parityserve.errors import (
 )
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime import v2
-from parityserve.runtime.api import ModelMetadata, ServingSystem
+from parityserve.runtime.api import ModelMetadata, Prediction, ServingSystem
 from parityserve.runtime.auth import AuthPolicy, authorized
 from parityserve.runtime.edge_json import decode_predict
 from parityserve.runtime.metrics import Metrics
@@ -461,6 +461,17 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
 # ---------------------------------------------------------------- browser-borne requests
 
 
+def _failure_outcome(exc: Exception) -> Outcome:
+    return "shed" if isinstance(exc, Overloaded | QueueFull) else "error"
+
+
+def _predict_outcome(predictions: Sequence[Prediction]) -> Outcome:
+    """A default anywhere in the request wins, then a rebuilt answer, then "ok"."""
+    if any(p.default for p in predictions):
+        return "default"
+    return "reconstructed" if any("reconstructed" in p.extra for p in predictions) else "ok"
+
+
 def _from_no_web_page(handler: Handler) -> Handler:
     """``handler`` refusing what a web page can make a browser send: a request from another
     origin (403), and a body that is not JSON (415; a cross-site form post can send
@@ -613,7 +624,8 @@ class _Frontend:
             try:
                 response, outcome = await handler(request)
             except Exception as exc:  # every error, expected or not, becomes a JSON answer
-                response, outcome = self._fail(exc, route), "error"
+                # shed at admission is the server keeping its deadlines, not an error
+                response, outcome = self._fail(exc, route), _failure_outcome(exc)
                 if isinstance(exc, UnknownModel | UnknownApplication):
                     target = _UNKNOWN_TARGET
             self.metrics.request(route, target, outcome, perf_counter() - start)
@@ -703,7 +715,7 @@ class _Frontend:
         out, headers = v2.encode_infer_response(
             model, str(version) if version else _latest(meta), decoded.id,
             [(name, result)], {name: decoded.wants_binary(name)}, params)
-        return Response(out, headers=headers), "ok"
+        return Response(out, headers=headers), "reconstructed" if rebuilt else "ok"
 
     async def _infer_graph(self, graph: str, request: Request, body: bytes
                            ) -> tuple[Response, Outcome]:
@@ -734,7 +746,7 @@ class _Frontend:
             return await self._predict_graph(app, _object(raw, self.limits), len(raw))
         items, batched, uid = self._predict_request(raw)
         predictions = await self.system.predict(app, items, uid)
-        outcome = "default" if any(p.default for p in predictions) else "ok"
+        outcome = _predict_outcome(predictions)
         if batched:
             return _json([p.to_json() for p in predictions]), outcome
         return _json(predictions[0].to_json()), outcome

@@ -18,6 +18,7 @@ from prometheus_client import (
 )
 
 from parityserve.runtime.buffered_histogram import BufferedHistogram
+from parityserve.runtime.state_metrics import ServingView, StateCollector
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -41,6 +42,8 @@ class Metrics:
         self._define_selection()
         self._define_parallelism()
         self._define_graphs()
+        self._state_view: Callable[[], ServingView | None] = lambda: None
+        self.registry.register(StateCollector(lambda: self._state_view()))
 
     def _define_requests(self) -> None:
         reg = self.registry
@@ -141,6 +144,11 @@ class Metrics:
     def watch_event_loop(self, level: Callable[[], float]) -> None:
         """Read the loop's busy level at each scrape (nothing on the hot path)."""
         self._loop_busy.set_function(level)
+
+    def watch_state(self, view: Callable[[], ServingView | None]) -> None:
+        """Read SLOs, expected accuracies and graph durability from ``view()`` at each scrape
+        (runtime/state_metrics.py); the last system to call this is the one read."""
+        self._state_view = view
 
     def set_inflight(self, model: str, replica: str, n: int) -> None:
         self._child(self._inflight, model, replica).set(n)

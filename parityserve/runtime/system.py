@@ -99,6 +99,7 @@ class ServingSystem:
         # Shared by every model's path: there is one event loop to saturate.
         self.loop_pressure = LoopPressure()
         self.metrics.watch_event_loop(lambda: self.loop_pressure.level)
+        self.metrics.watch_state(lambda: self)
         self.models: dict[str, ModelPath] = {}
         self.apps: dict[str, AppRuntime] = {
             a.name: AppRuntime.build(a) for a in config.applications}

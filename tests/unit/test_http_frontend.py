@@ -793,3 +793,33 @@ def test_bad_bodies_on_the_query_routes_are_4xx_not_500(client, route, body, cod
     response = client.post(route, json=body)
     assert 400 <= response.status_code < 500, response.text
     assert response.json()["code"] == code
+
+
+def test_shed_and_rebuilt_answers_have_their_own_outcome(metrics):
+    """The dashboard splits traffic by outcome: a shed query is not an error, a rebuilt
+    answer not a plain prediction."""
+    shed = TestClient(create_app(OverloadedSystem(), metrics=metrics, auth=AUTH))
+    shed.post("/calc/predict", json={"input": [1, 2, 3]})
+    shed.post("/v2/models/double/infer", json=_infer_body([1, 2, 3], [1, 3]))
+
+    class Rebuilt(FakeSystem):
+        def _answer(self, i: int, item: Any) -> Prediction:
+            answer = super()._answer(i, item)
+            answer.extra["reconstructed"] = "berrut"
+            return answer
+
+        async def infer_detailed(self, model, version, batch):
+            return await self.infer(model, version, batch), {0: "berrut"}
+
+        def expected_accuracy(self, model, version, method):
+            return None
+
+    rebuilt = TestClient(create_app(Rebuilt(), metrics=metrics, auth=AUTH))
+    rebuilt.post("/calc/predict", json={"input": [1, 2, 3]})
+    post_triton(rebuilt, "/v2/models/double/infer", {"x": BATCH}, binary=True)
+    text, total = rebuilt.get("/metrics").text, "parityserve_requests_total"
+    assert sample(text, total, route="predict", target="calc", outcome="shed") == 1
+    assert sample(text, total, route="infer", target="double", outcome="shed") == 1
+    assert sample(text, total, route="predict", target="calc", outcome="reconstructed") == 1
+    assert sample(text, total, route="infer", target="double", outcome="reconstructed") == 1
+    assert sample(text, total, route="predict", target="calc", outcome="error") == 0
