@@ -486,12 +486,14 @@ class ModelPath:
 
     def _answer(self, entries: Sequence[Entry[Query]], outputs: Sequence[Any],
                 method: str | None) -> None:
+        now = self.clock()
         for entry, output in zip(entries, outputs, strict=False):
             future = entry.item.handle
             if not future.done():
                 if method is not None:
                     self.rebuilt[future] = method
                 future.set_result(_own(output))
+                self.metrics.model_latency(self.name, now - entry.enqueued_at)
         if method is not None and entries:
             self.metrics.reconstructed(self.name, method, len(entries))
 

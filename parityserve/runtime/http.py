@@ -462,7 +462,11 @@ def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
 
 
 def _failure_outcome(exc: Exception) -> Outcome:
-    return "shed" if isinstance(exc, Overloaded | QueueFull) else "error"
+    """Shed at admission is the server keeping its deadlines and a 4xx the client's mistake:
+    neither is the server's error, which the SLO rules count (deploy/prometheus)."""
+    if isinstance(exc, Overloaded | QueueFull):
+        return "shed"
+    return "bad_request" if isinstance(exc, RequestError) else "error"
 
 
 def _predict_outcome(predictions: Sequence[Prediction]) -> Outcome:

@@ -68,6 +68,10 @@ class Metrics:
         self._queue = BufferedHistogram("parityserve_queue_time_seconds",
                                         "Time a query waited in queue", ["model"],
                                         buckets=LATENCY_BUCKETS, registry=reg)
+        self._model_latency = BufferedHistogram(
+            "parityserve_model_latency_seconds", "Time from a query entering the model's queue "
+            "to its answer (a prediction or a rebuilt one)", ["model"], buckets=LATENCY_BUCKETS,
+            registry=reg)
         self._batch = BufferedHistogram("parityserve_batch_size", "Queries per dispatched batch",
                                         ["model"], buckets=_BATCH_BUCKETS, registry=reg)
         self._hits = Counter("parityserve_cache_hits", "Prediction cache hits", ["model"],
@@ -134,6 +138,9 @@ class Metrics:
 
     def queue_time(self, model: str, seconds: float) -> None:
         self._child(self._queue, model).observe(seconds)
+
+    def model_latency(self, model: str, seconds: float) -> None:
+        self._child(self._model_latency, model).observe(seconds)
 
     def batch(self, model: str, size: int) -> None:
         self._child(self._batch, model).observe(size)
