@@ -12,7 +12,7 @@ ARGS ?=
 	bench-simulate bench-frontend_wrk bench-parm_testbed bench-parm_calibration bench-serf bench-serf_noise \
 	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams bench-cold_start \
 	check-plain-install \
-	fuzz soak clean venv
+	fuzz soak mutate clean venv
 
 venv: $(STAMP)
 
@@ -94,6 +94,12 @@ fuzz: $(STAMP)
 # under 3 minutes). The table goes to benchmarks/results/soak/; a stopped run resumes.
 soak: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.soak $(ARGS)
+
+# Known bugs planted one at a time in a scratch copy of the package, each against the unit tests
+# nearest its module (core/scheduling, cache, admission, coding, hams): which the tests catch,
+# which survive and why. The report goes to benchmarks/results/mutate/ (a few minutes).
+mutate: $(STAMP)
+	nice -n 10 $(BIN)/python scripts/mutate.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
