@@ -194,3 +194,77 @@ def test_sigterm_under_load_answers_every_accepted_query_then_exits_0(
     after = [(kind, value) for a, kind, value in out.seen if a]
     assert all(kind in ("answered", "refused") for kind, _ in after), after
     assert not any(t.is_alive() for t in threads)
+
+
+# The SLO of the default case: room for the test to see the queries accepted and send SIGTERM
+# (a few admin reads), however loaded the machine; the test waits this long for the defaults.
+_DEFAULT_SLO_MS = 5000
+
+
+def _default_client(url: str, index: int, out: Outcomes) -> None:
+    """One query before SIGTERM, then one after: (kind, (status, body, SIGTERM sent by
+    then?)), the kind 'default' for the application's default output, 'refused' when the
+    connection is refused or closed unanswered."""
+    with httpx.Client(base_url=url, timeout=120) as http:
+        for after in (False, True):
+            try:
+                reply = http.post("/gated/predict", json={"input": [float(index), 0.0]})
+            except httpx.TransportError as exc:
+                out.add(after, "refused", repr(exc))
+                return
+            body = reply.json() if reply.status_code == 200 else reply.text
+            default = reply.status_code == 200 and body["default"] and body["output"] == -1
+            out.add(after, "default" if default else "wrong",
+                    (reply.status_code, body, out.sigterm.is_set()))
+            out.sigterm.wait()
+
+
+def test_sigterm_answers_an_accepted_query_with_its_default_at_its_deadline(
+        tmp_path: Path) -> None:
+    """Guards "every accepted query gets exactly one answer" where that answer is the default:
+    queries accepted before SIGTERM whose model holds them past the application's SLO get the
+    default at their deadline, during the drain, exactly once each, and the server then exits
+    0. The scheduler and the router must keep running while HTTP drains: stopped at SIGTERM,
+    they would fail the queries at once ('error: server shutting down'), not at their
+    deadline; the explanation says which, so nothing here reads a clock. The gate opens only
+    once every default is in, so no answer can be the model's."""
+    (tmp_path / "gatedmodel.py").write_text(_GATED)
+    gate = tmp_path / "gate"
+    config = write_config({
+        "server": {"http_port": 0},
+        "models": [{"name": "gated", "source": "python:gatedmodel:Gated", "replicas": 1,
+                    "options": {"gate": str(gate), "delay_s": 0.0}}],
+        "applications": [{"name": "gated", "models": ["gated"], "slo_ms": _DEFAULT_SLO_MS,
+                          "default_output": -1}],
+    }, tmp_path / "serving.yaml")
+    server = ServerProcess(config).start()
+    out = Outcomes()
+    threads = [threading.Thread(target=_default_client, args=(server.url, i, out), daemon=True)
+               for i in range(3)]
+    try:
+        with Client(server.url) as admin:
+            for t in threads:
+                t.start()
+            wait_for(lambda: _enqueued(admin) == len(threads), "all first queries accepted")
+        assert server.proc is not None
+        out.sigterm.set()
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: _http_refuses(server.url), "HTTP refusing new connections", 30)
+        wait_for(lambda: len([s for s in out.seen if not s[0]]) == len(threads),
+                 "every accepted query answered", 60 + _DEFAULT_SLO_MS / 1000)
+        gate.touch()
+        code = server.proc.wait(120)
+        for t in threads:
+            t.join(30)
+    finally:
+        gate.touch()
+        server.stop()
+    assert code == 0 and SHUTDOWN_LINE in "".join(server.output), "".join(server.output[-30:])
+    before = [(kind, value) for after, kind, value in out.seen if not after]
+    assert [kind for kind, _ in before] == ["default"] * len(threads), before
+    for _, (_, body, sigterm_sent) in before:
+        assert sigterm_sent, f"answered before SIGTERM was sent: {body}"
+        assert body["default_explanation"].startswith("deadline: model 'gated'"), body
+    after = [kind for a, kind, _ in out.seen if a]
+    assert all(kind in ("default", "refused") for kind in after), out.seen
+    assert not any(t.is_alive() for t in threads)
