@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,14 +49,28 @@ from parityserve.core.hams import (
     Executed,
     Failover,
     GraphRouter,
+    Heard,
     Held,
     InFlight,
     OutputCommit,
+    RecoveryPlan,
     RowBisection,
     admits,
     client_of,
     plan_failover,
     seq_at,
+)
+from parityserve.core.hams.recovery_plan import (
+    Allow,
+    Attach,
+    Fail,
+    Fence,
+    Pause,
+    Promote,
+    RecoveryAction,
+    Resume,
+    RollBack,
+    Start,
 )
 from parityserve.errors import (
     DeadlineExceeded,
@@ -64,9 +78,11 @@ from parityserve.errors import (
     ModelError,
     ModelLoadError,
     PredictError,
+    ServiceError,
     TooManyStreams,
     Unavailable,
     UnknownModel,
+    WorkerError,
 )
 from parityserve.runtime import hams_protocol as hp
 from parityserve.runtime import wire
@@ -83,9 +99,9 @@ Infer = Callable[[str, np.ndarray], Awaitable[np.ndarray]]
 Batch = list[Executed[np.ndarray]]
 _IN_FLIGHT = 2  # batches per operator at once: the next one waits at the worker, no gap
 _RELEASED_KEPT = 100_000  # answered requests remembered to drop a late duplicate
-_BACKUP_GRACE_S = 0.02  # a lost backup waits this long for a correlated primary loss
 _CHECK_EVERY_S = 0.005
-_HANG_S = 2.0  # exit-based detection: silence that means a hung operator
+_START_TRIES = 3  # a member killed while loading at start is launched again this often
+_REDISPATCH_S = 0.02  # first wait before a row with applied state goes to a replica again
 _UNHELD = ("bare", "checkpoint-replay")  # modes without a backup: replies leave at once
 
 
@@ -161,6 +177,7 @@ class GraphRuntime:
         self.replay = {op: ReplayLog() for op in self.pairs}  # checkpoint-replay only
         self._members: dict[str, tuple[str, Member]] = {}
         self._waiting: dict[int, _Waiting] = {}
+        self._abandoned: dict[int, _Waiting] = {}  # timed out, their rows still in the graph
         self._released: deque[int] = deque()
         self._clients = itertools.count(1)
         self._bids = itertools.count(1)
@@ -170,11 +187,15 @@ class GraphRuntime:
         # declared only: learned from the first answer, one client chose it for everyone
         self.input_shape = graph.door(deployments.values())
         self.on_expired: Callable[[str, int], None] | None = None  # (op, batches): a metric
-        self._recovery = asyncio.Lock()
+        self._recovery = asyncio.Lock()  # bare and checkpoint-replay: one recovery at a time
+        self.plan: RecoveryPlan | None = None  # hams and remus: every recovery, one plan
+        self._lost_at: dict[str, tuple[str, float, int]] = {}  # member -> (how, when, pid)
+        self._heard = {op: Heard() for op in self.pairs}  # outputs here: what may be applied
         self._paused = False
         self.broken: str | None = None
         self.failovers: list[FailoverRecord] = []
         self.replay_conflicts = 0  # checkpoint-replay: replayed outputs that differed
+        self.redispatched = 0  # rows with applied state sent to a stateless operator again
         self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
         self._replaying: dict[int, tuple[list[int], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -189,22 +210,43 @@ class GraphRuntime:
                 pair.backup = self._launch(pair.op, "backup")
                 pair.spare = self._launch(pair.op, "backup")
         await asyncio.wait_for(self._all_hellos(), timeout_s)
-        for pair in self.pairs.values():
-            if pair.backup is not None:
-                await self._attach(pair)
+        if self.mode not in _UNHELD:
+            self.plan = RecoveryPlan({op: _ids(p) for op, p in self.pairs.items()},
+                                     self._planner)
+            for pair in self.pairs.values():  # every member is loaded: attach the backups
+                for member in (pair.primary, pair.backup, pair.spare):
+                    assert member is not None
+                    self._act(self.plan.ready(member.worker_id))
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
 
     async def _all_hellos(self) -> None:
+        """Every member loaded. One killed while loading (no state yet to lose) is launched
+        again; one whose model cannot load stops the start with the reason."""
         for pair in self.pairs.values():
-            for member in (pair.primary, pair.backup, pair.spare):
-                if member is not None:
-                    await self._hello(member)
+            for role in ("primary", "backup", "spare"):
+                for attempt in itertools.count(1):
+                    member = getattr(pair, role)
+                    if member is None:
+                        break
+                    try:
+                        await self._hello(member)
+                        break
+                    except _KilledLoading:
+                        if attempt >= _START_TRIES:
+                            raise
+                        log.warning("graph %s: %s was killed while loading; starting it "
+                                    "again", self.graph.name, member.worker_id)
+                        self._forget(member)
+                        setattr(pair, role, self._launch(
+                            pair.op, "primary" if role == "primary" else "backup"))
 
     async def _hello(self, member: Member) -> dict[str, Any]:
         while not member.hello.done():
             if member.exited():
-                raise ModelLoadError(f"operator process {member.worker_id} exited with "
-                                     f"{member.popen.returncode} before it said hello")
+                code = member.popen.returncode
+                error = _KilledLoading if code < 0 else ModelLoadError  # a signal, not a
+                raise error(f"operator process {member.worker_id} exited with "  # reason
+                            f"{code} before it said hello")
             await asyncio.sleep(0.02)
         return member.hello.result()
 
@@ -255,17 +297,21 @@ class GraphRuntime:
                               f"{self.broken}")
         self._check_shapes(rows)
         loop = asyncio.get_running_loop()
-        futures = []
+        futures, clients = [], []
         origin = object()  # this request's rows take turns with other requests' in batches
         for i, (row, stream, label) in enumerate(zip(rows, streams, labels, strict=True)):
             client = next(self._clients)
             waiting = _Waiting(stream, label, loop.create_future(),
                                f"input_batch[{i}]: " if len(rows) > 1 else "")
             self._waiting[client] = waiting
+            clients.append(client)
             futures.append(waiting.future)
             self.router.submit(client, row, origin)
         self._pump_all()
         done, pending = await asyncio.wait(futures, timeout=timeout_s)
+        for client in clients:  # given up on: nobody waits for it any more, but its row
+            if (gone := self._waiting.pop(client, None)) is not None:  # still runs on its
+                self._abandoned[client] = gone  # stream, and is collected when it leaves
         if pending:
             raise DeadlineExceeded(f"graph {self.graph.name!r} did not answer within "
                                    f"{timeout_s:g} s ({len(pending)} of {len(futures)} rows)")
@@ -320,13 +366,12 @@ class GraphRuntime:
                                                      f"{type(exc).__name__}: {exc}"))
 
     def _batch_message(self, bid: int, batch: Batch) -> tuple[dict[str, Any], list[Any]]:
-        clients = [client_of(e.lineage) for e in batch]
+        rows = [self._waiting.get(c) or self._abandoned.get(c)
+                for c in (client_of(e.lineage) for e in batch)]
         desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
         header = {"t": hp.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
-                  "streams": [self._waiting[c].stream if c in self._waiting else ""
-                              for c in clients],
-                  "labels": [self._waiting[c].label if c in self._waiting else -1
-                             for c in clients],
+                  "streams": [w.stream if w is not None else "" for w in rows],
+                  "labels": [w.label if w is not None else -1 for w in rows],
                   "lineages": [hp.lineage_to_wire(e.lineage) for e in batch],
                   "at": self.clock()}  # the operator's now: a stream table's idle time
         return header, frames
@@ -341,13 +386,40 @@ class GraphRuntime:
 
     async def _run_stateless(self, op: str, bid: int, batch: Batch) -> None:
         try:
-            outcomes = await self._isolated(self._ops[op].model, batch)
+            outcomes = await self._redispatched(
+                op, bid, batch, await self._isolated(self._ops[op].model, batch))
         except Exception as exc:  # never leave the batch in flight: fail its rows
             log.exception("graph %s: operator %s failed", self.graph.name, op)
             outcomes = [exc] * len(batch)
         if self.inflight[op].pop(bid, self.clock()) is not None:  # else: the watchdog's
             self._deliver(op, batch, outcomes)
         self._pump_all()
+
+    async def _redispatched(self, op: str, bid: int, batch: Batch,
+                            outcomes: list[np.ndarray | Exception]
+                            ) -> list[np.ndarray | Exception]:
+        """A row that has passed a stateful operator changed its state: failing it for want
+        of a replica (one killed, restarting, backing off; the model path's own deadline
+        passed meanwhile) would have its client send it again and apply it twice. Such
+        rows go again, to a restarted or other replica, for as long as the batch is in
+        flight (the watchdog's timeout_ms bounds it, as for every batch)."""
+        delay = _REDISPATCH_S
+        while bid in self.inflight[op]:
+            again = [i for i, o in enumerate(outcomes)
+                     if isinstance(o, ServiceError | WorkerError)  # no row's fault:
+                     and self._applied_state(batch[i])]  # no replica, or none in time
+            if not again:
+                break
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
+            self.redispatched += len(again)
+            retried = await self._isolated(self._ops[op].model, [batch[i] for i in again])
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    def _applied_state(self, entry: Executed[np.ndarray]) -> bool:
+        return any(hop.op in self.pairs for hop in entry.lineage)
 
     async def _isolated(self, model: str, batch: Batch) -> list[np.ndarray | Exception]:
         """Each row's output or error. A batch the model raises on is split and its halves
@@ -405,6 +477,7 @@ class GraphRuntime:
             return  # a failover renumbered it, or it was answered already
         manager.record(entry.seq, np.empty(0))
         client = client_of(entry.lineage)
+        self._abandoned.pop(client, None)
         waiting = self._waiting.pop(client, None)
         if waiting is not None and not waiting.future.done():
             waiting.future.set_exception(_named(exc, waiting.name))
@@ -415,6 +488,7 @@ class GraphRuntime:
         now = self.clock()
         for reply in held:
             self._note_first_reply(reply, now)
+            self._abandoned.pop(reply.client, None)
             waiting = self._waiting.pop(reply.client, None)
             if waiting is not None and not waiting.future.done():
                 seqs = {h.op: h.seq for h in reply.lineage}
@@ -451,6 +525,8 @@ class GraphRuntime:
             pass
         elif kind == hp.HELLO and not member.hello.done():
             member.hello.set_result(header)
+            if self.plan is not None:
+                self._act(self.plan.ready(member.worker_id))
         elif kind == hp.OUT:
             self._on_outputs(self.pairs[op], member, header, buffers)
         elif kind == hp.CHECKPOINT:
@@ -484,6 +560,7 @@ class GraphRuntime:
         batch = self.inflight[pair.op].pop(bid, self.clock())
         if batch is None:  # expired, or taken over by a failover
             return
+        self._outputs_heard(pair.op, batch)
         try:
             outcomes = self._outcomes(pair.op, header, buffers, len(batch))
             if self.mode == "checkpoint-replay":
@@ -505,10 +582,23 @@ class GraphRuntime:
         return [_refusal_error(op, o) if isinstance(o, hp.Refusal) else np.asarray(o)
                 for o in hp.row_outcomes(header, outputs, n)]
 
+    def _outputs_heard(self, op: str, batch: Batch) -> None:
+        """The batch's outcomes are here: its state may be applied now (``Heard``)."""
+        pair = self.pairs[op]
+        if self.plan is not None and self._heard[op].add(e.seq for e in batch) \
+                and pair.backup is not None:
+            self._send(pair.backup, {"t": hp.NOTIFY, "op": op, "seq": self._heard[op].upto})
+
     def _on_durable(self, pair: _Pair, member: Member, seq: int) -> None:
+        if member is pair.spare and self.plan is not None:  # seeded by a member being
+            self._act(self.plan.seeded_at(member.worker_id))  # promoted: not durability
+            return
         if member is not pair.backup:
             return
-        member.extra["synced"] = True  # it holds a full state: it may be promoted now
+        if not member.extra.get("synced"):  # it holds a full state: it may be promoted now
+            member.extra["synced"] = True
+            if self.plan is not None:
+                self._act(self.plan.seeded_at(member.worker_id))
         self._release(self.router.notify(pair.op, seq))
         for nxt in self.topology.stateful:
             if pair.op in self.topology.prev_stateful(nxt):
@@ -552,16 +642,143 @@ class GraphRuntime:
         return future.result()
 
     # ---- backups ---------------------------------------------------------------------------
-    async def _attach(self, pair: _Pair) -> None:
-        """Make ``pair.backup`` the primary's backup: it admits only the primary's key and
-        learns how far upstream is durable, then the primary sends it its base state."""
-        assert pair.primary is not None and pair.backup is not None
-        hello = await self._hello(pair.backup)
-        key = pair.primary.keys.public.decode() if pair.primary.keys is not None else ""
-        durable = {m: self.router.commit.durable[m] for m in pair.backup.spec.pfm}
-        await self._ask(pair.backup, hp.ALLOW, {"t": hp.ALLOW, "key": key, "durable": durable})
-        self._send(pair.primary, {"t": hp.ATTACH, "address": hello["address"],
-                                  "key": hello.get("key", "")})
+    # ---- the recovery plan's actions (hams, remus) -----------------------------------------
+    def _act(self, actions: list[RecoveryAction]) -> None:
+        """Perform what the plan says, then show its roles in ``pairs``. An action that
+        raises is logged; the plan hears of its member through the monitor."""
+        for action in actions:
+            try:
+                self._perform(action)
+            except Exception:
+                log.exception("graph %s: recovery action %s failed", self.graph.name, action)
+        self._sync_pairs()
+
+    def _perform(self, action: RecoveryAction) -> None:
+        assert self.plan is not None
+        if isinstance(action, Start):
+            member = self._launch(action.op, "backup")
+            self._act(self.plan.started(action.op, member.worker_id))
+        elif isinstance(action, Fence):
+            if (found := self._member(action.member)) is not None:
+                log.warning("graph %s: %s fenced (%s)", self.graph.name, action.member,
+                            action.why)
+                self._forget(found)
+        elif isinstance(action, Allow):
+            self._spawn(self._allow(action))
+        elif isinstance(action, Attach):
+            self._attach(action)
+        elif isinstance(action, Promote | RollBack):
+            self._spawn(self._take_over(action))
+        elif isinstance(action, Pause):
+            self._paused = True
+        elif isinstance(action, Resume):
+            self._resume(action)
+        elif isinstance(action, Fail):
+            log.error("graph %s: %s", self.graph.name, action.reason)
+            self._break(action.reason)
+
+    def _member(self, worker_id: str | None) -> Member | None:
+        found = self._members.get(worker_id or "")
+        return found[1] if found is not None else None
+
+    def _sync_pairs(self) -> None:
+        assert self.plan is not None
+        for op, pair in self.pairs.items():
+            pair.primary, pair.backup, pair.spare = (
+                self._member(m) for m in self.plan.roles(op))
+            if pair.backup is not None and self.plan.seeded(pair.backup.worker_id):
+                pair.backup.extra["synced"] = True  # (seeded as a spare, by a promotion)
+
+    def _planner(self, resumed: Mapping[str, int], epoch: int) -> Failover:
+        """``plan_failover`` over what the router saw: which other operators ran on the
+        speculation the operators that took over discard."""
+        applied = {op: self.router.commit.durable[op] for op in self.topology.stateful}
+        applied.update(resumed)
+        executed = {op: self.router.executed(op) for op in self.topology.operators}
+        executed[FRONTEND] = self.router.held()
+        return plan_failover(self.topology, resumed, applied, executed, epoch)
+
+    def _lost(self, member: Member, why: str) -> None:
+        assert self.plan is not None
+        self._lost_at.setdefault(member.worker_id, (why, self.clock(), member.pid))
+        self._act(self.plan.lost(member.worker_id, why))
+
+    async def _allow(self, action: Allow) -> None:
+        """The backup admits only the primary's key and learns how far upstream is durable
+        (earlier notices will not come again); then the plan attaches it."""
+        backup, primary = self._member(action.backup), self._member(action.primary)
+        if backup is None or primary is None or self.plan is None:
+            return
+        key = primary.keys.public.decode() if primary.keys is not None else ""
+        durable = {m: self.router.commit.durable[m] for m in backup.spec.pfm}
+        durable[action.op] = self._heard[action.op].upto  # its own outputs held here
+        try:
+            await self._ask(backup, hp.ALLOW, {"t": hp.ALLOW, "key": key, "durable": durable})
+        except Unavailable as exc:  # dead or hung: a lost backup, which the plan replaces
+            self._lost(backup, str(exc))
+            return
+        self._act(self.plan.allowed(action.backup))
+
+    def _attach(self, action: Attach) -> None:
+        """The primary sends the backup its retained copy as a base, then every state."""
+        backup, primary = self._member(action.backup), self._member(action.primary)
+        if backup is None or primary is None:
+            return
+        hello = backup.hello.result()
+        self._send(primary, {"t": hp.ATTACH, "address": hello["address"],
+                             "key": hello.get("key", "")})
+
+    async def _take_over(self, action: Promote | RollBack) -> None:
+        member = self._member(action.member)
+        if member is None or self.plan is None:
+            return
+        header: dict[str, Any] = {"t": hp.ROLLBACK}
+        spare = self._member(action.attach) if isinstance(action, Promote) else None
+        if isinstance(action, Promote):
+            header = {"t": hp.PROMOTE, **self._seed_spare(member, spare)}
+        try:  # (the promoted member answers once the spare holds its state, or in 2 s)
+            answer = await self._ask(member, hp.PROMOTED, header, timeout_s=8.0)
+        except Unavailable as exc:
+            self._lost(member, str(exc))
+            return
+        seeded = spare.worker_id if answer.get("seeded") and spare is not None else None
+        self._act(self.plan.took_over(action.member, int(answer["seq"]), seeded))
+
+    def _seed_spare(self, member: Member, spare: Member | None) -> dict[str, Any]:
+        """Let the spare in for the member being promoted (not waited for: it answers the
+        promotion only once the spare applied its state), and say where it listens."""
+        if spare is None or not spare.hello.done():
+            return {}
+        key = member.keys.public.decode() if member.keys is not None else ""
+        durable = {m: self.router.commit.durable[m] for m in spare.spec.pfm}
+        op = spare.spec.op  # outputs beyond the durable point may be renumbered: not those
+        durable[op] = self.router.commit.durable[op]
+        self._send(spare, {"t": hp.ALLOW, "key": key, "durable": durable})
+        hello = spare.hello.result()
+        return {"attach": hello["address"], "key": hello.get("key", "")}
+
+    def _resume(self, action: Resume) -> None:
+        """The plan is complete: roll back and discard in the router, note each lost
+        primary's failover, dispatch again (what rolled back runs again)."""
+        plan = action.failover
+        discarded = self.router.apply(plan)
+        for op, seq in plan.bounds.items():
+            self.router.commit.durable.reset(op, seq)
+            self.inflight[op].clear()
+            if op in self._heard:
+                self._heard[op].reset(seq)
+        now = self.clock()
+        for op, lost in action.lost:
+            how, at, pid = self._lost_at.get(lost, ("exit", now, 0))
+            self.failovers.append(FailoverRecord(
+                op, how, at, pid, protocol_done_at=now, bounds=dict(plan.bounds),
+                rolled_back_in_place=list(plan.roll_back_in_place),
+                discarded_replies=len(discarded)))
+            log.warning("graph %s: %s primary %s lost (%s); resumed at %s, protocol %.1f ms",
+                        self.graph.name, op, lost, how, plan.bounds, (now - at) * 1e3)
+        self._lost_at.clear()
+        self._paused = False
+        self._pump_all()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -583,7 +800,10 @@ class GraphRuntime:
                     member.lost = how
                     log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
                                 op, member.worker_id, how, member.popen.poll())
-                    self._spawn(self._recover(op, member, how, now))
+                    if self.plan is not None:
+                        self._lost(member, how)
+                    else:
+                        self._spawn(self._recover(op, member, how, now))
 
     def _expire(self, now: float) -> None:
         """The watchdog: a batch in flight past the graph's deadline fails, its clients have
@@ -593,6 +813,8 @@ class GraphRuntime:
         for op, out in self.inflight.items():
             late = out.expired(now, limit)
             for _, batch in late:
+                if op in self.pairs:  # given up on: its state may be applied, unanswered
+                    self._outputs_heard(op, batch)
                 self._fail_batch(op, batch, DeadlineExceeded(
                     f"{op}: a batch was in flight for more than the graph's timeout_ms "
                     f"({self.graph.timeout_ms:g} ms); the watchdog failed it"))
@@ -632,135 +854,33 @@ class GraphRuntime:
         return None
 
     def _silence_limit_s(self) -> float:
-        """With exit-based detection the exit is the evidence and heartbeats only catch a
-        hung process, so they get a longer limit: on a busy 2-core host an operator can be
-        starved of CPU for a few hundred ms, and a false suspicion kills a healthy process."""
-        limit = self.graph.heartbeat_timeout_ms / 1000
-        return limit if self.graph.detection == "timeout" else max(limit, _HANG_S)
+        """A hung member is a lost one, whatever the detection mode: exit detection sees a
+        dead process at once, and this catches one that is alive and answers nothing (a
+        stalled backup would hold every reply, a stalled primary every request). The
+        frontend's own stalls are forgiven (``_forgive_stall``)."""
+        return self.graph.heartbeat_timeout_ms / 1000
 
     async def _recover(self, op: str, member: Member, how: str, detected_at: float) -> None:
-        if member is self.pairs[op].backup:
-            # Correlated failures: a primary killed in the same instant may be noticed a pass
-            # later (a big process takes a few ms to die). Its plan must go first, so that it
-            # sees the backup gone and rolls back in place (Fig. 6) instead of a spare being
-            # seeded with speculation that the plan then has to undo.
-            await asyncio.sleep(_BACKUP_GRACE_S)
+        """bare and checkpoint-replay: a lost primary is started afresh (no backup to lose)."""
         async with self._recovery:
             pair = self.pairs[op]
             try:
                 if member is pair.primary:
-                    await self._primary_lost(pair, member, how, detected_at)
-                elif member is pair.backup:
-                    await self._backup_lost(pair, member)
-                elif member is pair.spare:
+                    self._paused = True
                     self._forget(member)
-                    pair.spare = self._launch(op, "backup")
+                    record = FailoverRecord(pair.op, how, detected_at, member.pid)
+                    if self.mode == "checkpoint-replay":
+                        await self._replay(pair, record)
+                    else:
+                        await self._restart_bare(pair, record)
+                else:
+                    self._forget(member)
             except Exception as exc:  # beyond the failure model: say so, stop accepting
                 log.exception("graph %s: recovery of %s failed", self.graph.name, op)
                 self._break(f"recovery of {op} failed: {exc}")
             finally:
                 self._paused = False
                 self._pump_all()
-
-    async def _backup_lost(self, pair: _Pair, member: Member) -> None:
-        """H6: the primary goes on; the spare becomes the backup and gets the full state."""
-        self._forget(member)
-        pair.backup = None
-        await self._adopt_spare(pair)
-
-    async def _adopt_spare(self, pair: _Pair) -> None:
-        spare = pair.spare
-        if spare is None or spare.lost:
-            spare = self._launch(pair.op, "backup")
-        pair.backup, pair.spare = spare, self._launch(pair.op, "backup")
-        if spare.hello.done():
-            await self._attach(pair)
-        else:  # still loading its model: attach it later, without holding up recoveries
-            self._spawn(self._attach_when_ready(pair, spare))
-
-    async def _attach_when_ready(self, pair: _Pair, backup: Member) -> None:
-        try:
-            await self._hello(backup)
-            async with self._recovery:  # the primary may change meanwhile: attach to the one
-                if pair.backup is backup and not backup.lost:  # there is then
-                    await self._attach(pair)
-        except Exception:  # it died: the monitor sees a lost backup and adopts another
-            log.warning("graph %s: %s's new backup did not come up", self.graph.name, pair.op)
-
-    async def _primary_lost(self, pair: _Pair, member: Member, how: str,
-                            detected_at: float) -> None:
-        self._paused = True
-        self._forget(member)
-        record = FailoverRecord(pair.op, how, detected_at, member.pid)
-        if self.mode == "checkpoint-replay":
-            await self._replay(pair, record)
-            return
-        if self.mode == "bare":
-            await self._restart_bare(pair, record)
-            return
-        resumed = {pair.op: await self._promote(pair)}
-        plan = await self._close_plan(resumed, record)
-        record.discarded_replies = len(self.router.apply(plan))
-        for op, seq in plan.bounds.items():
-            self.router.commit.durable.reset(op, seq)
-        record.bounds = dict(plan.bounds)
-        record.protocol_done_at = self.clock()
-        self.failovers.append(record)
-        self._paused = False
-        self._pump_all()
-        for op in plan.bounds:
-            if self.pairs[op].backup is None:
-                await self._adopt_spare(self.pairs[op])
-        log.warning("graph %s: %s primary lost (%s), backup promoted at %s; protocol %.1f ms",
-                    self.graph.name, pair.op, how, plan.bounds,
-                    (record.protocol_done_at - detected_at) * 1e3)
-
-    async def _close_plan(self, resumed: dict[str, int], record: FailoverRecord) -> Failover:
-        """Plan, roll back every operator the plan lists (promote its backup, or roll its
-        primary back in place when the backup is dead too), plan again with the points they
-        really resumed at, until the plan lists nothing new."""
-        while True:
-            applied = {op: self.router.commit.durable[op] for op in self.topology.stateful}
-            applied.update(resumed)
-            executed = {op: self.router.executed(op) for op in self.topology.operators}
-            executed[FRONTEND] = self.router.held()
-            plan = plan_failover(self.topology, resumed, applied, executed,
-                                 self.router.epoch + 1)
-            extra = [op for op in plan.bounds if op not in resumed]
-            if not extra:
-                return plan
-            for op in extra:
-                resumed[op] = await self._demote(self.pairs[op], record)
-
-    async def _promote(self, pair: _Pair) -> int:
-        backup = pair.backup
-        if backup is None or backup.lost or backup.exited():
-            raise Unavailable(f"{pair.op}: primary and backup both lost")
-        if not backup.extra.get("synced"):  # H6: a new backup is no backup until seeded
-            raise Unavailable(f"{pair.op}: primary lost while its new backup was still "
-                              "receiving its first full state")
-        seq = int((await self._ask(backup, hp.PROMOTED, {"t": hp.PROMOTE}))["seq"])
-        pair.primary, pair.backup = backup, None
-        self.inflight[pair.op].clear()
-        return seq
-
-    async def _demote(self, pair: _Pair, record: FailoverRecord) -> int:
-        """A downstream operator built on discarded speculation rolls back too."""
-        backup, primary = pair.backup, pair.primary
-        if backup is not None and backup.extra.get("synced") and not backup.exited():
-            try:
-                seq = await self._promote(pair)
-            except Unavailable:  # it died meanwhile: the Fig. 6 case after all
-                pair.primary = primary
-            else:
-                if primary is not None:  # demoted: it must not answer anything more
-                    self._forget(primary)
-                return seq
-        if primary is None or primary.exited():
-            raise Unavailable(f"{pair.op}: primary and backup both lost")
-        record.rolled_back_in_place.append(pair.op)
-        self.inflight[pair.op].clear()
-        return int((await self._ask(primary, hp.PROMOTED, {"t": hp.ROLLBACK}))["seq"])
 
     async def _replay(self, pair: _Pair, record: FailoverRecord) -> None:
         """Checkpoint-replay: a fresh process restores the last checkpoint, then every
@@ -839,6 +959,7 @@ class GraphRuntime:
                 waiting.future.set_exception(Unavailable(reason))
                 waiting.future.exception()  # retrieved: a client that left logs nothing
             del self._waiting[client]
+        self._abandoned.clear()
 
     def _whole(self, pair: _Pair) -> bool:
         """Can take one more failure at full speed: a live primary, a seeded backup (with a
@@ -853,11 +974,12 @@ class GraphRuntime:
         """Fault injection: ``op``'s primary waits this long before each state leaves, so
         downstream runs ahead on speculation (the paper's Fig. 6 set-up)."""
         pair = self.pairs.get(op)
-        if pair is None or pair.primary is None:
+        if pair is None:
             raise UnknownModel(f"graph {self.graph.name!r} has no stateful operator {op!r}; "
                                f"stateful: {sorted(self.pairs)}")
         self.slow[op] = delay_s
-        self._send(pair.primary, {"t": hp.SLOW, "s": delay_s})
+        if pair.primary is not None:  # else a recovery is under way: nothing to slow
+            self._send(pair.primary, {"t": hp.SLOW, "s": delay_s})
 
     # ---- inspection ------------------------------------------------------------------------
     async def state_digests(self) -> dict[str, dict[str, Any]]:
@@ -866,7 +988,9 @@ class GraphRuntime:
         Read when no batch is running, the replay check compares them with a replay of what
         clients saw, and a synced backup's with its primary's."""
         out = {}
-        async with self._recovery:  # no member changes role while we ask
+        while self.plan is not None and self.plan.recovering():
+            await asyncio.sleep(0.01)  # no member changes role while we ask
+        async with self._recovery:
             for op, pair in self.pairs.items():
                 backup = await self._digest(pair.backup)
                 if backup is not None and pair.backup is not None:  # holds a full state yet?
@@ -897,18 +1021,33 @@ class GraphRuntime:
                              backup_pid=pair.backup.pid if pair.backup else None,
                              backup_synced=bool(pair.backup and pair.backup.extra.get("synced")),
                              since_checkpoint=self.replay[op].since_checkpoint,
+                             answered_since_checkpoint=self.replay[op]
+                             .answered_since_checkpoint,
                              checkpoint=self.replay[op].checkpoint,
                              whole=self._whole(pair),
                              spare_pid=pair.spare.pid if pair.spare else None)
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
-                "recovering": self._recovery.locked(),
+                "recovering": self._recovery.locked() or bool(
+                    self.plan and self.plan.recovering()),
                 "held_replies": self.router.commit.held(), "waiting": len(self._waiting),
+                "abandoned": len(self._abandoned),
                 "records": self.router.records(), "stalled": self.stalled(),
                 "input_shape": list(self.input_shape) if self.input_shape is not None else None,
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,
+                "redispatched_rows": self.redispatched,
                 "failovers": [r.to_json() for r in self.failovers]}
+
+
+class _KilledLoading(ModelLoadError):
+    """A member died of a signal before it said hello: no fault of its model's."""
+
+
+def _ids(pair: _Pair) -> tuple[str, str, str]:
+    members = (pair.primary, pair.backup, pair.spare)
+    assert all(m is not None for m in members)
+    return tuple(m.worker_id for m in members if m is not None)  # type: ignore[return-value]
 
 
 def _outputs(header: dict[str, Any], buffers: list[Any]) -> np.ndarray:

@@ -32,6 +32,12 @@ class ReplayLog:
         """Batches logged after the last checkpoint: what a failure now would replay."""
         return len(self._batches)
 
+    @property
+    def answered_since_checkpoint(self) -> int:
+        """Outputs clients were given after the last checkpoint: what a replay now would
+        compute again, and could contradict."""
+        return len(self._outputs)
+
     def logged(self, header: dict[str, Any], frames: Sequence[Any]) -> None:
         self._batches.append((int(header["seqs"][-1]), dict(header),
                               [bytes(f) for f in frames]))

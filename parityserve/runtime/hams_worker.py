@@ -143,6 +143,7 @@ class Primary:
             start_seq, operator.state)}  # the retained copy (H5) and those in flight
         self.received_upto = start_seq
         self.receipt = threading.Lock()  # guards received_upto
+        self.applied_upto = threading.Event()  # a backup applied a state (the seeding wait)
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case), or
         # checkpoint-replay: between storing each checkpoint and announcing it
         self.batches = 0
@@ -251,9 +252,15 @@ class Primary:
             return
         save_checkpoint(self.proc.spec.checkpoint_path, FlatState.capture(seq,
                                                                           self.operator.state))
-        if self.slow_s:  # injected: stored, not yet announced (what a kill here leaves)
-            time.sleep(self.slow_s)
+        if self.slow_s:  # injected: stored, not yet announced (what a kill here leaves);
+            self._sleep_beating(self.slow_s)  # a delay, not a hang: heartbeats go on
         self.proc.tell({"t": CHECKPOINT, "seq": seq})  # the frontend deletes older ones
+
+    def _sleep_beating(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, self.proc.spec.heartbeat_s / 2))
+            self.proc.beat_if_due()
 
     def _await_receipt(self, seq: int) -> None:
         """Remus: hold the outputs until the backup has the state they belong to. Control
@@ -288,6 +295,17 @@ class Primary:
         if refused:
             header["refused"] = refused
         self.proc.tell(header, frames)
+
+    def seed(self, address: str, key: str, limit_s: float = 2.0) -> bool:
+        """Attach a backup and wait (heartbeats going on) until it applied the base."""
+        self.applied_upto.clear()
+        self._to_state_thread("attach", (address, key.encode()))
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.applied_upto.wait(self.proc.spec.heartbeat_s / 2):
+                return True
+            self.proc.beat_if_due()
+        return False
 
     def roll_back(self) -> None:
         """Fig. 6: this primary's backup died and a failover lists this operator. Roll back to
@@ -386,6 +404,7 @@ class _StateThread:
                     self.p.receipt_out.send(b"", zmq.NOBLOCK)
             self._follow(order)
         elif header["t"] == APPLIED:
+            self.p.applied_upto.set()
             with self.p.mutex:
                 self.p.shipper.applied(seq)
                 keep = self.p.shipper.retained_seq
@@ -397,7 +416,7 @@ class Backup:
 
     def __init__(self, proc: _Process, operator: _Operator) -> None:
         self.proc, self.operator = proc, operator
-        self.applier: BackupApplier[FlatState] = BackupApplier(proc.spec.op, proc.spec.pfm)
+        self.applier: BackupApplier[FlatState] = BackupApplier(proc.spec.op, self._watched())
         self.seed: dict[str, int] = {}
         self.public, secret = zmq.curve_keypair()
         self.allowed: set[bytes] = set()
@@ -421,6 +440,12 @@ class Backup:
         port = self.link.bind_to_random_port(f"tcp://{proc.spec.bind_host}")
         self.address = f"tcp://{proc.spec.bind_host}:{port}"
 
+    def _watched(self) -> tuple[str, ...]:
+        """Alg. 2's previous stateful operators, and this operator itself: a state is
+        applied only once the frontend holds its requests' outputs too (``Heard``), so a
+        primary lost between the two leaves no durable request unanswered."""
+        return (*self.proc.spec.pfm, self.proc.spec.op)
+
     def callback(self, _domain: str, key: bytes) -> bool:  # the ZAP check for the primary
         return key in self.allowed
 
@@ -429,6 +454,8 @@ class Backup:
         if kind == ALLOW:  # the primary's key, and how far upstream is durable already
             self.allowed = {header["key"].encode()}
             self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
+            for op, seq in self.seed.items():  # a base that came first (a promoted member
+                self._apply(self.applier.notify(op, seq))  # seeding it) learns them now
             self.proc.tell({"t": ALLOW})  # the frontend tells the primary to connect now
         elif kind == DIGEST:  # states are installed on this thread: this one is whole
             self.proc.tell(_digest(self.applier.applied_seq, self.operator.state))
@@ -449,7 +476,7 @@ class Backup:
         self._reply(RECEIVED, seq)
         if header.get("base"):
             flat.install(self.operator.state)
-            self.applier = BackupApplier(self.proc.spec.op, self.proc.spec.pfm, seq, self.seed)
+            self.applier = BackupApplier(self.proc.spec.op, self._watched(), seq, self.seed)
             self._reply(APPLIED, seq)
             self.proc.tell({"t": DURABLE, "seq": seq})
             return
@@ -468,15 +495,20 @@ class Backup:
                 self.link.send_multipart([self.primary_id, *wire.encode({"t": kind, "seq": seq})],
                                          flags=zmq.NOBLOCK)
 
-    def promote(self) -> Primary:
+    def promote(self, header: dict[str, Any]) -> Primary:
         """Become the primary at the state last applied; buffered states die with the old
-        primary (they were never durable)."""
+        primary (they were never durable). With ``attach`` (the spare's address), send the
+        spare that state first and answer once it is applied: from then on a second member
+        holds it, and losing this one is not losing the state."""
         seq = self.applier.applied_seq
         self.link.close(linger=0)
         if self.auth is not None:
             self.auth.stop()
-        self.proc.tell({"t": PROMOTED, "seq": seq})
-        return Primary(self.proc, self.operator, start_seq=seq)
+        primary = Primary(self.proc, self.operator, start_seq=seq)
+        seeded = bool(header.get("attach")) and primary.seed(
+            str(header["attach"]), str(header.get("key", "")))
+        self.proc.tell({"t": PROMOTED, "seq": seq, "seeded": seeded})
+        return primary
 
 
 class _NothingWritten(Exception):
@@ -610,7 +642,7 @@ def _loop(proc: _Process, role: Primary | Backup) -> None:
                     return
                 if header["t"] == PROMOTE and isinstance(role, Backup):
                     poller.unregister(role.link)
-                    role = role.promote()
+                    role = role.promote(header)
                     continue
                 role.handle(header, buffers)
             elif isinstance(role, Backup):

@@ -224,11 +224,20 @@ def test_checkpoint_replay_recovers_by_replay_and_counts_its_conflicts(tmp_path:
 
         def kill_after_a_checkpoint() -> None:
             # checked at each of stream 0's later steps, never waited for: while stream 0
-            # waited, the other streams could finish and no batch would come to count
-            ops = graph_state(url)["operators"]
-            if not killed and ops["seq1"]["since_checkpoint"] >= 2:
+            # waited, the other streams could finish and no batch would come to count.
+            # Batches *sent* since the checkpoint may all still be in flight (two at once),
+            # their outputs never given to a client and so nothing to conflict with (the
+            # flake: 0 conflicts under load). So the primary is frozen, then killed only if
+            # clients already hold outputs that the replay will compute again.
+            if killed:
+                return
+            os.kill(pid, signal.SIGSTOP)  # no output or checkpoint leaves it from here
+            ops = graph_state(url)["operators"]["seq1"]
+            if ops["since_checkpoint"] >= 2 and ops["answered_since_checkpoint"] >= 1:
                 kill(pid)
                 killed.append(pid)
+            else:
+                os.kill(pid, signal.SIGCONT)
 
         replies = send_streams(url, data, dict.fromkeys(range(STEPS // 2, STEPS - 2),
                                                          kill_after_a_checkpoint))

@@ -26,6 +26,7 @@ from parityserve.core.hams import (
     FRONTEND,
     BackupApplier,
     Failover,
+    Heard,
     PrimaryShipper,
     Topology,
     plan_failover,
@@ -43,7 +44,7 @@ from parityserve.core.hams.recovery_plan import (
     RollBack,
     Start,
 )
-from tests.unit.hams_sim import Backup, Primary, Sim
+from tests.unit.hams_sim import Backup, Msg, Primary, Sim
 from tests.unit.test_hams_protocol import ADJACENT, CHAIN, THREE
 
 MAX_LOSSES = 4
@@ -60,6 +61,8 @@ class PlanSim(Sim):
         self.failed: str | None = None
         self.failed_holders: dict[str, set[int]] = {}
         self.pending: list[tuple] = []
+        self.seeded_spares: dict[str, Backup] = {}  # spares a promoted member sent its state
+        self.early: dict[int, dict[str, int]] = {}  # notices a backup heard before its base
         trios = {}
         for op in sorted(self.topology.stateful):
             self.backups[op] = None  # attached through the plan, as at a real start
@@ -87,9 +90,10 @@ class PlanSim(Sim):
                 self.pending.append(("allowed", action.backup))
             elif isinstance(action, Attach):
                 self.pending.append(("base", action.op, action.backup, action.primary))
-            elif isinstance(action, Promote | RollBack):
-                self.pending.append(("take", action.op, action.member,
-                                     isinstance(action, RollBack)))
+            elif isinstance(action, Promote):
+                self.pending.append(("promote", action.op, action.member, action.attach))
+            elif isinstance(action, RollBack):
+                self.pending.append(("take", action.op, action.member, True, None))
             elif isinstance(action, Pause):
                 self.paused = True
             elif isinstance(action, Resume):
@@ -103,6 +107,9 @@ class PlanSim(Sim):
         backup = self.backups.get(op)
         if backup is not None and backup.pid == pid:
             self.backups[op] = None
+        spare = self.seeded_spares.get(op)
+        if spare is not None and spare.pid == pid:
+            del self.seeded_spares[op]
 
     def _resume(self, plan: Failover) -> None:
         for o, backup in self.backups.items():
@@ -116,8 +123,9 @@ class PlanSim(Sim):
     def holders(self, op: str) -> set[int]:
         """Live processes holding ``op``'s state: its primary, and its backup once seeded."""
         found = {self.primaries[op].pid}
-        if (backup := self.backups[op]) is not None:
-            found.add(backup.pid)
+        for backup in (self.backups[op], self.seeded_spares.get(op)):
+            if backup is not None:
+                found.add(backup.pid)
         return found - self.dead
 
     # ---- the processes' side: the plan's round trips, one at a time ---------------------
@@ -136,8 +144,10 @@ class PlanSim(Sim):
             self.perform(self.plan.allowed(event[1]))
         elif kind == "base":
             self._base(event[1], int(event[2]), int(event[3]))
+        elif kind == "promote":
+            self._seed_spare(event[1], int(event[2]), event[3])
         else:
-            self._take_over(event[1], int(event[2]), event[3])
+            self._take_over(event[1], int(event[2]), event[3], event[4])
 
     def _base(self, op: str, pid: int, primary_pid: int) -> None:
         """H6: the primary sends its retained copy; the backup applies it and says so."""
@@ -146,27 +156,83 @@ class PlanSim(Sim):
             return  # that primary is gone: the plan attaches the backup again
         applied = primary.shipper.retained_seq
         pfm = self.topology.prev_stateful(op)
-        seed = {m: self.known_durable(m) for m in pfm if m in self.backups}
+        early = self.early.pop(pid, {})
+        seed = {m: max(self.known_durable(m), early.get(m, 0)) for m in pfm}
         self.backups[op] = Backup(pid, primary.copies[applied],
                                   BackupApplier(op, pfm, applied, seed))
         self._announce(op)
         self._ship(op, primary.shipper.lost_backup())
         self.perform(self.plan.seeded_at(str(pid)))
 
-    def _take_over(self, op: str, pid: int, in_place: bool) -> None:
+    def _holder(self, op: str, pid: int) -> Backup:
+        backup = self.backups[op]
+        if backup is not None and backup.pid == pid:
+            self.backups[op] = None
+            return backup
+        spare = self.seeded_spares.pop(op)
+        assert spare.pid == pid
+        return spare
+
+    def _seed_spare(self, op: str, pid: int, spare: str | None) -> None:
+        """PROMOTE with a spare to attach: the member sends it the state it takes over
+        with, the spare applies it (and tells the frontend), then the member answers."""
+        seeded = None
+        if spare is not None and int(spare) not in self.dead:
+            taker = self.backups[op] if self.backups[op] is not None and \
+                self.backups[op].pid == pid else self.seeded_spares.get(op)  # type: ignore
+            assert taker is not None and taker.pid == pid
+            seq = taker.applier.applied_seq
+            pfm = self.topology.prev_stateful(op)
+            seed = {m: self.known_durable(m) for m in pfm if m in self.backups}
+            self.seeded_spares[op] = Backup(int(spare), taker.snap,
+                                            BackupApplier(op, pfm, seq, seed))
+            self.perform(self.plan.seeded_at(spare))
+            seeded = spare
+        self.pending.append(("take", op, str(pid), False, seeded))
+
+    def _take_over(self, op: str, pid: int, in_place: bool, seeded: str | None) -> None:
         if in_place:  # Fig. 6: the primary rolls back to the copy it retains
             old = self.primaries[op]
             seq = old.shipper.retained_seq
             snap = old.copies[seq]
         else:  # the backup becomes the primary at the state it last applied
-            backup = self.backups[op]
-            assert backup is not None and backup.pid == pid
-            seq, snap = backup.applier.applied_seq, backup.snap
-            self.backups[op] = None
+            taker = self._holder(op, pid)
+            seq, snap = taker.applier.applied_seq, taker.snap
         self.primaries[op] = Primary(pid, snap, PrimaryShipper(op, seq), {seq: snap})
-        self.perform(self.plan.took_over(str(pid), seq))
+        spare = self.seeded_spares.get(op)
+        if seeded is not None and spare is not None and spare.pid == int(seeded):
+            self.backups[op] = self.seeded_spares.pop(op)  # attached to the new primary
+            self._announce(op)
+        self.perform(self.plan.took_over(str(pid), seq, seeded))
 
     # ---- the sim, held by the plan's pause and its fences -------------------------------
+    def _backup_pid(self, op: str) -> int:
+        """The backup the frontend relays notices to: the plan's, attached yet or not."""
+        backup = self.plan.roles(op)[1] if hasattr(self, "plan") else None
+        return int(backup) if backup is not None else super()._backup_pid(op)
+
+    def deliver(self, index: int) -> None:
+        """The frontend relays each durability notice to the next operators' backups of
+        the moment (the runtime's ``_on_durable``), as well as the sender's direct one."""
+        msg = self.net[index]
+        alive = msg.frm in self._alive()
+        super().deliver(index)
+        if msg.to == 0 and msg.kind == "notify" and alive:
+            for nfm in self.topology.next_stateful(msg.op):
+                backup = self.plan.roles(nfm)[1] if nfm != FRONTEND else None
+                if backup is not None:
+                    self.net.append(Msg(int(backup), 0, "notify", msg.op, msg.seq, msg.record))
+
+    def _at_backup(self, msg: Msg) -> None:
+        """A backup not yet seeded keeps the notices it hears for the base to come (the
+        worker's ``seed``): earlier notices will not be sent again."""
+        installed = {b.pid for b in self.backups.values() if b is not None}
+        if msg.kind == "notify" and msg.to not in installed:
+            known = self.early.setdefault(msg.to, {})
+            known[msg.op] = max(known.get(msg.op, 0), msg.seq)
+            return
+        super()._at_backup(msg)
+
     def _alive(self) -> set[int]:
         return super()._alive() - self.dead
 
@@ -289,8 +355,8 @@ def test_a_promoted_primary_lost_before_its_backup_is_seeded_fails_with_the_reas
         plan.ready(m)
     plan.allowed("b")
     plan.seeded_at("b")
-    assert plan.lost("p", "exit")[-1] == Promote("s", "b")
-    resumed = plan.took_over("b", 7)
+    assert plan.lost("p", "exit")[-1] == Promote("s", "b", "x")
+    resumed = plan.took_over("b", 7)  # it could not seed the spare (no ``seeded``)
     assert any(isinstance(a, Resume) for a in resumed)
     assert Allow("s", "x", "b") in resumed  # the spare is the new backup
     fail = plan.lost("b", "exit")[-1]
@@ -328,7 +394,8 @@ def _two(plan_bounds: dict[str, int]) -> RecoveryPlan:
 def test_a_demoted_operators_backup_lost_mid_promotion_rolls_its_primary_back() -> None:
     plan = _two({"b": 0})
     plan.lost("pa", "exit")
-    assert plan.took_over("ba", 5)[-1] == Promote("b", "bb")  # b ran on a's speculation
+    assert plan.took_over("ba", 5)[-1] == Promote("b", "bb", "xb")  # b ran on a's
+    # speculation
     assert plan.lost("bb", "exit")[-1] == RollBack("b", "pb")  # Fig. 6 after all
     resumed = plan.took_over("pb", 4)
     done = next(a for a in resumed if isinstance(a, Resume))
@@ -338,8 +405,45 @@ def test_a_demoted_operators_backup_lost_mid_promotion_rolls_its_primary_back() 
 
 def test_a_second_primary_lost_mid_recovery_folds_into_the_same_plan() -> None:
     plan = _two({})
-    assert plan.lost("pa", "exit") == [Fence("a", "pa", "exit"), Pause(), Promote("a", "ba")]
-    assert plan.lost("pb", "exit") == [Fence("b", "pb", "exit"), Promote("b", "bb")]
+    assert plan.lost("pa", "exit") == [Fence("a", "pa", "exit"), Pause(),
+                                       Promote("a", "ba", "xa")]
+    assert plan.lost("pb", "exit") == [Fence("b", "pb", "exit"), Promote("b", "bb", "xb")]
     assert plan.took_over("ba", 3) == []  # b is still taking over
     done = next(a for a in plan.took_over("bb", 2) if isinstance(a, Resume))
     assert done.failover.bounds == {"a": 3, "b": 2} and done.failover.failed == ("a", "b")
+
+
+def test_the_spare_a_promoted_member_seeded_takes_over_when_that_member_is_lost() -> None:
+    """Case 1: the promoted primary lost right after it took over. The spare it sent its
+    state to before answering holds that state, and is promoted in turn."""
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    plan.allowed("b")
+    plan.seeded_at("b")
+    plan.lost("p", "exit")
+    plan.seeded_at("x")  # the spare applied b's state: b may die now, the state lives
+    assert plan.lost("b", "exit") == [Fence("s", "b", "exit"), Promote("s", "x")]
+    resumed = plan.took_over("x", 7)
+    assert any(isinstance(a, Resume) for a in resumed) and plan.failed is None
+    plan2 = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan2.ready(m)
+    plan2.allowed("b")
+    plan2.seeded_at("b")
+    plan2.lost("p", "exit")
+    plan2.took_over("b", 7, seeded="x")  # answered once the spare held its state
+    assert plan2.roles("s") == ("b", "x", None) and plan2.seeded("x")
+    assert isinstance(plan2.lost("b", "exit")[-1], Promote)  # the chain is survived
+
+
+def test_heard_is_the_prefix_of_outcomes_here_and_a_rollback_renumbers_past_it() -> None:
+    """What a backup may apply (case 3): only states whose outputs the frontend holds."""
+    heard = Heard()
+    assert not heard.add([2, 3]) and heard.upto == 0  # 1 is missing: nothing may apply
+    assert heard.add([1]) and heard.upto == 3
+    heard.add([5])
+    heard.reset(2)  # rolled back to 2: 3 and 5 get numbered again
+    assert heard.upto == 2 and not heard.add([4]) and heard.add([3]) and heard.upto == 4

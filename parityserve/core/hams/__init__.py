@@ -19,6 +19,7 @@ from parityserve.core.hams.bisect import Part, RowBisection
 from parityserve.core.hams.door import admits, door_shape
 from parityserve.core.hams.durability import (
     BackupApplier,
+    Heard,
     Held,
     OutputCommit,
     StateRecord,
@@ -46,7 +47,7 @@ from parityserve.core.hams.topology import GraphError, Topology
 
 __all__ = [
     "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "Executed", "Failover",
-    "GraphError", "GraphRouter", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
+    "GraphError", "GraphRouter", "Heard", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
     "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RecoveryPlan",
     "RequestManager", "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology",
     "Watermarks",

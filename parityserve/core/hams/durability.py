@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from parityserve.core.hams.lineage import Lineage, speculative
 
-__all__ = ["BackupApplier", "Held", "OutputCommit", "StateRecord", "Watermarks"]
+__all__ = ["BackupApplier", "Heard", "Held", "OutputCommit", "StateRecord", "Watermarks"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +52,33 @@ class Watermarks:
         """Alg. 2 line 8 the right way round: every watched operator is durable at or past
         the sequence number this lineage carries for it."""
         return all(self._durable[h.op] >= h.seq for h in lineage if h.op in self._durable)
+
+
+class Heard:
+    """How far the frontend holds one operator's outputs: the highest sequence number up to
+    which every request's outcome has reached it (a prefix: a re-executed request may take
+    an earlier number back, H8). An operator's backup applies no state beyond it (issue
+    39): a state applied whose outputs died with the primary would leave requests whose
+    effects are durable and that nothing can answer any more, and recovery re-runs only
+    what is beyond the promoted state."""
+
+    def __init__(self) -> None:
+        self.upto = 0
+        self._above: set[int] = set()
+
+    def add(self, seqs: Iterable[int]) -> bool:
+        """These requests' outcomes are here. Returns whether the prefix moved."""
+        before = self.upto
+        self._above.update(s for s in seqs if s > self.upto)
+        while self.upto + 1 in self._above:
+            self.upto += 1
+            self._above.discard(self.upto)
+        return self.upto > before
+
+    def reset(self, seq: int) -> None:
+        """The operator rolled back to ``seq``: what follows gets numbered again."""
+        self.upto = min(self.upto, seq)
+        self._above = {s for s in self._above if s <= seq}
 
 
 @dataclass(frozen=True)

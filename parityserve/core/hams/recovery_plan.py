@@ -67,9 +67,13 @@ class Attach:
 
 @dataclass(frozen=True)
 class Promote:
-    """``member`` (a seeded backup) becomes ``op``'s primary; answer ``took_over``."""
+    """``member`` (a seeded backup) becomes ``op``'s primary; answer ``took_over``. With
+    ``attach`` (a loaded spare), it first sends the spare the state it takes over with and
+    waits for it to be applied, so that from the moment it answers, a second member holds
+    the state (a loss of the new primary then is not a loss of the state)."""
     op: str
     member: str
+    attach: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,20 +197,31 @@ class RecoveryPlan:
         return self._protect(found.op)  # not during a recovery: it attaches on resuming
 
     def seeded_at(self, member: str) -> list[RecoveryAction]:
-        """The backup applied a first full state: it may be promoted from now on."""
+        """The backup applied a first full state: it may be promoted from now on. Or the
+        spare applied the state a member being promoted sent it (``Promote.attach``)."""
         found = self._members.get(member)
-        if found is not None and self._ops[found.op].backup == member:
+        if found is None:
+            return []
+        o = self._ops[found.op]
+        if o.backup == member or (o.spare == member and o.taker is not None and not o.rolling):
             found.seeded = True
         return []
 
-    def took_over(self, member: str, seq: int) -> list[RecoveryAction]:
-        """A promoted backup, or a primary rolled back in place, is at state ``seq``."""
+    def took_over(self, member: str, seq: int, seeded: str | None = None
+                  ) -> list[RecoveryAction]:
+        """A promoted backup, or a primary rolled back in place, is at state ``seq``;
+        ``seeded``: the spare it attached, which holds that state too."""
         found = self._members.get(member)
         rec = self._recovery
         if found is None or rec is None or self._ops[found.op].taker != member:
             return []
         o = self._ops[found.op]
         actions: list[RecoveryAction] = []
+        if seeded is not None and seeded == o.spare and o.backup is None:
+            spare = self._members[seeded]  # the new backup, attached to the new primary
+            spare.seeded, spare.admitted = True, True
+            spare.allow_for = spare.attached_to = member
+            o.backup, o.spare = seeded, None
         if o.primary is not None and o.primary != member:  # demoted: it must answer nothing
             actions.append(self._drop(found.op, o.primary, "demoted: its backup took over"))
         if o.rolling and o.backup is not None:  # it may hold states of the discarded run:
@@ -250,11 +265,15 @@ class RecoveryPlan:
                                         + self._no_backup(o))
         o.backup, o.taker = None, backup
         rec.promoted.append(op)
-        return [*actions, Promote(op, backup)]
+        return [*actions, Promote(op, backup, self._loaded_spare(o))]
 
     def _taker_lost(self, op: str, member: str, why: str) -> list[RecoveryAction]:
         o = self._ops[op]
         o.taker = None
+        spare = o.spare
+        if not o.rolling and spare is not None and self._members[spare].seeded:
+            o.spare, o.taker = None, spare  # it holds the state the lost member took over
+            return [Promote(op, spare)]     # with (Promote.attach): it takes over instead
         if o.rolling or o.primary is None:
             o.rolling = False
             if o.primary == member:
@@ -288,7 +307,7 @@ class RecoveryPlan:
             o.backup, o.taker = None, backup
             assert self._recovery is not None
             self._recovery.promoted.append(op)
-            return [Promote(op, backup)]
+            return [Promote(op, backup, self._loaded_spare(o))]
         return self._roll_back(op)
 
     def _roll_back(self, op: str) -> list[RecoveryAction]:
@@ -335,6 +354,10 @@ class RecoveryPlan:
             backup.attached_to = o.primary
             actions.append(Attach(op, o.primary, o.backup))
         return actions
+
+    def _loaded_spare(self, o: _Op) -> str | None:
+        spare = self._members.get(o.spare) if o.spare is not None else None
+        return o.spare if spare is not None and spare.ready else None
 
     def _drop(self, op: str, member: str, why: str) -> Fence:
         self._members.pop(member, None)
