@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -305,3 +306,48 @@ def test_remus_never_makes_durable_a_state_whose_outputs_are_not_here(tmp_path: 
         assert graph_state(url)["failovers"][-1]["lost_pid"] == pid
     finally:
         running.stop()
+
+
+def _loading_primary(worker_id: str) -> int | None:
+    """The pid of this process's child running operator ``worker_id``, if it is up yet."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+            if worker_id.encode() in argv and f"PPid:\t{os.getpid()}\n" in status:
+                return int(entry.name)
+    return None
+
+
+def test_a_primary_killed_while_loading_does_not_stop_the_start(tmp_path: Path) -> None:
+    """Case 5: the first seq1 primary is killed before it said hello (loading torch and
+    its model takes a second or more): it is launched again and the server starts and
+    answers (before: the start failed, 'exited with -9 before it said hello', and
+    ``parityserve start`` exited 2). A model that cannot load still stops the start
+    (test_hams_serving's test_an_operator_that_cannot_load_fails_the_start_with_the_reason)."""
+    started: list[object] = []
+    starter = threading.Thread(target=lambda: started.append(_start_or_error(tmp_path)))
+    starter.start()
+    pid = poll(lambda: {"pid": _loading_primary('"stocks/seq1/primary-')},
+               lambda s: s["pid"] is not None)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    starter.join(300)
+    (running,) = started
+    assert not isinstance(running, BaseException), running
+    try:
+        url = running.url  # type: ignore[attr-defined]
+        assert seq1(url)["primary_pid"] != pid
+        with Client(url) as client:
+            assert client.predict_graph("stocks", [0.1] * 4, stream="s",
+                                        stream_key="ticker")["durable"]
+    finally:
+        running.stop()  # type: ignore[attr-defined]
+
+
+def _start_or_error(tmp_path: Path) -> object:
+    try:
+        return start_server(config(), tmp_path)
+    except BaseException as exc:  # handed to the test's thread
+        return exc
