@@ -60,6 +60,7 @@ from parityserve.core.hams import (
     plan_failover,
     seq_at,
 )
+from parityserve.core.hams.door import StreamGate
 from parityserve.core.hams.recovery_plan import (
     Allow,
     Attach,
@@ -186,6 +187,8 @@ class GraphRuntime:
             op: InFlight(clock()) for op in self.topology.operators}
         # declared only: learned from the first answer, one client chose it for everyone
         self.input_shape = graph.door(deployments.values())
+        # a stateful operator's "no room for a new stream until t", repeated at the door
+        self.gate = StreamGate(self.topology.stateful)
         self.on_expired: Callable[[str, int], None] | None = None  # (op, batches): a metric
         self._recovery = asyncio.Lock()  # bare and checkpoint-replay: one recovery at a time
         self.plan: RecoveryPlan | None = None  # hams and remus: every recovery, one plan
@@ -296,6 +299,7 @@ class GraphRuntime:
             raise Unavailable(f"graph {self.graph.name!r} lost state it cannot rebuild: "
                               f"{self.broken}")
         self._check_shapes(rows)
+        self._check_gate(streams)
         loop = asyncio.get_running_loop()
         futures, clients = [], []
         origin = object()  # this request's rows take turns with other requests' in batches
@@ -327,6 +331,18 @@ class GraphRuntime:
                 raise InvalidInput(f"graph {self.graph.name!r} takes rows of shape "
                                    f"{list(shape or ())} (declared; -1 is any size); "
                                    f"{where} has shape {list(np.shape(row))}")
+
+    def _check_gate(self, streams: Sequence[str]) -> None:
+        """A new stream while an operator on the way says its table has no room: the 429
+        it would answer, now, before the rows cross the operators ahead of it."""
+        closed = self.gate.closed(streams, self.clock())
+        if closed is None:
+            return
+        where = f"input_batch[{closed.row}]: " if len(streams) > 1 else ""
+        raise TooManyStreams(
+            f"{where}{closed.reason or closed.op + ': no room for a new stream'} (refused at "
+            f"the graph's door: {closed.op} takes no new stream for {closed.retry_after_s:.3g} "
+            "s more, and this one is new to it)", closed.retry_after_s)
 
     # ---- dispatch --------------------------------------------------------------------------
     def _pump_all(self) -> None:
@@ -462,7 +478,13 @@ class GraphRuntime:
         """An operator answered ``entry``; ignored when a failover renumbered it since."""
         if self.router.managers[op].current(entry.seq) is not entry or entry.done:
             return
+        if op in self.pairs:  # it answered a row of this stream: the stream has a slot
+            self.gate.took(op, self._stream_of(client_of(entry.lineage)))
         self._release(self.router.output(op, entry.seq, row))
+
+    def _stream_of(self, client: int) -> str:
+        waiting = self._waiting.get(client) or self._abandoned.get(client)
+        return "" if waiting is None else waiting.stream
 
     def _fail_batch(self, op: str, batch: Batch, exc: Exception) -> None:
         for entry in batch:
@@ -476,6 +498,8 @@ class GraphRuntime:
         if manager.current(entry.seq) is not entry or entry.done:
             return  # a failover renumbered it, or it was answered already
         manager.record(entry.seq, np.empty(0))
+        if isinstance(exc, TooManyStreams) and op in self.pairs:
+            self.gate.refused(op, self.clock(), exc.retry_after_s, str(exc))
         client = client_of(entry.lineage)
         self._abandoned.pop(client, None)
         waiting = self._waiting.pop(client, None)
@@ -1026,6 +1050,9 @@ class GraphRuntime:
                              checkpoint=self.replay[op].checkpoint,
                              whole=self._whole(pair),
                              spare_pid=pair.spare.pid if pair.spare else None)
+                until = self.gate.closing().get(op)  # new streams refused at the door
+                entry["new_streams_refused_for_s"] = round(max(0.0, until - self.clock()), 3) \
+                    if until is not None else 0.0
             ops[op] = entry
         return {"mode": self.mode, "ready": self.ready(), "broken": self.broken,
                 "recovering": self._recovery.locked() or bool(

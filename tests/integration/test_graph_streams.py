@@ -105,6 +105,24 @@ def test_a_full_stream_table_refuses_new_streams_alone_with_429(server: RunningS
     wait_until(lambda: graph_state(url, "stocks")["records"] == 0, 30)
     assert httpx.get(f"{url}/v2/models/stocks/ready").status_code == 200
 
+    # While seq1 says it has no room, a flood of new streams is refused at the door: its
+    # rows no longer cross feat (1,024 rows, every two seconds, in the soak) to be refused
+    state = graph_state(url, "stocks")
+    assert state["operators"]["seq1"]["new_streams_refused_for_s"] > 0
+    before = state["operators"]["feat"]["last_seq"]
+    flood = post(url, "stocks", {"input_batch": [GOOD] * 1024,
+                                 "streams": [f"flood{i}" for i in range(1024)]})
+    assert flood.status_code == 429, flood.text[:300]
+    assert int(flood.headers["Retry-After"]) >= 1
+    assert "max_streams=1024" in flood.json()["error"]
+    assert "refused at the graph's door" in flood.json()["error"]
+    assert "flood" not in flood.json()["error"]
+    # a held stream still passes the door, alone or beside a new one it is refused with
+    assert post(url, "stocks", {"input": GOOD, "ticker": "s3"}).status_code == 200
+    mixed = post(url, "stocks", {"input_batch": [GOOD, GOOD], "streams": ["s5", "brand-new"]})
+    assert mixed.status_code == 429 and "input_batch[1]" in mixed.json()["error"]
+    assert graph_state(url, "stocks")["operators"]["feat"]["last_seq"] == before + 1
+
 
 def test_an_idle_stream_gives_way_and_primary_and_backup_drop_it_alike(
         server: RunningServer) -> None:
