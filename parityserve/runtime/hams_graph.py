@@ -378,6 +378,7 @@ class GraphRuntime:
         except Exception as exc:
             log.exception("graph %s: sending a batch to %s failed", self.graph.name, op)
             self.inflight[op].pop(bid, self.clock())
+            self._outputs_heard(op, batch)  # numbered, never run: no state waits for it
             self._fail_batch(op, batch, PredictError(f"{op}: the batch could not be sent: "
                                                      f"{type(exc).__name__}: {exc}"))
 
