@@ -199,6 +199,7 @@ class GraphRuntime:
         self.failovers: list[FailoverRecord] = []
         self.replay_conflicts = 0  # checkpoint-replay: replayed outputs that differed
         self.redispatched = 0  # rows with applied state sent to a stateless operator again
+        self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
         self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
         self._replaying: dict[int, tuple[list[int], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -823,6 +824,9 @@ class GraphRuntime:
                 how = self._loss(member, now) if member.lost is None else None
                 if how is not None:
                     member.lost = how
+                    self.losses.append({"member": member.worker_id, "pid": member.pid,
+                                        "how": how, "silent_ms": round(
+                                            (now - member.last_beat) * 1e3, 1)})
                     log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
                                 op, member.worker_id, how, member.popen.poll())
                     if self.plan is not None:
@@ -1064,7 +1068,7 @@ class GraphRuntime:
                 "input_shape": list(self.input_shape) if self.input_shape is not None else None,
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,
-                "redispatched_rows": self.redispatched,
+                "redispatched_rows": self.redispatched, "losses": list(self.losses),
                 "failovers": [r.to_json() for r in self.failovers]}
 
 

@@ -123,11 +123,22 @@ def test_the_promoted_primary_lost_during_the_recovery_keeps_the_graph_answering
         running.stop()
 
 
+def freeze_until_lost(url: str, pid: int) -> dict:
+    """SIGSTOP ``pid`` and wait (generously: a deadline, not a bound) until the graph says
+    it lost it; the loss record says how, and after how long a silence on its own clock
+    (stalls of the frontend's loop are forgiven there, so load does not move it)."""
+    os.kill(pid, signal.SIGSTOP)
+    state = poll(lambda: graph_state(url), lambda s: any(
+        loss["pid"] == pid for loss in s["losses"]))
+    resume(pid)  # fenced (killed) by then; harmless either way
+    return next(loss for loss in state["losses"] if loss["pid"] == pid)
+
+
 def test_a_frozen_backup_is_replaced_and_never_holds_its_primary(tmp_path: Path) -> None:
     """Case 5: a SIGSTOPped backup is a lost backup once silent for heartbeat_timeout_ms,
-    whatever the detection mode: the primary goes on and a new backup is attached. It is
-    frozen for at most 1.5 s (then let go): before, exit detection waited 2 s of silence,
-    and the graph held every reply meanwhile."""
+    whatever the detection mode: the primary goes on and a new backup is attached. Before,
+    exit detection waited 2 s of silence whatever the setting, and the graph held every
+    reply for that long (a 1 s stall went unnoticed)."""
     cfg = config()
     cfg["graphs"][0]["heartbeat_timeout_ms"] = 200
     running = start_server(cfg, tmp_path)
@@ -137,20 +148,14 @@ def test_a_frozen_backup_is_replaced_and_never_holds_its_primary(tmp_path: Path)
         wait_until(lambda: synced(url), 60)
         before = seq1(url)
         frozen = before["backup_pid"]
-        replaced: list[dict] = []
-
-        def freeze() -> None:
-            os.kill(frozen, signal.SIGSTOP)
-            with contextlib.suppress(AssertionError):
-                replaced.append(poll(lambda: seq1(url), lambda s: s["backup_pid"] != frozen,
-                                     timeout_s=1.5))
-            resume(frozen)
-
-        replies = send_streams(url, data, {STEPS // 2: freeze})
-        assert replaced, "the frozen backup was not replaced while it was frozen"
+        lost: list[dict] = []
+        replies = send_streams(url, data, {
+            STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
         check_against_replay(replies, data)
+        assert lost[0]["how"] == "timeout" and 200 <= lost[0]["silent_ms"] < 2000
         after = seq1(url)
         assert after["primary_pid"] == before["primary_pid"]  # the primary went on
+        assert after["backup_pid"] not in (None, frozen)
         wait_until(lambda: not Path(f"/proc/{frozen}").exists(), 30)  # fenced: killed
         wait_until(lambda: synced(url), 60)
     finally:
@@ -160,9 +165,8 @@ def test_a_frozen_backup_is_replaced_and_never_holds_its_primary(tmp_path: Path)
 
 def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> None:
     """Case 5: a hung primary (SIGSTOP, no exit to see) past heartbeat_timeout_ms fails
-    over with detection: exit as well. Frozen for at most 1.5 s: before, exit detection
-    waited 2 s of silence, so the primary came back with no failover and the graph had
-    stalled for that time."""
+    over with detection: exit as well. Before, exit detection waited 2 s of silence, so a
+    1 s stall of a primary stalled the graph with no failover."""
     cfg = config()
     cfg["graphs"][0]["heartbeat_timeout_ms"] = 200
     running = start_server(cfg, tmp_path)
@@ -171,18 +175,11 @@ def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> 
         url, data = running.url, series(8)
         wait_until(lambda: synced(url), 60)
         frozen = seq1(url)["primary_pid"]
-        caught: list[dict] = []
-
-        def freeze() -> None:
-            os.kill(frozen, signal.SIGSTOP)
-            with contextlib.suppress(AssertionError):
-                caught.append(poll(lambda: graph_state(url), lambda s: any(
-                    f["lost_pid"] == frozen for f in s["failovers"]), timeout_s=1.5))
-            resume(frozen)
-
-        replies = send_streams(url, data, {STEPS // 2: freeze})
-        assert caught, "no failover while the primary was frozen"
+        lost: list[dict] = []
+        replies = send_streams(url, data, {
+            STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
         check_against_replay(replies, data)
+        assert lost[0]["how"] == "timeout" and 200 <= lost[0]["silent_ms"] < 2000
         failover = graph_state(url)["failovers"][-1]
         assert failover["lost_pid"] == frozen and failover["detection"] == "timeout"
     finally:
