@@ -24,6 +24,7 @@ _EPILOG = textwrap.dedent("""\
       parityserve start -c serving.yaml            serve the deployment described in YAML
       parityserve validate -c serving.yaml         check a deployment file without starting it
       parityserve token                            where the admin token is (--show prints it)
+      parityserve top --url http://10.0.0.5:8000   a live view of running frontends (q quits)
       parityserve worker --connect tcp://10.0.0.5:5555 --model mnist-mlp --source zoo:parm-mlp
                                                    join a running frontend from another machine
                                                    (with --server-key/--client-key: CURVE keys)
@@ -359,6 +360,60 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "top", help="a live view of running frontends: rates, p50/p99 against the SLO, "
+                    "replicas, failovers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent("""\
+            Reads each frontend's /metrics and /admin/state every --interval seconds and
+            shows, per model: requests/s, p50 and p99 of the last interval against its SLO
+            (p99 in red past it), replicas ready/all, defaults and rebuilt (reconstructed)
+            answers per second and the parallelism the controller runs; per graph:
+            requests/s, p50/p99, durable lag, backups synced and failovers in the last
+            minute (counted as parityserve_graph_failovers_total grows between scrapes,
+            since top started when it has run for less). The admin token is found as
+            parityserve.Client finds it: $PARITYSERVE_ADMIN_TOKEN, then the token file
+            (see `parityserve token`). A frontend that cannot be read is one line saying
+            why. q quits (Ctrl-C when stdin is not a terminal)."""),
+        epilog=textwrap.dedent("""\
+            examples:
+              parityserve top                                  the server on 127.0.0.1:8000
+              parityserve top --url http://10.0.0.5:8000 --url http://10.0.0.6:8000
+                                                               two frontends, one view
+              parityserve top --url http://h:8000,http://h:9000
+                                                               admin routes on their own
+                                                               listener (server.admin_port)
+              parityserve top --once --interval 5 > frame.txt  one frame for a script: two
+                                                               scrapes 5 s apart, then exit
+                                                               (1 if a frontend was unread)"""))
+    p.add_argument("--url", action="append", metavar="URL",
+                   help="a frontend, SERVE_URL or SERVE_URL,ADMIN_URL; repeat for several "
+                        "(default http://127.0.0.1:8000)")
+    p.add_argument("--interval", type=_positive_seconds, default=2.0, metavar="SECONDS",
+                   help="seconds between scrapes; rates are over this window (default 2)")
+    p.add_argument("--once", action="store_true",
+                   help="print one frame and exit: two scrapes --interval apart, so the rates "
+                        "exist")
+    p.set_defaults(func=_cmd_top)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 3600: {text}")
+    return value
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    from parityserve.top import run
+
+    return run(args.url or ["http://127.0.0.1:8000"], interval_s=args.interval, once=args.once)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
     from parityserve.models.extras import check_extras, needed_extras
@@ -504,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_start, _add_validate, _add_worker, _add_keys, _add_demo, _add_bench,
-                _add_profile, _add_train_parity, _add_token):
+                _add_profile, _add_train_parity, _add_token, _add_top):
         add(sub)
     return parser
 

@@ -1,17 +1,23 @@
 """``parityserve top``'s pure half: per-model and per-graph rows from two ``/metrics`` scrapes
 and one ``/admin/state``, and their text. No I/O, no clock: the caller passes both scrapes and
-the seconds between them (parityserve/top.py does the reading and the drawing)."""
+the seconds between them (parityserve/top.py does the reading and the drawing).
+
+With one scrape (``before`` is None) nothing per second can be known: rates and the window's
+percentiles are None, which top shows as "n/a". Failovers are counted as the change of
+``parityserve_graph_failovers_total`` between scrapes on top's own clock, never from the
+server's timestamps (another host's monotonic clock means nothing here)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["ModelRow", "Scrape", "GraphRow", "graph_rows", "model_rows", "parse", "quantile"]
+__all__ = ["GraphRow", "ModelRow", "Scrape", "graph_rows", "increase", "model_rows", "parse",
+           "quantile", "window_base"]
 
 Labels = frozenset[tuple[str, str]]
 
@@ -42,29 +48,46 @@ def parse(text: str) -> Scrape:
 @dataclass(frozen=True)
 class ModelRow:
     model: str
-    rate: float  # queries/s sent to its replicas
-    p50_s: float
-    p99_s: float
+    rate: float | None  # queries/s sent to its replicas; None with one scrape
+    p50_s: float | None  # of the window between the scrapes; NaN when nothing was answered
+    p99_s: float | None
     slo_s: float
     replicas_up: int
     replicas: int
-    defaults_per_s: float
-    rebuilt_per_s: float
+    defaults_per_s: float | None
+    rebuilt_per_s: float | None
     parallelism: str
 
 
 @dataclass(frozen=True)
 class GraphRow:
     graph: str
+    rate: float | None  # requests/s on its predict route
+    p50_s: float | None
+    p99_s: float | None
     lag: float
     synced: str
-    failovers_last_minute: int
+    failovers: int | None  # since ``base`` (about a minute ago); None with one scrape
 
 
-def _rate(before: Scrape, after: Scrape, seconds: float, name: str, **match: str) -> float:
-    if seconds <= 0:
-        return 0.0
-    return max(0.0, after.total(name, **match) - before.total(name, **match)) / seconds
+def increase(before: Scrape, after: Scrape, name: str, **match: str) -> float:
+    """How much a counter grew, series by series; a series that went down was reset (the
+    server restarted) and counts from zero, as Prometheus' increase() reads it."""
+    grown = 0.0
+    old = before.values(name)
+    want = set(match.items())
+    for labels, value in after.values(name).items():
+        if want <= labels:
+            prior = old.get(labels, 0.0)
+            grown += value - prior if value >= prior else value
+    return grown
+
+
+def _rate(before: Scrape | None, after: Scrape, seconds: float, name: str,
+          **match: str) -> float | None:
+    if before is None:
+        return None
+    return increase(before, after, name, **match) / seconds if seconds > 0 else 0.0
 
 
 def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
@@ -83,43 +106,45 @@ def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
     return lower
 
 
-def _window_buckets(before: Scrape, after: Scrape, model: str) -> list[tuple[float, float]]:
-    name = "parityserve_model_latency_seconds_bucket"
-    out = []
-    for labels, value in after.values(name).items():
-        d = dict(labels)
-        if d.get("model") == model:
-            out.append((float(d["le"]), value - before.values(name).get(labels, 0.0)))
-    return out
+def _window(before: Scrape | None, after: Scrape, name: str,
+            **match: str) -> tuple[float | None, float | None]:
+    """p50 and p99 of one histogram's observations between the scrapes."""
+    if before is None:
+        return None, None
+    want = set(match.items())
+    buckets = [(float(dict(labels)["le"]), value - before.values(name).get(labels, 0.0))
+               for labels, value in after.values(name).items() if want <= labels]
+    return quantile(0.5, buckets), quantile(0.99, buckets)
 
 
-def model_rows(before: Scrape, after: Scrape, seconds: float,
+def model_rows(before: Scrape | None, after: Scrape, seconds: float,
                state: Mapping[str, Any]) -> list[ModelRow]:
     """One row per model in ``/admin/state``, its rates over the scrapes' window."""
     defaults = _defaults_by_model(before, after, seconds, state)
     rows = []
     for model in state.get("models", []):
         name = model["name"]
-        buckets = _window_buckets(before, after, name)
+        p50, p99 = _window(before, after, "parityserve_model_latency_seconds_bucket",
+                           model=name)
         replicas = model.get("replicas", [])
         rows.append(ModelRow(
             name, _rate(before, after, seconds, "parityserve_queue_time_seconds_count",
                         model=name),
-            quantile(0.5, buckets), quantile(0.99, buckets), float(model["slo_ms"]) / 1000,
+            p50, p99, float(model["slo_ms"]) / 1000,
             sum(1 for r in replicas if r.get("state") == "ready"), len(replicas),
-            defaults.get(name, 0.0),
+            defaults.get(name) if before is not None else None,
             _rate(before, after, seconds, "parityserve_reconstructed_total", model=name),
             _parallelism(after, name)))
     return rows
 
 
-def _defaults_by_model(before: Scrape, after: Scrape, seconds: float,
+def _defaults_by_model(before: Scrape | None, after: Scrape, seconds: float,
                        state: Mapping[str, Any]) -> dict[str, float]:
     """Defaults are counted per application: each goes to the models the app asks."""
     out: dict[str, float] = {}
     for app in state.get("applications", []):
         rate = _rate(before, after, seconds, "parityserve_default_outputs_total",
-                     app=app["name"])
+                     app=app["name"]) or 0.0
         for model in app.get("models", []):
             out[model] = out.get(model, 0.0) + rate
     return out
@@ -133,16 +158,33 @@ def _parallelism(scrape: Scrape, model: str) -> str:
     return f"c={int(knobs.get('c', 0))} intra={int(knobs.get('intra', 0))}"
 
 
-def graph_rows(scrape: Scrape, state: Mapping[str, Any], now: float) -> list[GraphRow]:
-    """Per graph: the largest durable lag, backups synced / stateful operators, and the
-    failovers detected in the minute before ``now`` (the server's monotonic clock)."""
+def graph_rows(before: Scrape | None, after: Scrape, seconds: float,
+               state: Mapping[str, Any], base: Scrape | None) -> list[GraphRow]:
+    """Per graph: its request rate and p50/p99 over the window, the largest durable lag,
+    backups synced / stateful operators, and failovers since ``base`` (see window_base)."""
     rows = []
     for name, graph in state.get("graphs", {}).items():
-        ops = [o for o in graph.get("operators", {}).values() if o.get("stateful")]
-        lag = max((scrape.total("parityserve_graph_durable_lag_requests", graph=name,
-                                operator=op) for op, o in graph.get("operators", {}).items()
-                   if o.get("stateful")), default=0.0)
-        synced = sum(1 for o in ops if o.get("backup_synced"))
-        recent = sum(1 for f in graph.get("failovers", []) if now - f["detected_at"] <= 60)
-        rows.append(GraphRow(name, lag, f"{synced}/{len(ops)}", recent))
+        stateful = [op for op, o in graph.get("operators", {}).items() if o.get("stateful")]
+        lag = max((after.total("parityserve_graph_durable_lag_requests", graph=name,
+                               operator=op) for op in stateful), default=0.0)
+        synced = sum(1 for op in stateful if graph["operators"][op].get("backup_synced"))
+        p50, p99 = _window(before, after, "parityserve_request_latency_seconds_bucket",
+                           route="predict", target=name)
+        failovers = None if base is None else round(
+            increase(base, after, "parityserve_graph_failovers_total", graph=name))
+        rows.append(GraphRow(
+            name, _rate(before, after, seconds, "parityserve_requests_total", route="predict",
+                        target=name),
+            p50, p99, lag, f"{synced}/{len(stateful)}", failovers))
     return rows
+
+
+def window_base(history: Sequence[tuple[float, Scrape]], now: float,
+                window_s: float = 60.0) -> Scrape | None:
+    """The scrape to count "the last minute" from: the newest one at least ``window_s`` before
+    ``now``, else the oldest (top has run for less than a minute). ``history`` is (time on
+    top's own clock, scrape), oldest first, the latest being ``now``'s; None with one scrape."""
+    if len(history) < 2:
+        return None
+    older = [scrape for t, scrape in history[:-1] if now - t >= window_s]
+    return older[-1] if older else history[0][1]
