@@ -211,3 +211,46 @@ def test_ctrl_c_quits_when_stdin_is_not_a_terminal(home: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         assert b"Traceback" not in proc.stderr.read()
+
+
+def _graph_rows(fd: int, seen: list[list[str]], until: str, timeout_s: float = 60.0) -> None:
+    """Read top's frames (a pipe: one after another) until a ``stocks`` row whose failovers
+    column is ``until``; every stocks row read goes to ``seen``."""
+    buffer = b""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no stocks row with failovers {until}: {seen[-5:]}"
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        assert chunk, f"top exited; rows: {seen[-5:]}"
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.split()[:1] == [b"stocks"]:
+                seen.append(line.decode().split())
+                if seen[-1][-1] == until:
+                    return
+
+
+def test_a_killed_primary_shows_as_one_failover_in_the_last_minute(server: str,
+                                                                   home: Path) -> None:
+    """Last in this file: it kills the graph's primary (the graph recovers on its backup)."""
+    env = {**os.environ, "PARITYSERVE_HOME": str(home), "PARITYSERVE_ADMIN_TOKEN": TOKEN}
+    with subprocess.Popen([PARITYSERVE, "top", "--interval", "0.5", "--url", server],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, env=env) as proc:
+        assert proc.stdout is not None
+        try:
+            rows: list[list[str]] = []
+            _graph_rows(proc.stdout.fileno(), rows, until="0")  # counted from a base now
+            with Client(server, token=TOKEN) as client:
+                pid = client.state()["graphs"]["stocks"]["operators"]["mean"]["primary_pid"]
+                os.kill(pid, signal.SIGKILL)
+                wait_until(lambda: len(client.state()["graphs"]["stocks"]["failovers"]) == 1)
+            _graph_rows(proc.stdout.fileno(), rows, until="1")
+            assert {row[-1] for row in rows} <= {"n/a", "0", "1"}, rows
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
