@@ -11,7 +11,7 @@ ARGS ?=
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
 	bench-simulate bench-frontend_wrk bench-parm_testbed bench-parm_calibration bench-serf bench-serf_noise \
 	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams bench-cold_start \
-	check-plain-install \
+	check-plain-install test-observability \
 	fuzz soak mutate docs clean venv
 
 venv: $(STAMP)
@@ -35,6 +35,14 @@ test: $(STAMP)
 	scripts/redis.sh ensure && scripts/redis.sh start
 	status=0; PARITYSERVE_REDIS_URL="$$(scripts/redis.sh url)" $(BIN)/pytest $(PYTEST_ARGS) \
 	  || status=$$?; scripts/redis.sh stop; exit $$status
+
+# The dashboard's and the rules' PromQL through a real Prometheus (Debian's package, which
+# scripts/prometheus.sh installs) scraping a real server, promtool check rules, and
+# `parityserve top` against a real server. .ci/run runs it after the tests.
+test-observability: $(STAMP)
+	scripts/prometheus.sh ensure
+	$(BIN)/pytest $(PYTEST_ARGS) tests/unit/test_dashboard.py tests/unit/test_top_view.py \
+	  tests/integration/test_observability.py tests/e2e/test_top_cli.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check parityserve tests benchmarks
