@@ -22,6 +22,7 @@ log = logging.getLogger("mkdocs.plugins.parityserve.links")
 
 _LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 _FENCE = re.compile(r"^\s*(```|~~~)")
+_LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
 _SCHEME = "repo:"
 _copied: set[str] = set()
 
@@ -45,14 +46,27 @@ def _outside_target(target: str, page_src: str, docs_dir: Path, root: Path) -> s
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     docs_dir = Path(os.path.normpath(config["docs_dir"]))
     root = docs_dir.parent
-    out, fenced = [], False
+    out: list[str] = []
+    fenced = False
     for line in markdown.split("\n"):
         if _FENCE.match(line):
             fenced = not fenced
         if not fenced:
             line = _LINK.sub(lambda m: _rewrite(m, page, docs_dir, root), line)
+            if _starts_a_list(line, out):
+                out.append("")
         out.append(line)
     return "\n".join(out)
+
+
+def _starts_a_list(line: str, before: list[str]) -> bool:
+    """A list right under a paragraph line: GitHub renders it as a list, Python-Markdown as
+    running text unless a blank line comes first."""
+    if not _LIST_ITEM.match(line) or not before:
+        return False
+    previous = before[-1]
+    return bool(previous.strip()) and not previous.startswith((" ", "|", "#", "<")) \
+        and not _LIST_ITEM.match(previous)
 
 
 def _rewrite(match: re.Match[str], page: Any, docs_dir: Path, root: Path) -> str:
