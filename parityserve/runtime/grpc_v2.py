@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc
 import numpy as np
+import orjson
 from tritonclient.grpc import model_config_pb2 as config_pb
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -51,6 +52,7 @@ from parityserve.runtime.auth import AuthPolicy, authorized
 __all__ = ["GrpcFrontend", "bind_grpc", "status_for"]
 
 _R = TypeVar("_R")
+_Metadata = ModelMetadata  # GrpcFrontend's method of the same name hides it there
 logger = logging.getLogger(__name__)
 
 # Which typed ``contents`` field carries each V2 datatype (FP16 and BF16 have none: raw only).
@@ -148,6 +150,8 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
                 raise PayloadTooLarge(request.reason)
             version = _version(request.model_version)
             meta = self.system.model_metadata(request.model_name, version)
+            if self.system.has_graph(request.model_name):
+                return await self._infer_graph(request, meta)
             batch = _the_input(request, meta, self.limits)
             name = _output_name(request, meta)
             result, rebuilt = await self.system.infer_detailed(request.model_name, version,
@@ -156,6 +160,26 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
                         for m in set(rebuilt.values())}
             return _response(request, meta, name, np.asarray(result), rebuilt, expected)
         return await self._answer(context, infer)
+
+    async def _infer_graph(self, request: Any, meta: _Metadata) -> Any:
+        """A stateful graph's entry, as the V2 HTTP route serves it: one input tensor, a row
+        per query; ``streams`` and ``labels`` ride in the request's parameters (a JSON list
+        in a string parameter, or for one row a bare stream key / an int64 label). The
+        reply's parameters carry ``seqs`` (JSON) and ``durable``, as over HTTP."""
+        rows = _the_input(request, meta, self.limits)
+        if rows.ndim < 2:
+            raise InvalidInput(f"graph {meta.name!r}: the input's first dimension counts the "
+                               f"rows, so send shape [1, {rows.size}] for one row")
+        name = _output_name(request, meta)
+        query: dict[str, Any] = {"input_batch": list(rows)}
+        query.update(_graph_parameters(request.parameters, len(rows)))
+        answers = await self.system.predict_graph(request.model_name, query)
+        result = np.stack([np.asarray(a["output"], dtype=np.float32) for a in answers])
+        response = _response(request, meta, name, result, {}, {})
+        response.parameters["seqs"].string_param = orjson.dumps(
+            [a["seqs"] for a in answers]).decode()
+        response.parameters["durable"].bool_param = bool(answers[0]["durable"])
+        return response
 
     async def _answer(self, context: Any, work: Callable[[], Awaitable[_R]], *,
                       guarded: bool = True) -> _R:
@@ -354,6 +378,35 @@ def _the_input(request: Any, meta: ModelMetadata, limits: Limits) -> np.ndarray:
     if meta.inputs:
         v2.check_against_spec(array, meta.inputs[0])
     return array
+
+
+def _graph_parameters(params: Any, rows: int) -> dict[str, list[Any]]:
+    """``streams`` and ``labels`` from a gRPC request's parameters: a string holding a JSON
+    list (one per row), or, for a one-row request, a bare key (string) or label (int64)."""
+    out: dict[str, list[Any]] = {}
+    for key, kind in (("streams", str), ("labels", int)):
+        if key not in params:
+            continue
+        param = params[key]
+        which = param.WhichOneof("parameter_choice")
+        value: Any = getattr(param, which) if which else None
+        if which == "string_param":
+            if value[:1] == "[":
+                try:
+                    value = orjson.loads(value)
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidInput(f"parameter {key!r}: not a JSON list: {exc}") from None
+            elif kind is str and rows == 1:
+                value = [value]
+        elif which == "int64_param" and kind is int and rows == 1:
+            value = [value]
+        if not isinstance(value, list):
+            raise InvalidInput(f"parameter {key!r}: send a JSON list of {rows} "
+                               f"{kind.__name__} values in a string parameter"
+                               + (" (or one bare value for a one-row request)"
+                                  if rows == 1 else ""))
+        out[key] = value
+    return out
 
 
 def _from_contents(tensor: Any, shape: tuple[int, ...], count: int) -> np.ndarray:

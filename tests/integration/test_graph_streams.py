@@ -147,3 +147,43 @@ def test_an_idle_stream_gives_way_and_primary_and_backup_drop_it_alike(
             and backup["digest"] == digests["primary"]["digest"]
 
     wait_until(same_state, 30)
+
+
+def test_tritonclient_grpc_infers_on_the_graph_as_over_http(server: RunningServer) -> None:
+    """gRPC advertised the graph (platform parityserve-graph) and then answered NOT_FOUND
+    from ModelInfer (issue 40); it now serves the graph as the V2 HTTP route does, streams
+    in the request's parameters, and refuses what HTTP refuses with INVALID_ARGUMENT."""
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    assert server.grpc_url is not None
+    client = triton.InferenceServerClient(server.grpc_url)
+    try:
+        assert client.get_model_metadata("stocks").platform == "parityserve-graph"
+        x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+        tensor = triton.InferInput("x", [2, 4], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer("stocks", [tensor], parameters={"streams": '["g1", "g2"]'})
+        assert result.as_numpy("output").shape == (2, 1)
+        seqs = orjson.loads(result.get_response().parameters["seqs"].string_param)
+        assert len(seqs) == 2 and all(s["seq1"] > 0 for s in seqs)
+        assert result.get_response().parameters["durable"].bool_param is True
+        # the same stream goes on over HTTP: its state is the one gRPC left
+        one = triton.InferInput("x", [1, 4], "FP32")
+        one.set_data_from_numpy(x[:1])
+        bare = client.infer("stocks", [one], parameters={"streams": "g1"})
+        assert bare.as_numpy("output").shape == (1, 1)
+        after = post(server.url, "stocks", {"input": x[0].tolist(), "ticker": "g1"})
+        assert after.status_code == 200 and after.json()["seqs"]["seq1"] > seqs[0]["seq1"]
+        for params, needle in (({"streams": '["g1"]'}, "one stream per input"),
+                               ({"streams": "[not json"}, "not a JSON list")):
+            with pytest.raises(InferenceServerException, match=needle) as err:
+                client.infer("stocks", [tensor], parameters=params)
+            assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        flat = triton.InferInput("x", [4], "FP32")
+        flat.set_data_from_numpy(x[0])
+        with pytest.raises(InferenceServerException, match=r"shape \[1, 4\]") as err:
+            client.infer("stocks", [flat])
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    finally:
+        client.close()
