@@ -163,6 +163,17 @@ def test_once_says_the_admin_token_was_refused(server: str, home: Path) -> None:
         assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_help_teaches_with_examples_and_a_bad_interval_is_a_usage_error(home: Path) -> None:
+    result = _top(home, "--help")
+    assert result.returncode == 0, result.stderr
+    for words in ("examples:", "parityserve top --url", "--once", "--interval", "q quits",
+                  "PARITYSERVE_ADMIN_TOKEN"):
+        assert words in result.stdout, (words, result.stdout)
+    for bad in ("0", "-1", "soon"):
+        result = _top(home, "--once", "--interval", bad)
+        assert result.returncode == 2 and "--interval" in result.stderr, result.stderr
+
+
 def _read_until(fd: int, text: bytes, timeout_s: float = 30.0) -> bytes:
     seen = b""
     deadline = time.monotonic() + timeout_s
