@@ -8,6 +8,7 @@ relative file exists, and each anchor is a heading of the file it points into.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -113,3 +114,56 @@ def test_every_link_in_the_readme_resolves() -> None:
 
 def test_the_readme_is_a_landing_page() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+# ---- the results record -----------------------------------------------------------------------
+RESULTS = "benchmarks/results"
+RESULTS_BUDGET_BYTES = 5_000_000
+
+
+def _tracked(under: str) -> list[str]:
+    """Files git tracks under ``under`` (skips outside a checkout: an sdist has no history)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "ls-files", "-z", under], cwd=ROOT, capture_output=True,
+                         check=True).stdout.decode()
+    return [name for name in out.split("\0") if name]
+
+
+def results_links(markdown: str, where: Path) -> list[str]:
+    """Repository paths under benchmarks/results that ``markdown`` (in ``where``) links to."""
+    linked = []
+    for target in _LINK.findall(_FENCE.sub("", markdown)):
+        path = target.partition("#")[0]
+        if not path or "://" in path:
+            continue
+        rel = Path(os.path.relpath(os.path.normpath(where / path), ROOT)).as_posix()
+        if rel == RESULTS or rel.startswith(RESULTS + "/"):
+            linked.append(rel)
+    return linked
+
+
+def test_the_results_link_finder_reads_relative_links() -> None:
+    page = "[a](../../benchmarks/results/x/t.md#h) [b](other.md) ![p](../../benchmarks/results/p.png)"
+    assert results_links(page, ROOT / "docs" / "results") == [
+        "benchmarks/results/x/t.md", "benchmarks/results/p.png"]
+
+
+def test_every_results_file_linked_from_the_readme_and_the_docs_is_committed() -> None:
+    tracked = set(_tracked(RESULTS))
+    folders = {str(Path(name).parent) for name in tracked}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = [f"{page.relative_to(ROOT)} -> {rel}" for page in pages
+               for rel in results_links(page.read_text(), page.parent)
+               if rel.rstrip("/") not in tracked and not any(
+                   f == rel.rstrip("/") or f.startswith(rel.rstrip("/") + "/") for f in folders)]
+    assert missing == []
+
+
+def test_the_results_folder_stays_under_its_budget() -> None:
+    # tracked files as they are in the working tree (a benchmark may be rewriting one now)
+    sizes = {name: (ROOT / name).stat().st_size for name in _tracked(RESULTS)
+             if (ROOT / name).is_file()}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+    assert total < RESULTS_BUDGET_BYTES, f"{total:,} bytes; largest: {largest}"
