@@ -144,7 +144,8 @@ def results_links(markdown: str, where: Path) -> list[str]:
 
 
 def test_the_results_link_finder_reads_relative_links() -> None:
-    page = "[a](../../benchmarks/results/x/t.md#h) [b](other.md) ![p](../../benchmarks/results/p.png)"
+    page = ("[a](../../benchmarks/results/x/t.md#h) [b](other.md) "
+            "![p](../../benchmarks/results/p.png)")
     assert results_links(page, ROOT / "docs" / "results") == [
         "benchmarks/results/x/t.md", "benchmarks/results/p.png"]
 
