@@ -537,6 +537,10 @@ class Graph(_Frozen):
         "tells the frontend at once), or missed heartbeats alone")
     heartbeat_timeout_ms: float = Field(
         200, gt=0, description="an operator silent this long is lost; heartbeats every 50 ms")
+    full_state_every: int = Field(
+        50, ge=1, le=1_000_000, description="a stateful operator that declares what each "
+        "batch changed (zoo:stream-lstm's stream slots) sends its backup only those rows, and "
+        "the full state on seeding and every this many batches; 1: the full state every time")
     state_link: Literal["unix", "tcp"] = Field(
         "unix", description="how a primary sends states to its backup: a Unix socket in a "
         "0700 folder (same host; the kernel checks the user), or TCP with CURVE (encrypted, "

@@ -111,10 +111,12 @@ def has_stages(op: object) -> bool:
 
 
 def drive(op: AnyStatefulOperator, batch: Any, state: State, gate: CopyGate,
-          early: Callable[[Any], None] | None = None) -> Any:
+          early: Callable[[Any], None] | None = None,
+          wrote: Callable[[Any], None] | None = None) -> Any:
     """One batch through either form, the write gated on ``gate``; the outputs. ``gate`` is
     open when this returns. ``early`` gets the outputs once, as soon as they exist: before
-    the write in the three-method form, after it in the run form."""
+    the write in the three-method form, after it in the run form. ``wrote`` gets the
+    three-method form's ``pending`` after its update (it may declare what was written)."""
     if has_stages(op):
         staged = cast(StatefulOperator, op)
         outputs, pending = staged.compute(batch, state)
@@ -122,6 +124,8 @@ def drive(op: AnyStatefulOperator, batch: Any, state: State, gate: CopyGate,
             early(outputs)
         gate.wait()
         staged.update(state, pending)
+        if wrote is not None:
+            wrote(pending)
         return outputs
     outputs = cast(EventStatefulOperator, op).run(batch, state, gate)
     if early is not None:

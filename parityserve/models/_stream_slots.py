@@ -108,6 +108,11 @@ class SlotWrites:
                    {"keys": keys, "used": used,
                     **{name: t[kept] for name, t in per_lane.items()}})
 
+    def changed_rows(self) -> tuple[list[int], tuple[str, ...]]:
+        """The declared delta: ``store`` writes these rows of these tensors and nothing
+        else, so the primary ships only them to its backup (``core.hams.deltas``)."""
+        return self.slots.tolist(), tuple(self.rows)
+
     def store(self, state: dict[str, Tensor]) -> None:
         with torch.no_grad():
             for name, rows in self.rows.items():

@@ -262,6 +262,7 @@ class GraphRuntime:
             pfm=tuple(m for m in self.topology.prev_stateful(op) if m != FRONTEND),
             bind_host=self._host, ipc_dir=self._ipc_dir,
             checkpoint_every=self.graph.checkpoint_every,
+            full_state_every=self.graph.full_state_every,
             checkpoint_path=self._checkpoint_path(op),
             restore_seq=self.replay[op].checkpoint if op in self.replay else 0)
         member = self.launcher.start(spec, self.clock())
@@ -1031,7 +1032,10 @@ class GraphRuntime:
         if member is None or member.lost or not member.hello.done():
             return None
         answer = await self._ask(member, hp.DIGEST, {"t": hp.DIGEST})
-        return {"seq": int(answer["seq"]), "digest": str(answer["digest"]), "pid": member.pid}
+        found = {"seq": int(answer["seq"]), "digest": str(answer["digest"]), "pid": member.pid}
+        if isinstance(answer.get("shipped"), dict):  # a primary: full copies and deltas sent
+            found["shipped"] = {str(k): int(v) for k, v in answer["shipped"].items()}
+        return found
 
     def statistics(self) -> dict[str, Any]:
         ops = {}

@@ -46,6 +46,7 @@ class OperatorSpec:
     checkpoint_every: int = 0  # checkpoint-replay: batches between checkpoints
     checkpoint_path: str = ""  # checkpoint-replay: checkpoints go to PATH.SEQ (one per SEQ)
     restore_seq: int = 0  # checkpoint-replay: the checkpoint a fresh primary starts from
+    full_state_every: int = 50  # batches between full copies when the operator declares deltas
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()

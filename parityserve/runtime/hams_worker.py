@@ -7,7 +7,10 @@ state's copy is taken (H2), update (writes the state). A run-form operator does 
 both forms: ``models._stateful_run.drive``). The state manager thread then copies the state
 into a flat buffer while the next batch computes, and sends it to the backup directly,
 never through the frontend. At most one undelivered state is in flight; batches
-that finish meanwhile are folded into the next copy (``core.hams.PrimaryShipper``).
+that finish meanwhile are folded into the next copy (``core.hams.PrimaryShipper``). An
+operator that declares what each batch wrote (the stream operators' ``changed_rows``) ships
+only the rows changed since the previous copy, with the full state on seeding and every
+``full_state_every`` batches (``core.hams.DeltaLedger``); the backup applies them in order.
 
 **Backup.** Buffers the primary's states and applies one only when every upstream state it
 depends on is durable (Alg. 2, ``core.hams.BackupApplier``); then tells the primary
@@ -51,6 +54,7 @@ from parityserve.core.hams import (
     RowBisection,
     StateRecord,
 )
+from parityserve.core.hams.deltas import DeltaLedger, Shipment
 from parityserve.errors import ModelLoadError
 from parityserve.models._stateful_base import OperatorBatch
 from parityserve.models._stateful_run import CopyGate, drive
@@ -81,7 +85,7 @@ from parityserve.runtime.hams_protocol import (
     lineage_to_wire,
     refusal,
 )
-from parityserve.runtime.hams_state import FlatState
+from parityserve.runtime.hams_state import FlatDelta, FlatState
 from parityserve.runtime.keys import ClientKeys
 from parityserve.runtime.worker import keys_from_env
 
@@ -139,8 +143,11 @@ class Primary:
         self.copied = threading.Event()
         self.copied.set()
         self.shipper = PrimaryShipper(proc.spec.op, start_seq)
-        self.copies: dict[int, FlatState] = {start_seq: FlatState.capture(
-            start_seq, operator.state)}  # the retained copy (H5) and those in flight
+        self.ledger = DeltaLedger(_table_rows(operator.state), proc.spec.full_state_every,
+                                  start_seq)  # full state or delta, per copy
+        # the retained copy (H5), always full, and those in flight since (full or deltas)
+        self.copies: dict[int, FlatState | FlatDelta] = {start_seq: FlatState.capture(
+            start_seq, operator.state)}
         self.received_upto = start_seq
         self.receipt = threading.Lock()  # guards received_upto
         self.applied_upto = threading.Event()  # a backup applied a state (the seeding wait)
@@ -172,7 +179,9 @@ class Primary:
         elif kind == SLOW:
             self.slow_s = float(header.get("s", 0.0))
         elif kind == DIGEST:  # updates run on this thread too: none is half done now
-            self.proc.tell(_digest(self.last_seq, self.operator.state))
+            self.proc.tell({**_digest(self.last_seq, self.operator.state),
+                            "shipped": {"full": self.ledger.fulls,
+                                        "deltas": self.ledger.deltas}})
 
     def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
         """One batch, either operator form (``drive``): the write waits for the previous
@@ -205,15 +214,17 @@ class Primary:
     def _run_part(self, header: dict[str, Any], batch: OperatorBatch, part: tuple[int, ...],
                   early: Callable[[Any], None] | None) -> Any:
         left: list[Any] = []  # outputs that left early: then they must stand
+        written: list[Any] = []  # the update's pending value: it may say what it wrote
         with CopyGate(self.copied, lock=self.mutex) as gate:
             try:
                 outputs = drive(self.operator.model, batch, self.operator.state, gate,
-                                _noting(early, left) if early is not None else None)
+                                _noting(early, left) if early is not None else None,
+                                written.append)
             except Exception as exc:
                 if gate.opened or left:  # half written, or outputs out that the state lacks:
                     raise  # die; the backup holds the last whole state, replies wait for it
                 raise _NothingWritten(exc) from exc  # a bad row, not a dead operator
-            order = self._number(header, part)
+            order = self._number(header, part, written)
         if order is not None:
             self._to_state_thread("order", order)
         return outputs
@@ -232,12 +243,15 @@ class Primary:
             # a checkpoint, it has every output the checkpoint covers, and may drop their
             # batches. The state is after the whole batch: its refused rows wrote nothing.
 
-    def _number(self, header: dict[str, Any], part: tuple[int, ...]) -> CopyOrder | None:
-        """After the write, under the mutex: give the shipper the part's rows."""
+    def _number(self, header: dict[str, Any], part: tuple[int, ...], written: list[Any]
+                ) -> CopyOrder | None:
+        """After the write, under the mutex: give the shipper the part's rows, and the
+        ledger what the write changed."""
         seq = header["seqs"][part[-1]]
         self.last_seq = seq
         if self.mode in ("checkpoint-replay", "bare"):
             return None
+        self.ledger.wrote(*_declared(written))
         lineages = tuple(lineage_from_wire(header["lineages"][row]) for row in part)
         order = self.shipper.batch_finished(lineages, seq)
         if order is not None:
@@ -314,6 +328,7 @@ class Primary:
             seq = self.shipper.retained_seq
             self.copies[seq].install(self.operator.state)
             self.shipper = PrimaryShipper(self.proc.spec.op, seq)
+            self.ledger.restart(seq)
             self.copies = {seq: self.copies[seq]}
             self.last_seq = seq
         self.proc.tell({"t": PROMOTED, "seq": seq})
@@ -351,33 +366,45 @@ class _StateThread:
                     self._attach(*value)
 
     def _copy(self, order: CopyOrder) -> None:
-        """Copy the state now: it is at rest (the update waits on ``copied``)."""
-        flat = FlatState.capture(order.seq, self.p.operator.state)
+        """Copy the state now: it is at rest (the update waits on ``copied``), and so is
+        the ledger (only an update writes to it)."""
+        with self.p.mutex:
+            shipment = self.p.ledger.take(order.seq)
+        flat = _capture(shipment, self.p.operator.state)
         with self.p.mutex:
             self.p.copies[order.seq] = flat
-            follow = self.p.shipper.copy_finished(order.seq)
+            follow = self._settle(self.p.shipper.copy_finished(order.seq))
             self.p.copied.set()
-        self._follow(follow)
+        self._send_order(follow)
 
-    def _follow(self, order: CopyOrder | None) -> None:
-        """Send an existing copy, or take a new one (a receipt freed the slot)."""
+    def _settle(self, order: CopyOrder | None) -> CopyOrder | None:
+        """Under the mutex (no update can run, the state is at rest): take each new copy
+        the shipper asks for, in the same hold as the order, so that no batch numbered
+        after the order slips into a copy labelled with it. Returns the copy to send."""
         while order is not None and not order.existing:
-            with self.p.mutex:  # at rest: no update can run while we hold the mutex
-                self.p.copies[order.seq] = FlatState.capture(order.seq, self.p.operator.state)
-                order = self.p.shipper.copy_finished(order.seq)
+            shipment = self.p.ledger.take(order.seq)
+            self.p.copies[order.seq] = _capture(shipment, self.p.operator.state)
+            order = self.p.shipper.copy_finished(order.seq)
+        return order
+
+    def _send_order(self, order: CopyOrder | None) -> None:
         if order is not None:
             self._send(self.p.copies[order.seq], order.lineages)
 
-    def _send(self, flat: FlatState, lineages: tuple[Lineage, ...], base: bool = False) -> None:
+    def _send(self, flat: FlatState | FlatDelta, lineages: tuple[Lineage, ...],
+              base: bool = False) -> None:
         if self.backup is None:
             return  # no backup yet: it is sent again when one attaches (lost_backup)
         if self.p.slow_s:
             time.sleep(self.p.slow_s)
         header = {"t": STATE, "seq": flat.seq, "base": base, "layout": flat.layout,
                   "lineages": [lineage_to_wire(lin) for lin in lineages]}
-        with contextlib.suppress(zmq.Again):
-            self.backup.send_multipart(wire.encode(header, [flat.frame()]), copy=False,
-                                       flags=zmq.NOBLOCK)
+        frames: list[Any] = [flat.frame()] if isinstance(flat, FlatState) else flat.frames()
+        if isinstance(flat, FlatDelta):
+            header["delta_of"] = flat.base
+        with contextlib.suppress(zmq.Again):  # a base is copied: the retained copy it is
+            self.backup.send_multipart(wire.encode(header, frames), copy=base,  # takes
+                                       flags=zmq.NOBLOCK)  # deltas in place later
 
     def _attach(self, address: str, key: bytes) -> None:
         """A (new) backup: send it the retained copy as its base, then everything after."""
@@ -388,27 +415,29 @@ class _StateThread:
         self.poller.register(self.backup, zmq.POLLIN)
         with self.p.mutex:
             base = self.p.copies[self.p.shipper.retained_seq]
-            order = self.p.shipper.lost_backup()
+            order = self._settle(self.p.shipper.lost_backup())
+        assert isinstance(base, FlatState)  # the retained copy is kept full (_fold)
         self._send(base, (), base=True)
-        self._follow(order)
+        self._send_order(order)
 
     def _hear(self, header: dict[str, Any], _buffers: list[Any]) -> None:
         seq = int(header.get("seq", -1))
         if header["t"] == RECEIVED:
             with self.p.mutex:
-                order = self.p.shipper.received(seq)
+                if header.get("gap"):  # it could not place a delta: it needs a full state
+                    self.p.ledger.need_full()
+                order = self._settle(self.p.shipper.received(seq))
             with self.p.receipt:
                 self.p.received_upto = max(self.p.received_upto, seq)
             if self.p.mode == "remus":
                 with contextlib.suppress(zmq.Again):  # one pending wake-up is enough
                     self.p.receipt_out.send(b"", zmq.NOBLOCK)
-            self._follow(order)
+            self._send_order(order)
         elif header["t"] == APPLIED:
             self.p.applied_upto.set()
             with self.p.mutex:
                 self.p.shipper.applied(seq)
-                keep = self.p.shipper.retained_seq
-                self.p.copies = {s: c for s, c in self.p.copies.items() if s >= keep}
+                self.p.copies = _fold(self.p.copies, self.p.shipper.retained_seq)
 
 
 class Backup:
@@ -416,7 +445,8 @@ class Backup:
 
     def __init__(self, proc: _Process, operator: _Operator) -> None:
         self.proc, self.operator = proc, operator
-        self.applier: BackupApplier[FlatState] = BackupApplier(proc.spec.op, self._watched())
+        self.applier: BackupApplier[FlatState | FlatDelta] = BackupApplier(
+            proc.spec.op, self._watched())
         self.seed: dict[str, int] = {}
         self.public, secret = zmq.curve_keypair()
         self.allowed: set[bytes] = set()
@@ -469,30 +499,35 @@ class Backup:
     def hear(self, frames: list[Any]) -> None:
         self.primary_id = frames[0].bytes
         header, buffers = wire.decode(frames[1:])
-        if header["t"] != STATE or len(buffers) != 1:
+        delta = "delta_of" in header
+        if header["t"] != STATE or len(buffers) != (2 if delta else 1):
             return
         seq = int(header["seq"])
-        flat = FlatState.received(seq, header["layout"], buffers[0])
-        self._reply(RECEIVED, seq)
-        if header.get("base"):
-            flat.install(self.operator.state)
+        if header.get("base") and not delta:
+            self._reply(RECEIVED, seq)
+            FlatState.received(seq, header["layout"], buffers[0]).install(self.operator.state)
             self.applier = BackupApplier(self.proc.spec.op, self._watched(), seq, self.seed)
             self._reply(APPLIED, seq)
             self.proc.tell({"t": DURABLE, "seq": seq})
             return
         lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
-        self._apply(self.applier.receive(StateRecord(self.proc.spec.op, seq, lineages, flat)))
+        record = StateRecord(self.proc.spec.op, seq, lineages, *_received(seq, header, buffers))
+        # a delta that does not fit (its base is not the newest state here) is dropped, and
+        # the primary told: its next copy is the full state
+        self._reply(RECEIVED, seq, gap=delta and not self.applier.fits(record))
+        self._apply(self.applier.receive(record))
 
-    def _apply(self, ready: list[StateRecord[FlatState]]) -> None:
+    def _apply(self, ready: list[StateRecord[FlatState | FlatDelta]]) -> None:
         for record in ready:
             record.tensors.install(self.operator.state)
             self._reply(APPLIED, record.seq)
             self.proc.tell({"t": DURABLE, "seq": record.seq})
 
-    def _reply(self, kind: str, seq: int) -> None:
+    def _reply(self, kind: str, seq: int, gap: bool = False) -> None:
         if self.primary_id is not None:
+            message = {"t": kind, "seq": seq, **({"gap": True} if gap else {})}
             with contextlib.suppress(zmq.ZMQError):
-                self.link.send_multipart([self.primary_id, *wire.encode({"t": kind, "seq": seq})],
+                self.link.send_multipart([self.primary_id, *wire.encode(message)],
                                          flags=zmq.NOBLOCK)
 
     def promote(self, header: dict[str, Any]) -> Primary:
@@ -509,6 +544,55 @@ class Backup:
             str(header["attach"]), str(header.get("key", "")))
         self.proc.tell({"t": PROMOTED, "seq": seq, "seeded": seeded})
         return primary
+
+
+def _table_rows(state: Any) -> int:
+    """The first dimension of the state's row tables (the largest): a declared delta of
+    half of it or more goes as the full state."""
+    return max((int(t.shape[0]) for t in state.values() if t.dim()), default=0)
+
+
+def _declared(written: list[Any]) -> tuple[list[int] | None, tuple[str, ...]]:
+    """What the update wrote, when its pending value declares it (``changed_rows``: the
+    stream operators' ``SlotWrites``); rows ``None``: undeclared (the run form, or a
+    pending value that says nothing), so the next copy is the full state."""
+    declare = getattr(written[0], "changed_rows", None) if len(written) == 1 else None
+    if not callable(declare):
+        return None, ()
+    rows, names = declare()
+    return list(rows), tuple(names)
+
+
+def _capture(shipment: Shipment, state: Any) -> FlatState | FlatDelta:
+    if shipment.rows is None or shipment.base is None:
+        return FlatState.capture(shipment.seq, state)
+    return FlatDelta.capture(shipment.seq, shipment.base, state, shipment.rows,
+                             shipment.tensors)
+
+
+def _fold(copies: dict[int, FlatState | FlatDelta], keep: int
+          ) -> dict[int, FlatState | FlatDelta]:
+    """The backup applied the copy after ``keep``: the retained copy becomes that state, in
+    full (each delta up to it folded in, in chain order), and older copies go."""
+    full = copies[min(copies)]
+    assert isinstance(full, FlatState)  # the retained copy is always full
+    for seq in sorted(s for s in copies if full.seq < s <= keep):
+        step = copies[seq]
+        if isinstance(step, FlatDelta):
+            step.apply_to(full)  # in place: the retained bytes left as a base were copied
+        else:
+            full = step
+    return {full.seq: full, **{s: c for s, c in copies.items() if s > keep}}
+
+
+def _received(seq: int, header: dict[str, Any], buffers: list[Any]
+              ) -> tuple[FlatState | FlatDelta, int | None]:
+    """A state from the primary, full or a delta, and the delta's base (None: full)."""
+    if "delta_of" not in header:
+        return FlatState.received(seq, header["layout"], buffers[0]), None
+    delta = FlatDelta.received(seq, int(header["delta_of"]), header["layout"], buffers[0],
+                               buffers[1])
+    return delta, delta.base
 
 
 class _NothingWritten(Exception):

@@ -4,6 +4,7 @@
 * ``requests``: one operator's request manager, held by the frontend's graph router;
 * ``durability``: watermarks, the backup's apply rule (Alg. 2) and the frontend's output commit;
 * ``shipping``: the primary's non-stop state shipping (copy gate, one state in flight);
+* ``deltas``: per copy, the full state or only the rows an operator declared it changed;
 * ``topology``: a validated graph, with next/previous stateful operators;
 * ``recovery``: which backups to promote and what is speculation after a failure;
 * ``recovery_plan``: the whole recovery as one state machine, any loss folded into it;
@@ -16,6 +17,7 @@
 """
 
 from parityserve.core.hams.bisect import Part, RowBisection
+from parityserve.core.hams.deltas import DeltaLedger, Shipment
 from parityserve.core.hams.door import admits, door_shape
 from parityserve.core.hams.durability import (
     BackupApplier,
@@ -46,11 +48,12 @@ from parityserve.core.hams.streams import StreamPlan, plan_streams
 from parityserve.core.hams.topology import GraphError, Topology
 
 __all__ = [
-    "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "Executed", "Failover",
+    "FRONTEND", "Arrival", "AuditRow", "BackupApplier", "CopyOrder", "DeltaLedger", "Executed",
+    "Failover",
     "GraphError", "GraphRouter", "Heard", "Held", "HistoryBatch", "HistoryError", "Hop", "InFlight",
     "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RecoveryPlan",
-    "RequestManager", "RowBisection", "ShipperStats", "StateRecord", "StreamPlan", "Topology",
-    "Watermarks",
+    "RequestManager", "RowBisection", "Shipment", "ShipperStats", "StateRecord", "StreamPlan",
+    "Topology", "Watermarks",
     "admits", "client_of", "door_shape", "durable_batches", "extend", "merge", "plan_failover",
     "plan_streams", "seq_at", "speculative",
 ]

@@ -7,6 +7,8 @@
   states and applies one only when every state it depends on is durable, i.e.
   ``durable[m] >= lineage.seq_at(m)`` for each previous stateful operator ``m`` (the paper
   prints ``<=``; H1). Applying a state makes it durable, which it announces downstream.
+  A delta (``StateRecord.base``, ``core.hams.deltas``) is taken only onto the state it was
+  cut from, the newest one received: never out of order, never across a gap.
 * ``OutputCommit``: the frontend as the last "stateful operator", whose apply is the reply.
   A reply waits until every stateful operator in its lineage has made its part durable.
 """
@@ -83,12 +85,14 @@ class Heard:
 
 @dataclass(frozen=True)
 class StateRecord(Generic[T]):
-    """``State{reqs, tensors}``: a full state after request ``seq``. ``lineages`` are those of
-    every request executed since the previous shipped state (states may be coalesced)."""
+    """``State{reqs, tensors}``: a full state after request ``seq``, or with ``base`` only
+    what changed since the state after ``base`` (a delta). ``lineages`` are those of every
+    request executed since the previous shipped state (states may be coalesced)."""
     op: str
     seq: int
     lineages: tuple[Lineage, ...]
     tensors: T
+    base: int | None = None
 
 
 class BackupApplier(Generic[T]):
@@ -110,10 +114,18 @@ class BackupApplier(Generic[T]):
     def pending(self) -> int:
         return len(self._buffer)
 
-    def receive(self, state: StateRecord[T]) -> list[StateRecord[T]]:
-        """Buffer a state from the primary (a stale or repeated one is ignored)."""
+    def fits(self, state: StateRecord[T]) -> bool:
+        """Whether ``receive`` takes this state: newer than the newest one here, and for a
+        delta, cut from exactly that one (applied in order, it rebuilds the primary's
+        state; on any other base it would mix two states)."""
         newest = self._buffer[-1].seq if self._buffer else self.applied_seq
-        if state.op != self.op or state.seq <= newest:
+        return state.op == self.op and state.seq > newest \
+            and (state.base is None or state.base == newest)
+
+    def receive(self, state: StateRecord[T]) -> list[StateRecord[T]]:
+        """Buffer a state from the primary (one that does not ``fit`` is ignored: a stale or
+        repeated state, or a delta whose base this backup lacks)."""
+        if not self.fits(state):
             return []
         self._buffer.append(state)
         return self._drain()
