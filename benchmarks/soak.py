@@ -47,6 +47,7 @@ from benchmarks.soak_attacks import (
     is_finding,
     prepare_attacks,
     run_attacks,
+    select_attacks,
 )
 from parityserve.bench.loadgen import (
     HttpSender,
@@ -266,8 +267,10 @@ def markdown(store: dict[str, Any]) -> str:
         f"(`vec`, FP32 [4]) with an open admin API on loopback, on this machine "
         f"({store['machine']}; the server, its workers, the well-behaved client and the "
         f"attackers share these cores). {len(windows)} windows: {p['calm_s']:g} s calm "
-        f"(the well-behaved client alone) and {p['hostile_s']:g} s hostile (every attack of "
-        f"issue 38 on a loop beside it), {hostile_s:g} s hostile in all. The well-behaved "
+        f"(the well-behaved client alone) and {p['hostile_s']:g} s hostile ("
+        + (f"only {'; '.join(p['attacks'])}" if p.get("attacks") else
+           "every attack of issue 38")
+        + f" on a loop beside it), {hostile_s:g} s hostile in all. The well-behaved "
         f"client: open-loop Poisson, {p['rate_model']:g} req/s to the model (V2 JSON) and "
         f"{p['rate_graph']:g} req/s to the graph on {len(GOOD_STREAMS)} stream keys; latency "
         "from each query's intended send time, over answered queries; a query not answered "
@@ -584,22 +587,23 @@ def _save(path: Path, store: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ the hostile process
 
 
-def hostile_main(conn: Connection, target: Target, seed: int) -> None:
+def hostile_main(conn: Connection, target: Target, seed: int,
+                 only: Sequence[str] | None = None) -> None:
     """The attackers' process: its streams opened (then it says so), then one window's
-    attacks per message, answers sent back."""
+    attacks (all, or those ``only`` selects) per message, answers sent back."""
     run_event_loop(prepare_attacks(target))
     conn.send("ready")
     window = 0
     while (seconds := conn.recv()) is not None:
         window += 1
-        conn.send(run_event_loop(run_attacks(target, seconds, seed + window)))
+        conn.send(run_event_loop(run_attacks(target, seconds, seed + window, only)))
 
 
-def _start_hostile(target: Target, seed: int
+def _start_hostile(target: Target, seed: int, only: Sequence[str] | None = None
                    ) -> tuple[multiprocessing.process.BaseProcess, Connection]:
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
-    proc = ctx.Process(target=hostile_main, args=(theirs, target, seed), daemon=True,
+    proc = ctx.Process(target=hostile_main, args=(theirs, target, seed, only), daemon=True,
                        name="soak-hostile")
     proc.start()
     if not mine.poll(120) or mine.recv() != "ready":
@@ -638,7 +642,7 @@ def _serve_and_measure(params: dict[str, Any], todo: Sequence[Window], store: di
             _wait_ready(server.url)
             target = Target(server.url, f"127.0.0.1:{grpc_port}", GRAPH, STREAM_KEY, MODEL,
                             WIDTH)
-            proc, conn = _start_hostile(target, params["seed"])
+            proc, conn = _start_hostile(target, params["seed"], params.get("attacks"))
             assert proc.pid is not None
             try:
                 run_event_loop(_run_windows(server.url, (server.proc.pid, proc.pid), conn,
@@ -661,6 +665,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="3 rounds of 20 s calm + 30 s hostile, results in soak-quick/")
+    p.add_argument("--attack", action="append", metavar="WORDS", dest="attacks",
+                   help="run only the attacks whose names contain WORDS (case-insensitive; "
+                   "repeat for several), to see what one attack costs the well-behaved "
+                   "client; default: all of them")
     p.add_argument("--results-dir", type=Path,
                    help="default benchmarks/results/soak (soak-quick with --quick)")
     p.set_defaults(func=run)
@@ -669,9 +677,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _params(args: argparse.Namespace) -> dict[str, Any]:
     rounds, calm, hostile = ((3, 20.0, 30.0) if args.quick
                              else (args.rounds, args.calm_s, args.hostile_s))
-    return {"rounds": rounds, "calm_s": calm, "hostile_s": hostile,
-            "rate_model": args.rate_model, "rate_graph": args.rate_graph, "seed": args.seed,
-            "windows": 2 * rounds + 1}
+    params: dict[str, Any] = {
+        "rounds": rounds, "calm_s": calm, "hostile_s": hostile, "rate_model": args.rate_model,
+        "rate_graph": args.rate_graph, "seed": args.seed, "windows": 2 * rounds + 1}
+    if args.attacks:  # absent when all run, so that a run of all resumes as before
+        params["attacks"] = [a.name for a in select_attacks(args.attacks)]
+    return params
 
 
 def command(argv: Sequence[str]) -> str:
@@ -680,7 +691,11 @@ def command(argv: Sequence[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    params = _params(args)
+    try:
+        params = _params(args)
+    except ValueError as exc:  # an --attack that names none
+        print(f"soak: {exc}", file=sys.stderr)
+        return 2
     folder = args.results_dir or Path("benchmarks/results/soak-quick" if args.quick
                                       else "benchmarks/results/soak")
     folder.mkdir(parents=True, exist_ok=True)

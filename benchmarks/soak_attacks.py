@@ -19,7 +19,7 @@ import itertools
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -341,17 +341,34 @@ async def _loop(ctx: _Ctx, attack: Attack, until: float, tally: dict[str, Counte
                                           until - time.monotonic())))
 
 
-async def run_attacks(target: Target, duration_s: float, seed: int) -> dict[str, Any]:
-    """Every attack on its loop for ``duration_s``: ``answers`` per attack, and ``round_ms``,
-    how long each of its finished rounds took (one request's latency, or a burst's slowest).
-    An attack still waiting when the time is up is cancelled and counted once as
-    UNANSWERED."""
+def select_attacks(only: Sequence[str] | None) -> tuple[Attack, ...]:
+    """The attacks whose names contain one of ``only`` (case-insensitive), or all of them.
+    ValueError naming the attacks when a word matches none."""
+    if not only:
+        return ATTACKS
+    chosen = []
+    for word in only:
+        found = [a for a in ATTACKS if word.lower() in a.name.lower()]
+        if not found:
+            raise ValueError(f"no attack matches {word!r}; the attacks: "
+                             + "; ".join(a.name for a in ATTACKS))
+        chosen += found
+    return tuple(a for a in ATTACKS if a in chosen)
+
+
+async def run_attacks(target: Target, duration_s: float, seed: int,
+                      only: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every attack (or those ``only`` selects) on its loop for ``duration_s``: ``answers``
+    per attack, and ``round_ms``, how long each of its finished rounds took (one request's
+    latency, or a burst's slowest). An attack still waiting when the time is up is
+    cancelled and counted once as UNANSWERED."""
     ctx = _Ctx(target, seed)
     tally: dict[str, Counter[str]] = {}
     rounds_ms: dict[str, list[float]] = {}
     until = time.monotonic() + duration_s
-    loops = {a.run for a in ATTACKS}  # MATES' answers come from WRONG_WIDTH's round
-    by_run = {a.run: a for a in reversed(ATTACKS)}
+    chosen = select_attacks(only)
+    loops = {a.run for a in chosen}  # MATES' answers come from WRONG_WIDTH's round
+    by_run = {a.run: a for a in reversed(chosen)}
     tasks = [asyncio.create_task(_loop(ctx, by_run[run], until, tally, rounds_ms))
              for run in loops]
     try:
