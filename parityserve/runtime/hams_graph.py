@@ -57,6 +57,7 @@ from parityserve.core.hams import (
     RowBisection,
     admits,
     client_of,
+    frontier,
     plan_failover,
     seq_at,
 )
@@ -175,6 +176,9 @@ class GraphRuntime:
             if self.mode == "checkpoint-replay" else ""
         self.launcher = MemberLauncher(self.link, keys, log_dir)
         self.pairs = {op: _Pair(op) for op in self.topology.stateful}
+        # what a stateful operator's state depends on: previous stateful operators and itself
+        self._watched = {op: frozenset((*self.topology.prev_stateful(op), op)) - {FRONTEND}
+                         for op in self.pairs}
         self.replay = {op: ReplayLog() for op in self.pairs}  # checkpoint-replay only
         self._members: dict[str, tuple[str, Member]] = {}
         self._waiting: dict[int, _Waiting] = {}
@@ -372,7 +376,7 @@ class GraphRuntime:
         """Pack, log (checkpoint-replay), put in flight, send: a step that raises fails the
         batch's rows now, and takes it out of flight, rather than leave it there for good."""
         try:
-            header, frames = self._batch_message(bid, batch)
+            header, frames = self._batch_message(op, bid, batch)
             if self.mode == "checkpoint-replay":
                 self.replay[op].logged(header, frames)
             self.inflight[op].add(bid, batch, self.clock())
@@ -384,14 +388,19 @@ class GraphRuntime:
             self._fail_batch(op, batch, PredictError(f"{op}: the batch could not be sent: "
                                                      f"{type(exc).__name__}: {exc}"))
 
-    def _batch_message(self, bid: int, batch: Batch) -> tuple[dict[str, Any], list[Any]]:
+    def _batch_message(self, op: str, bid: int, batch: Batch
+                       ) -> tuple[dict[str, Any], list[Any]]:
+        """The batch for ``op``'s primary. Its state will depend on ``needs``: the highest
+        number each row carries at each previous stateful operator and at ``op`` (Alg. 2
+        needs no more than this frontier, not a lineage per row)."""
         rows = [self._waiting.get(c) or self._abandoned.get(c)
                 for c in (client_of(e.lineage) for e in batch)]
         desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
         header = {"t": hp.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
                   "streams": [w.stream if w is not None else "" for w in rows],
                   "labels": [w.label if w is not None else -1 for w in rows],
-                  "lineages": [hp.lineage_to_wire(e.lineage) for e in batch],
+                  "needs": hp.lineage_to_wire(frontier(
+                      (e.lineage for e in batch), self._watched[op])),
                   "at": self.clock()}  # the operator's now: a stream table's idle time
         return header, frames
 
@@ -789,8 +798,9 @@ class GraphRuntime:
         primary's failover, dispatch again (what rolled back runs again)."""
         plan = action.failover
         discarded = self.router.apply(plan)
+        covered: list[Held[np.ndarray]] = []  # by a promoted backup's point: they leave
         for op, seq in plan.bounds.items():
-            self.router.commit.durable.reset(op, seq)
+            covered += self.router.commit.reset(op, seq)
             self.inflight[op].clear()
             if op in self._heard:
                 self._heard[op].reset(seq)
@@ -804,6 +814,7 @@ class GraphRuntime:
             log.warning("graph %s: %s primary %s lost (%s); resumed at %s, protocol %.1f ms",
                         self.graph.name, op, lost, how, plan.bounds, (now - at) * 1e3)
         self._lost_at.clear()
+        self._release(covered)
         self._paused = False
         self._pump_all()
 

@@ -252,7 +252,9 @@ class Primary:
         if self.mode in ("checkpoint-replay", "bare"):
             return None
         self.ledger.wrote(*_declared(written))
-        lineages = tuple(lineage_from_wire(header["lineages"][row]) for row in part)
+        # the whole batch's frontier (its rows' highest numbers): for a part, a bound that
+        # may wait for more than the part needs, never for less
+        lineages = (lineage_from_wire(header["needs"]),)
         order = self.shipper.batch_finished(lineages, seq)
         if order is not None:
             self.copied.clear()

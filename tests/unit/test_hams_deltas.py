@@ -198,3 +198,43 @@ def test_a_backup_applying_the_chain_holds_the_primarys_state_at_every_applied_c
     applier.receive(StateRecord("B", last, (), FlatState.capture(last, primary)))[0] \
         .tensors.install(backup)
     assert state_digest(backup) == state_digest(primary)
+
+
+# -- what a copy depends on: the frontier of its batches' lineages ---------------------------
+hops = st.tuples(st.sampled_from(["frontend", "feat", "A", "B"]), st.integers(1, 20),
+                 st.sampled_from(["feat", "A", "B", "C"]), st.integers(1, 20))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(hops, max_size=5), min_size=1, max_size=8),
+       st.dictionaries(st.sampled_from(["A", "B"]), st.integers(0, 20)))
+def test_a_frontier_is_covered_exactly_when_every_lineage_is(
+        raw: list[list[tuple[str, int, str, int]]], durable: dict[str, int]) -> None:
+    from parityserve.core.hams import Hop, Watermarks, frontier
+
+    lineages = [tuple(Hop(*h) for h in lin) for lin in raw]
+    marks = Watermarks(["A", "B"])
+    for op, seq in durable.items():
+        marks.advance(op, seq)
+    assert marks.covers(frontier(lineages, {"A", "B"})) == all(
+        marks.covers(lin) for lin in lineages)
+
+
+# -- the output commit's queues ------------------------------------------------------------
+def test_a_held_reply_moves_from_queue_to_queue_and_leaves_once() -> None:
+    from parityserve.core.hams import Hop, OutputCommit
+
+    def lineage(client: int, a: int, b: int) -> tuple[Hop, ...]:
+        return (Hop("frontend", client, "A", a), Hop("A", a, "B", b))
+
+    commit: OutputCommit[str] = OutputCommit(["A", "B"])
+    assert commit.offer(1, lineage(1, 1, 1), "r1") == []
+    assert commit.offer(2, lineage(2, 2, 2), "r2") == []
+    assert commit.notify("B", 2) == []  # both still wait for A
+    assert [h.reply for h in commit.notify("A", 1)] == ["r1"]  # B was durable already
+    assert commit.discard_beyond({"A": 1}) == [2]  # r2 was speculation: it goes
+    assert commit.notify("A", 2) == []  # its stale queue entry is skipped
+    assert commit.offer(2, lineage(2, 3, 3), "r2'") == []  # the recomputed reply
+    assert commit.reset("B", 3) == []  # a failover's point: A still short
+    assert [h.reply for h in commit.notify("A", 3)] == ["r2'"]
+    assert commit.offer(2, lineage(2, 3, 3), "again") == [] and commit.held() == 0

@@ -35,6 +35,7 @@ from parityserve.core.hams.lineage import (
     Lineage,
     client_of,
     extend,
+    frontier,
     merge,
     seq_at,
     speculative,
@@ -54,6 +55,7 @@ __all__ = [
     "InFlightStats", "Lineage", "OutputCommit", "Part", "PrimaryShipper", "RecoveryPlan",
     "RequestManager", "RowBisection", "Shipment", "ShipperStats", "StateRecord", "StreamPlan",
     "Topology", "Watermarks",
-    "admits", "client_of", "door_shape", "durable_batches", "extend", "merge", "plan_failover",
+    "admits", "client_of", "door_shape", "durable_batches", "extend", "frontier", "merge",
+    "plan_failover",
     "plan_streams", "seq_at", "speculative",
 ]

@@ -10,10 +10,10 @@ operator may appear in several hops, always with one ``seq``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["FRONTEND", "Hop", "Lineage", "client_of", "extend", "merge", "seq_at",
+__all__ = ["FRONTEND", "Hop", "Lineage", "client_of", "extend", "frontier", "merge", "seq_at",
            "speculative"]
 
 FRONTEND = "frontend"
@@ -70,3 +70,16 @@ def merge(lineages: Iterable[Lineage]) -> Lineage:
 def speculative(lineage: Lineage, bounds: Mapping[str, int]) -> bool:
     """Whether a lineage depends on an output beyond a rolled-back operator's bound (H8)."""
     return any(hop.op in bounds and hop.seq > bounds[hop.op] for hop in lineage)
+
+
+def frontier(lineages: Iterable[Lineage], ops: Collection[str]) -> Lineage:
+    """What a batch's state depends on, in one lineage: per operator of ``ops`` that any
+    of ``lineages`` passed, one hop with the highest sequence number it carries there.
+    Alg. 2's test (``Watermarks.covers``) holds for it exactly when it holds for every one
+    of the lineages, so a primary ships this instead of a lineage per request."""
+    top: dict[str, int] = {}
+    for lineage in lineages:
+        for hop in lineage:
+            if hop.op in ops and hop.seq > top.get(hop.op, 0):
+                top[hop.op] = hop.seq
+    return tuple(Hop("", 0, op, seq) for op, seq in sorted(top.items()))
