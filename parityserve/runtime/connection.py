@@ -78,6 +78,13 @@ class Refusal:
     retry_after_s: int | None = None  # a Retry-After header: the limit frees up by itself
 
 
+# Every ``Refusal.reason``: the metric's series are made at 0 when the server starts, so
+# that a dashboard's increase() sees the first refusal (a series born at 1 shows nothing).
+REFUSAL_REASONS = ("malformed", "too_many_connections", "too_many_connections_per_address",
+                   "host_not_allowed", "body_timeout", "header_timeout", "idle_timeout",
+                   "header_too_large")
+
+
 def _malformed(detail: str) -> Refusal:
     return Refusal(400, "malformed_request", f"malformed HTTP request: {detail}", "malformed")
 

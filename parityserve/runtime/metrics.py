@@ -18,6 +18,7 @@ from prometheus_client import (
 )
 
 from parityserve.runtime.buffered_histogram import BufferedHistogram
+from parityserve.runtime.connection import REFUSAL_REASONS
 from parityserve.runtime.state_metrics import ServingView, StateCollector
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
@@ -58,6 +59,8 @@ class Metrics:
         self._refused = Counter("parityserve_connections_refused",
                                 "Connections closed on a limit or an HTTP framing error",
                                 ["reason"], registry=reg)
+        for reason in REFUSAL_REASONS:  # at 0: increase() would not see a series born at 1
+            self._refused.labels(reason)
         self._defaults = Counter("parityserve_default_outputs",
                                  "Queries answered with the application's default output",
                                  ["app", "reason"], registry=reg)
@@ -185,7 +188,10 @@ class Metrics:
         self._weight.labels(app, model).set(share)
 
     def set_replica_up(self, model: str, replica: str, up: bool) -> None:
-        self._up.labels(model, replica).set(1 if up else 0)
+        self._child(self._up, model, replica).set(1 if up else 0)
+        # the replica's restart count exists from its first report, at 0: a series born at
+        # 1 by its first restart is one that increase(), and so the dashboard, never sees
+        self._child(self._restarts, model, replica)
 
     def observe_default(self, app: str, reason: str) -> None:
         self._defaults.labels(app, reason).inc()
