@@ -15,6 +15,9 @@ an asyncio open loop or closed-loop threads), on the same 2 cores.
 * **recovery**: under a steady closed loop, SIGKILL the learner's primary, read the
   frontend's failover record, split into detection / protocol / handover (H13), once with
   exit-based and once with timeout-based detection (H7), several kills each.
+* **stocks** and **chaos** (issue 39): the same overhead on the README's ``stocks`` graph
+  (two per-stream LSTMs) at 1, 8 and 64 rows per request, and kill events of every kind on
+  it under load, with a checker (``benchmarks.hams_stocks``).
 * **consistency**: random SIGKILLs of primaries and backups under load with noise on;
   every (operator, seq -> output) a client saw is checked for a second value, and every
   request for exactly one reply (the sequence service). Then the online learner with
@@ -72,21 +75,27 @@ __all__ = ["build_parser", "main"]
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 MODES = ("bare", "remus", "hams")
-PART_NAMES = ("overhead", "recovery", "correlated", "consistency", "timeline")
+PART_NAMES = ("stocks", "chaos", "overhead", "recovery", "correlated", "consistency",
+              "timeline")
+# the full run (<= 60 min here): the issue's parts; the online MLP's overhead, the
+# correlated cases and the random-kill consistency run are asked for with --parts
+DEFAULT_PARTS = ("stocks", "chaos", "recovery", "timeline")
 Data = tuple[np.ndarray, np.ndarray]  # images, labels
 OnReply = Callable[[dict[str, Any], dict[str, Any], int], None]  # answer, request body, row
 EXAMPLES = (
     ("python -m benchmarks.hams --data-dir ../shared/data",
-     "full run (about an hour): 3 reps x batch 1/8/32/64 x 3 modes, 10+10 kills, 1,000 "
-     "random kills"),
-    ("python -m benchmarks.hams --quick", "check the harness in a few minutes"),
+     "full run (under an hour): the stocks graph's overhead (3 reps x 1/8/64 rows x 3 "
+     "modes), 200 chaos events (hams and remus), 10+10 kills, the timeline"),
+    ("python -m benchmarks.hams --quick", "check the harness in under 10 minutes"),
+    ("python -m benchmarks.hams --parts overhead,correlated,consistency",
+     "the online MLP's overhead, the correlated cases, 1,000 random kills"),
     ("python -m benchmarks.hams --parts recovery --resume", "redo one part, keep the rest"),
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="short run (minutes)")
-    p.add_argument("--parts", default=",".join(PART_NAMES),
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                    help=f"comma list of {', '.join(PART_NAMES)}")
     p.add_argument("--batches", default="1,8,32,64", help="batch sizes for the overhead")
     p.add_argument("--seconds", type=float,
@@ -96,6 +105,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-kills", type=int, help="consistency kills (1000; quick 20)")
     p.add_argument("--replay-kills", type=int,
                    help="kills before the replay check (a twentieth of --random-kills, >= 3)")
+    p.add_argument("--stocks-batches", default="1,8,64",
+                   help="rows per request on the stocks graph")
+    p.add_argument("--stocks-seconds", type=float,
+                   help="open-loop seconds per stocks cell (20; quick 3)")
+    p.add_argument("--chaos-events", type=int,
+                   help="kill events, half per mode (200; quick 14)")
+    p.add_argument("--chaos-clients", type=int, default=3,
+                   help="closed-loop clients of 4 streams each under the chaos")
+    p.add_argument("--calm-seconds", type=float,
+                   help="chaos load without kills first, beside CPU hogs (60; quick 10)")
+    p.add_argument("--calm-hogs", type=int, default=2, help="CPU hogs in the calm window")
     p.add_argument("--data-dir", type=Path, default=default_data_dir(),
                    help="shared data (MNIST test images; random images without it)")
     p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams")
@@ -273,6 +293,9 @@ def run(args: argparse.Namespace) -> int:
     args.reps = args.reps or (1 if quick else 3)
     args.kills = args.kills or (3 if quick else 10)
     args.random_kills = args.random_kills or (20 if quick else 1000)
+    args.stocks_seconds = args.stocks_seconds or (3.0 if quick else 20.0)
+    args.chaos_events = args.chaos_events or (14 if quick else 200)
+    args.calm_seconds = args.calm_seconds or (10.0 if quick else 60.0)
     out: Path = args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = "hams-quick" if quick else "hams"
@@ -290,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
             if part in state and args.resume and part not in args.redo.split(","):
                 continue
             started = time.monotonic()
+            args.previous = state.get(part)  # a part that resumes inside itself (chaos)
+            args.save = functools.partial(_save_part, out, stem, state, part)
             state[part] = PARTS[part](args, data, Path(tmp))
             state.setdefault("elapsed_s", {})[part] = round(time.monotonic() - started, 1)
             _write(out, stem, state)
@@ -742,9 +767,30 @@ def _await_batches(server: Server, op: str, count: int, timeout_s: float = 60) -
         time.sleep(0.02)
 
 
+def stocks(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    from benchmarks.hams_stocks import stocks_overhead
+
+    del data
+    return stocks_overhead(args, tmp)
+
+
+def chaos(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
+    from benchmarks.hams_stocks import chaos as run_chaos
+
+    del data
+    return run_chaos(args, tmp, args.previous if args.resume else None, args.save)
+
+
+def _save_part(out: Path, stem: str, state: dict[str, Any], part: str,
+               partial: dict[str, Any]) -> None:
+    """A long part's progress so far, written as if done: a stopped run resumes from it."""
+    state[part] = partial
+    _write(out, stem, state)
+
+
 PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {
-    "overhead": overhead, "recovery": recovery, "correlated": correlated,
-    "consistency": consistency, "timeline": timeline}
+    "stocks": stocks, "chaos": chaos, "overhead": overhead, "recovery": recovery,
+    "correlated": correlated, "consistency": consistency, "timeline": timeline}
 
 
 # ---- output --------------------------------------------------------------------------
@@ -756,6 +802,48 @@ def _write(out: Path, stem: str, state: dict[str, Any]) -> None:
         _plot(state, out / f"{stem}.png")
     if state.get("timeline"):
         _plot_timeline(state, out / f"{stem}-timeline.png")
+    if state.get("stocks") or state.get("chaos"):
+        _plot_stocks(state, out / f"{stem}-stocks.png")
+
+
+def _plot_stocks(state: dict[str, Any], path: Path) -> None:
+    """Left: mean latency per mode and request size on the stocks graph; right: each chaos
+    event kind's longest reply gap (median, and max as a tick), per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    rows = (state.get("stocks") or {}).get("rows") or []
+    batches = sorted({r["batch"] for r in rows})
+    width = 0.8 / len(MODES)
+    for i, mode in enumerate(MODES):
+        means = [next((r["mean_ms"] for r in rows if r["mode"] == mode and r["batch"] == b),
+                      np.nan) for b in batches]
+        left.bar(np.arange(len(batches)) + i * width, means, width, label=mode)
+    left.set_xticks(np.arange(len(batches)) + width, [str(b) for b in batches])
+    left.set_xlabel("rows per request (stocks graph)")
+    left.set_ylabel("mean latency, ms")
+    left.set_title("normal case, stocks graph")
+    left.legend()
+    runs = {m: r for m, r in (state.get("chaos") or {}).items() if isinstance(r, dict)
+            and r.get("gaps")}
+    kinds = sorted({k for r in runs.values() for k in r["gaps"]})
+    for i, (mode, run) in enumerate(runs.items()):
+        med = [run["gaps"].get(k, {}).get("median_gap_ms", np.nan) for k in kinds]
+        top = [run["gaps"].get(k, {}).get("max_gap_ms", np.nan) for k in kinds]
+        at = np.arange(len(kinds)) + i * 0.4
+        right.barh(at, med, 0.4, label=f"{mode} (median)")
+        right.plot(top, at, "k|", markersize=10)
+    right.set_yticks(np.arange(len(kinds)) + 0.2, kinds, fontsize=7)
+    right.set_xscale("log")
+    right.set_xlabel("longest reply gap after the event, ms (| = max)")
+    right.set_title("chaos on the stocks graph")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot(state: dict[str, Any], path: Path) -> None:
@@ -804,7 +892,7 @@ def _command(args: argparse.Namespace) -> str:
         parts.append("--resume")
     if args.redo:
         parts += ["--redo", args.redo]
-    if args.parts != ",".join(PART_NAMES):
+    if args.parts != ",".join(DEFAULT_PARTS):
         parts += ["--parts", args.parts]
     if args.data_dir is not None:
         parts += ["--data-dir", os.path.relpath(Path(args.data_dir).resolve(), ROOT)]

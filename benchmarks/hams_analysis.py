@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.hams_chaos import render_chaos, render_stocks
+
 __all__ = ["ConsistencyOracle", "latency_summary", "median_and_max", "overhead_of", "overhead_rows",
            "recovery_phases", "render_markdown"]
 
@@ -121,7 +123,8 @@ def _load_note(load: Mapping[str, Any]) -> str:
 
 def render_markdown(result: Mapping[str, Any]) -> str:
     rows, load = overhead_of(result)
-    lines = [f"# HAMS on this machine ({result.get('title', '')})", "", _load_note(load), "",
+    lines = [f"# HAMS on this machine ({result.get('title', '')})", "",
+             *([_load_note(load), ""] if rows else []),
              f"Command: `{result.get('command', '')}`", "",
              *[f"Parts added with: `{c}`" for c in result.get("more_commands", [])], "",
              result.get("machine", ""), ""]
@@ -129,8 +132,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         lines += ["Wall time per part: " + ", ".join(
             f"{part} {seconds / 60:.1f} min" for part, seconds in result["elapsed_s"].items()),
             ""]
+    lines += render_stocks(result.get("stocks") or {})
+    lines += render_chaos(result.get("chaos") or {})
     if rows:
-        lines += ["## Normal-case overhead", "",
+        lines += ["## Normal-case overhead (online MLP)", "",
                   "| mode | batch | mean ms | p50 ms | p99 ms | p99.9 ms | rows/s | mean vs "
                   "bare | paired | rows/s vs bare | requests per rep (median) | mean ms per rep "
                   "| reps |", "|---" * 13 + "|"]
