@@ -424,22 +424,25 @@ class _StateThread:
 
     def _hear(self, header: dict[str, Any], _buffers: list[Any]) -> None:
         seq = int(header.get("seq", -1))
-        if header["t"] == RECEIVED:
-            with self.p.mutex:
-                if header.get("gap"):  # it could not place a delta: it needs a full state
-                    self.p.ledger.need_full()
-                order = self._settle(self.p.shipper.received(seq))
-            with self.p.receipt:
-                self.p.received_upto = max(self.p.received_upto, seq)
-            if self.p.mode == "remus":
-                with contextlib.suppress(zmq.Again):  # one pending wake-up is enough
-                    self.p.receipt_out.send(b"", zmq.NOBLOCK)
-            self._send_order(order)
-        elif header["t"] == APPLIED:
+        if header["t"] == APPLIED:
             self.p.applied_upto.set()
             with self.p.mutex:
                 self.p.shipper.applied(seq)
                 self.p.copies = _fold(self.p.copies, self.p.shipper.retained_seq)
+        if header["t"] in (RECEIVED, APPLIED):  # a state applied at once was received too:
+            self._received(seq, bool(header.get("gap")))  # the backup says so only once
+
+    def _received(self, seq: int, gap: bool) -> None:
+        with self.p.mutex:
+            if gap:  # it could not place a delta: it needs a full state
+                self.p.ledger.need_full()
+            order = self._settle(self.p.shipper.received(seq))
+        with self.p.receipt:
+            self.p.received_upto = max(self.p.received_upto, seq)
+        if self.p.mode == "remus":
+            with contextlib.suppress(zmq.Again):  # one pending wake-up is enough
+                self.p.receipt_out.send(b"", zmq.NOBLOCK)
+        self._send_order(order)
 
 
 class Backup:
@@ -505,8 +508,7 @@ class Backup:
         if header["t"] != STATE or len(buffers) != (2 if delta else 1):
             return
         seq = int(header["seq"])
-        if header.get("base") and not delta:
-            self._reply(RECEIVED, seq)
+        if header.get("base") and not delta:  # APPLIED says RECEIVED too
             FlatState.received(seq, header["layout"], buffers[0]).install(self.operator.state)
             self.applier = BackupApplier(self.proc.spec.op, self._watched(), seq, self.seed)
             self._reply(APPLIED, seq)
@@ -516,8 +518,11 @@ class Backup:
         record = StateRecord(self.proc.spec.op, seq, lineages, *_received(seq, header, buffers))
         # a delta that does not fit (its base is not the newest state here) is dropped, and
         # the primary told: its next copy is the full state
-        self._reply(RECEIVED, seq, gap=delta and not self.applier.fits(record))
-        self._apply(self.applier.receive(record))
+        gap = delta and not self.applier.fits(record)
+        ready = self.applier.receive(record)
+        if not ready or ready[-1].seq != seq:  # not applied at once: say it came now (one
+            self._reply(RECEIVED, seq, gap=gap)  # message fewer per state when it is)
+        self._apply(ready)
 
     def _apply(self, ready: list[StateRecord[FlatState | FlatDelta]]) -> None:
         for record in ready:
