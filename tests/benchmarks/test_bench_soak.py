@@ -26,7 +26,14 @@ from benchmarks.soak import (
     verdicts,
     write,
 )
-from benchmarks.soak_attacks import ATTACKS, UNANSWERED, is_finding
+from benchmarks.soak_attacks import (
+    ATTACKS,
+    MATES,
+    UNANSWERED,
+    WRONG_WIDTH,
+    is_finding,
+    select_attacks,
+)
 
 
 def _route(latencies_ms: list[float], n: int | None = None,
@@ -56,7 +63,7 @@ def test_the_plan_starts_and_ends_calm_and_alternates() -> None:
 def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all() -> None:
     def total(quick: bool, kind: str | None = None) -> float:
         args = argparse.Namespace(quick=quick, rounds=10, calm_s=30.0, hostile_s=60.0,
-                                  rate_model=20.0, rate_graph=20.0, seed=0)
+                                  rate_model=20.0, rate_graph=20.0, seed=0, attacks=None)
         p = _params(args)
         plan = plan_windows(p["rounds"], p["calm_s"], p["hostile_s"])
         assert p["windows"] == len(plan)
@@ -186,3 +193,22 @@ def test_cpu_is_split_by_role_and_the_rest_is_other_jobs() -> None:
                    "soak client": 0.05, "other": 0.5}
     rows = cpu_table([{"index": 0, "kind": "hostile", "cpu_cores": cpu}])
     assert rows[2] == "| 0 | hostile | 1.50 | 0.25 | 0.50 | 0.20 | 0.05 | 0.50 |"
+
+
+def test_all_attacks_unless_filtered() -> None:
+    assert select_attacks(None) == ATTACKS
+    assert select_attacks([]) == ATTACKS
+
+
+def test_a_filter_selects_by_words_in_any_case_keeping_the_order() -> None:
+    chosen = select_attacks(["HUGE SHAPE", "1,024"])
+    names = [a.name for a in chosen]
+    assert names[0] == "1,024 new streams in one request"
+    assert [n for n in names[1:]] == [a.name for a in ATTACKS if "huge shape" in a.name]
+    assert select_attacks(["wrong-width", "batch-mates"]) == tuple(
+        a for a in ATTACKS if a.name in (WRONG_WIDTH, MATES))
+
+
+def test_a_filter_that_matches_nothing_names_the_attacks() -> None:
+    with pytest.raises(ValueError, match="no attack matches .xyzzy.*10 MB stream key"):
+        select_attacks(["1,024", "xyzzy"])
