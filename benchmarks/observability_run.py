@@ -44,6 +44,7 @@ import httpx
 import numpy as np
 
 from benchmarks._cli import build_parser, examples, main
+from benchmarks.figures import save_figure
 from parityserve.bench.ports import free_port
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.client import Client
@@ -236,11 +237,15 @@ def _series(prometheus: str, events: dict[str, float]) -> dict[str, Any]:
     return panels
 
 
+STORED_STEP_S = 30  # the series kept in series.json; the plot is drawn from every STEP_S
+
+
 def _compact(panels: dict[str, Any]) -> dict[str, Any]:
-    """The same series in about half the bytes (benchmarks/results/ has a 5 MB budget):
-    times to 0.1 s, values to 4 significant digits, as numbers rather than strings."""
+    """The series in a fraction of the bytes (benchmarks/results/ has a 5 MB budget): one
+    point per STORED_STEP_S, times to 0.1 s, values to 4 significant digits, as numbers."""
+    every = max(1, round(STORED_STEP_S / STEP_S))
     return {title: [{**q, "result": [{**r, "values": [[round(t, 1), float(f"{float(v):.4g}")]
-                                                       for t, v in r.get("values", [])]}
+                                                       for t, v in r.get("values", [])[::every]]}
                                      for r in q["result"]]} for q in queries]
             for title, queries in panels.items()}
 
@@ -273,7 +278,7 @@ def _plot(panels: dict[str, Any], events: dict[str, float], path: Path) -> None:
                  "by 400 ms; red: stateful primary SIGKILLed; green: healed); x: seconds",
                  fontsize=13)
     fig.tight_layout(rect=(0, 0, 1, 0.985))
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, dpi=80)
     plt.close(fig)
 
 
@@ -310,7 +315,7 @@ def _top_png(text: str, path: Path) -> None:
     fig = plt.figure(figsize=(0.085 * max(len(x) for x in lines) + 0.5, 0.17 * len(lines) + 0.4))
     fig.patch.set_facecolor("black")
     fig.text(0.01, 0.99, text, family="monospace", fontsize=9, color="#d0d0d0", va="top")
-    fig.savefig(path, dpi=100, facecolor="black")
+    save_figure(fig, path, dpi=100, facecolor="black")
     plt.close(fig)
 
 
@@ -359,8 +364,9 @@ def run(args: argparse.Namespace) -> int:
             events = _timeline(server.url, token, args.duration, out)
             panels = _series(prometheus, events)
     shutil.rmtree(work, ignore_errors=True)
-    (out / "series.json").write_text(json.dumps({"events": events, "panels": _compact(panels)},
-                                                separators=(",", ":")))
+    (out / "series.json").write_text(json.dumps(
+        {"events": events, "step_s": STORED_STEP_S, "panels": _compact(panels)},
+        separators=(",", ":")))
     _plot(panels, events, out / "observability-run.png")
     _top_png((out / "top.txt").read_text(), out / "top.png")
     _report(args, events, panels, out)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import soak  # noqa: E402
 from benchmarks import soak_attacks as sa  # noqa: E402
+from benchmarks.figures import save_figure  # noqa: E402
 from parityserve.bench.serverproc import ServerProcess, write_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "attack-cost"
@@ -126,7 +127,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("frontend CPU per round, net of idle (ms)")
     ax.set_title("What each attack costs the frontend")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
