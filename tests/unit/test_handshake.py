@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -86,8 +87,12 @@ def test_a_wrong_server_key_is_named(ctx, frontend, worker_pair) -> None:
 
 
 def test_nobody_listening_times_out_with_the_address(ctx) -> None:
-    probe = ctx.socket(zmq.ROUTER)
-    address = f"tcp://127.0.0.1:{probe.bind_to_random_port('tcp://127.0.0.1')}"
-    probe.close(linger=0)  # the port is free again: nothing answers there
-    with pytest.raises(WorkerError, match=f"no frontend answered at {address} within 0.3 s"):
-        _join(ctx, address, None, timeout_s=0.3)
+    # A port bound and never listened on: connections to it are refused, and nobody else
+    # can take it meanwhile. (Closing a probe to free its port let another process's
+    # ZeroMQ socket bind it and answer the handshake, once, in a busy clean-clone run.)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(WorkerError,
+                           match=f"no frontend answered at {address} within 0.3 s"):
+            _join(ctx, address, None, timeout_s=0.3)
