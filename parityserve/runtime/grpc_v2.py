@@ -41,6 +41,7 @@ from parityserve.errors import (
     PayloadTooLarge,
     QueueFull,
     RequestError,
+    TooManyStreams,
     Unauthorized,
     Unavailable,
     UnknownModel,
@@ -68,6 +69,7 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TooManyStreams, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a graph's full stream table
     (Unauthorized, grpc.StatusCode.UNAUTHENTICATED),
     (Forbidden, grpc.StatusCode.PERMISSION_DENIED),
     (UnknownModel, grpc.StatusCode.NOT_FOUND),
@@ -191,7 +193,7 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
                 self._check_token(context)
             return await work()
         except ParityServeError as exc:
-            if isinstance(exc, Overloaded):
+            if isinstance(exc, Overloaded | TooManyStreams):
                 context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
             await context.abort(status_for(exc), str(exc))
             raise  # abort raises; this line only satisfies the type checker

@@ -122,6 +122,20 @@ def test_a_full_stream_table_refuses_new_streams_alone_with_429(server: RunningS
     mixed = post(url, "stocks", {"input_batch": [GOOD, GOOD], "streams": ["s5", "brand-new"]})
     assert mixed.status_code == 429 and "input_batch[1]" in mixed.json()["error"]
     assert graph_state(url, "stocks")["operators"]["feat"]["last_seq"] == before + 1
+    # over gRPC the same refusal is RESOURCE_EXHAUSTED with a retry-after, not a bad argument
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    assert server.grpc_url is not None
+    client = triton.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = triton.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.asarray([GOOD], dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="stream table full") as err:
+            client.infer("stocks", [tensor], parameters={"streams": "grpc-new"})
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    finally:
+        client.close()
 
 
 def test_an_idle_stream_gives_way_and_primary_and_backup_drop_it_alike(
