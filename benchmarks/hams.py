@@ -778,7 +778,9 @@ def chaos(args: argparse.Namespace, data: Data, tmp: Path) -> dict[str, Any]:
     from benchmarks.hams_stocks import chaos as run_chaos
 
     del data
-    return run_chaos(args, tmp, args.previous if args.resume else None, args.save)
+    again = "chaos" in args.redo.split(",")  # --redo chaos: both modes afresh
+    return run_chaos(args, tmp, args.previous if args.resume and not again else None,
+                     args.save)
 
 
 def _save_part(out: Path, stem: str, state: dict[str, Any], part: str,
