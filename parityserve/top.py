@@ -20,7 +20,9 @@ import contextlib
 import math
 import os
 import select
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -235,6 +237,7 @@ def run(urls: Sequence[str], *, interval_s: float = 2.0, once: bool = False,
         out: IO[str] | None = None, keys: IO[str] | None = None) -> int:
     """``parityserve top``. With ``once``: two scrapes ``interval_s`` apart (so rates exist),
     one frame printed, and exit 1 if any frontend could not be read."""
+    _ctrl_c_quits()
     frontends = [Frontend.open(u, timeout_s=max(1.0, min(interval_s, 10.0))) for u in urls]
     console = _console(out or sys.stdout)
     try:
@@ -246,6 +249,15 @@ def run(urls: Sequence[str], *, interval_s: float = 2.0, once: bool = False,
     finally:
         for f in frontends:
             f.client.close()
+
+
+def _ctrl_c_quits() -> None:
+    """Ctrl-C raises KeyboardInterrupt, whatever top inherited: a process started in the
+    background by a non-interactive shell (``cmd &`` in a script, a CI job) inherits SIGINT
+    ignored, and Python then never installs its handler, so Ctrl-C (or the tests' SIGINT) did
+    nothing and top ran on."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _once(pool: ThreadPoolExecutor, frontends: Sequence[Frontend], interval_s: float,

@@ -211,12 +211,20 @@ def test_q_quits_the_live_view_and_gives_the_terminal_back(home: Path) -> None:
     os.close(slave)
 
 
+def _inherit_sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_ctrl_c_quits_when_stdin_is_not_a_terminal(home: Path) -> None:
+    """Started as a non-interactive shell starts a background job (``top &`` in a script, a
+    CI job): SIGINT ignored on entry. top ran on through Ctrl-C then, and this test timed
+    out in a clean-clone run started that way."""
     dead = f"http://127.0.0.1:{free_port()}"
     env = {**os.environ, "PARITYSERVE_HOME": str(home)}
     with subprocess.Popen([PARITYSERVE, "top", "--interval", "0.5", "--url", dead],
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=env) as proc:
+                          stderr=subprocess.PIPE, env=env,
+                          preexec_fn=_inherit_sigint_ignored) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         _read_until(proc.stdout.fileno(), b"Ctrl-C quits")
         proc.send_signal(signal.SIGINT)
