@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 # flags for a bench target, e.g. make bench-tail ARGS='--part codec'
 ARGS ?=
 
