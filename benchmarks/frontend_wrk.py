@@ -67,8 +67,8 @@ from benchmarks.frontend_cases import (  # noqa: E402
     load_case,
 )
 from benchmarks.frontend_wrk_report import summarise  # noqa: E402
+from benchmarks.steal import StealSampler  # noqa: E402
 from parityserve.bench.ports import free_port  # noqa: E402
-from parityserve.bench.steal import StealSampler  # noqa: E402
 
 __all__ = ["build_parser", "main", "run", "run_wrk", "summarise"]
 

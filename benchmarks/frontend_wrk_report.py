@@ -119,7 +119,7 @@ _INTRO = ("Medians over rounds (each round's req/s listed). In a round every sys
           "parityserve's "
           "`parityserve_batch_size` histogram and the bare MLP app's batcher (LitServe does "
           "not say). CPU stolen: the share of this VM's CPU time its host took during the "
-          "64-connection run (`/proc/stat`, `parityserve.bench.steal`; median over rounds): "
+          "64-connection run (`/proc/stat`, `benchmarks.steal`; median over rounds): "
           "every process here stops while it happens, so a system measured in a spell of "
           "steal reads slower for reasons of the host's.")
 _HEADER = ["| system | route | bodies | req/s | rounds | vs bare | vs floor | vs LitServe "

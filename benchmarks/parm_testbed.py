@@ -65,6 +65,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.replica_timing import (
+    Snapshot,
+    replica_state,
+    settled_replica_state,
+    transport_ms_per_task,
+    worker_hold_ms,
+)
+from benchmarks.steal import StealSampler, steal_free
 from benchmarks.tail import (
     CDF_PROBABILITIES,
     Case,
@@ -93,13 +101,6 @@ from parityserve.bench.loadgen import (
     run_open_loop,
     warmed_json_sender,
 )
-from parityserve.bench.replica_timing import (
-    Snapshot,
-    replica_state,
-    settled_replica_state,
-    transport_ms_per_task,
-    worker_hold_ms,
-)
 from parityserve.bench.report import (
     command_line,
     markdown_table,
@@ -108,7 +109,6 @@ from parityserve.bench.report import (
     write_results,
 )
 from parityserve.bench.serverproc import ServerProcess, write_config
-from parityserve.bench.steal import StealSampler, steal_free
 from parityserve.core.emulation import profile_named
 
 __all__ = [
@@ -331,7 +331,7 @@ def run_order(order: str, cases: int, rates: Sequence[float], queries: int,
               repeats: int) -> str:
     """``interleaved`` or ``grouped``. Interleaving (repetition 1 of every case, then
     repetition 2 in the reverse order, ...) keeps a slow spell of the host (see
-    ``parityserve.bench.steal``) from landing on one case's repetitions only; it costs a
+    ``benchmarks.steal``) from landing on one case's repetitions only; it costs a
     server start per case and repetition. ``auto`` interleaves when that fits the budget."""
     if order != "auto":
         return order
@@ -586,7 +586,7 @@ _STEAL_COLUMNS = [("case", "case", "s"), ("rate", "offered q/s", ".0f"),
 
 def steal_gap_rows(points: Sequence[dict[str, Any]], cases: Sequence[Case]
                    ) -> list[dict[str, Any]]:
-    """``gap_rows`` over each point's steal-free answers (``parityserve.bench.steal``); empty
+    """``gap_rows`` over each point's steal-free answers (``benchmarks.steal``); empty
     where steal was not measured. A diagnostic beside the headline, never in its place."""
     clean = [{**p, "p50_ms": p["clean_p50_ms"], "p99_ms": p["clean_p99_ms"],
               "p999_ms": p["clean_p999_ms"]}

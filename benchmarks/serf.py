@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.run_file import RunFile
 from benchmarks.serf_analysis import (
     ABLATIONS,
     IDLE_AWARE,
@@ -64,7 +65,6 @@ from parityserve.bench.loadgen import (
     warm_open_loops,
 )
 from parityserve.bench.report import command_line, markdown_table, write_results
-from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.core.queueing import Config, configurations

@@ -49,9 +49,9 @@ from benchmarks.parm_testbed import (
     shuffle_transitions,
     testbed_cases,
 )
+from benchmarks.replica_timing import replica_state, transport_ms_per_task, worker_hold_ms
 from benchmarks.tail import Checkpoint, settings_key
 from parityserve.bench.loadgen import poisson_schedule
-from parityserve.bench.replica_timing import replica_state, transport_ms_per_task, worker_hold_ms
 from parityserve.bench.report import markdown_table, write_results
 from parityserve.core.emulation import profile_named
 from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
@@ -854,7 +854,7 @@ def _steal_text(r: Mapping[str, Any]) -> str:
 
 ## Against the answers that met no hypervisor steal (a diagnostic)
 
-The testbed records the CPU this VM's host took during each point (`parityserve.bench.steal`)
+The testbed records the CPU this VM's host took during each point (`benchmarks.steal`)
 and the latencies of the answers that were in flight while it took none. The simulator has
 no host, so this is where it should match best. The target above stays judged on every
 answer.

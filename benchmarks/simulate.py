@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from benchmarks import _cli
-from parityserve.bench.replica_timing import replica_state, transport_ms_per_task
+from benchmarks.replica_timing import replica_state, transport_ms_per_task
 from parityserve.bench.report import markdown_table, write_results
 from parityserve.bench.stats import median_and_spread
 from parityserve.core.faults import BurstSpec, FaultSpec

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.run_file import RunFile
 from parityserve.bench.loadgen import (
     HttpSender,
     LoadResult,
@@ -62,7 +63,6 @@ from parityserve.bench.report import (
     plot_quantile_cdf,
     write_results,
 )
-from parityserve.bench.run_file import RunFile
 from parityserve.bench.serverproc import ServerProcess, write_config
 
 __all__ = [

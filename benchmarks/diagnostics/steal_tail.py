@@ -3,7 +3,7 @@
 The testbed's baseline with nothing slowed (equal-resources 12 + 6, no shuffles, 150 q/s)
 has a p99.9 about 11 ms above what the simulator, driving the same scheduler, predicts. This
 runs that case (and ParM k = 2 beside it, interleaved, one server each) while
-``parityserve.bench.steal.StealSampler`` reads the VM's stolen CPU every 5 ms, and then asks
+``benchmarks.steal.StealSampler`` reads the VM's stolen CPU every 5 ms, and then asks
 of every answer: was it in flight while the host stole CPU time from this VM? If the slowest
 answers met steal far more often than typical ones, the tail is partly the host's.
 
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import parm_testbed as tb  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir  # noqa: E402
+from benchmarks.steal import StealSampler, StealSamples  # noqa: E402
 from parityserve.bench.loadgen import (  # noqa: E402
     LoadResult,
     encode_bodies,
@@ -37,7 +38,6 @@ from parityserve.bench.loadgen import (  # noqa: E402
 from parityserve.bench.report import markdown_table, write_results  # noqa: E402
 from parityserve.bench.serverproc import ServerProcess, write_config  # noqa: E402
 from parityserve.bench.stats import percentiles  # noqa: E402
-from parityserve.bench.steal import StealSampler, StealSamples  # noqa: E402
 
 # Latency bands, by the run's own percentiles: (label, low, high) in percent.
 BANDS = (("up to p50", 0.0, 50.0), ("p50-p99", 50.0, 99.0), ("p99-p99.5", 99.0, 99.5),

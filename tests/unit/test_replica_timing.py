@@ -1,11 +1,11 @@
-"""parityserve.bench.replica_timing: a task's round trip split into the worker's hold and the
+"""benchmarks.replica_timing: a task's round trip split into the worker's hold and the
 transport around it, from two /admin/state snapshots."""
 
 from __future__ import annotations
 
 import pytest
 
-from parityserve.bench.replica_timing import transport_ms_per_task, worker_hold_ms
+from benchmarks.replica_timing import transport_ms_per_task, worker_hold_ms
 
 BEFORE = [{"rid": "a", "round_trip_s": 1.0, "worker_s": 0.5, "served": 10}]
 AFTER = [{"rid": "a", "round_trip_s": 1.3, "worker_s": 0.7, "served": 110},
@@ -29,7 +29,7 @@ def test_nothing_finished_between_the_snapshots_measures_nothing() -> None:
 
 
 def test_the_closing_snapshot_waits_for_the_tasks_still_out(monkeypatch) -> None:
-    import parityserve.bench.replica_timing as rt
+    import benchmarks.replica_timing as rt
 
     states = iter([[{"rid": "a", "inflight": 1}], [{"rid": "a", "inflight": 1}],
                    [{"rid": "a", "inflight": 0, "served": 5}]])
@@ -39,7 +39,7 @@ def test_the_closing_snapshot_waits_for_the_tasks_still_out(monkeypatch) -> None
 
 
 def test_the_closing_snapshot_gives_up_on_a_task_that_never_ends(monkeypatch) -> None:
-    import parityserve.bench.replica_timing as rt
+    import benchmarks.replica_timing as rt
 
     monkeypatch.setattr(rt, "replica_state", lambda url, model: [{"rid": "a", "inflight": 2}])
     assert rt.settled_replica_state("u", "m", timeout_s=0.05, poll_s=0.01) == [

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from parityserve.bench.run_file import RunFile
+from benchmarks.run_file import RunFile
 
 
 class _Named(RunFile):

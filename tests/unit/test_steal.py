@@ -1,4 +1,4 @@
-"""parityserve.bench.steal: the hypervisor's stolen CPU, read from /proc/stat, and the answers
+"""benchmarks.steal: the hypervisor's stolen CPU, read from /proc/stat, and the answers
 in flight while none was stolen."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parityserve.bench.steal import StealSampler, StealSamples, read_ticks, steal_free
+from benchmarks.steal import StealSampler, StealSamples, read_ticks, steal_free
 
 STAT = "cpu  100 0 50 800 5 0 5 40 0 0\ncpu0 50 0 25 400 2 0 2 20 0 0\n"
 

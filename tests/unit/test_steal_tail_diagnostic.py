@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from benchmarks.diagnostics import steal_tail as diagnostic
+from benchmarks.steal import StealSamples
 from parityserve.bench.loadgen import LoadResult
-from parityserve.bench.steal import StealSamples
 
 
 def test_each_band_says_how_many_of_its_answers_met_steal() -> None:
