@@ -43,7 +43,7 @@ from benchmarks.accuracy_report import (
     plot_approxifer,
     plot_overall,
 )
-from parityserve.bench.report import command_line, write_results
+from benchmarks.report import command_line, write_results
 from parityserve.core.coding import BerrutCode, SystematicBerrut, minimum_workers
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.accuracy_eval import default_bound, overall_accuracy
-from parityserve.bench.report import markdown_table
+from benchmarks.report import colours, markdown_table, new_figure, save_figure
 
 __all__ = [
     "CLAIMS",
@@ -559,14 +559,12 @@ def _setup_section(payload: Mapping[str, Any]) -> list[str]:
 def plot_overall(payload: Mapping[str, Any], path: Path | str) -> Path | None:
     """A_o against the unavailable fraction f for each ParM k = 2 cell, with the default
     bound dashed; None when there are no ParM cells."""
-    from parityserve.bench.report import _colours, _figure, _save
-
     cells = [c for c in _cells(payload, "parm") if c["K"] == 2 and _mean(c) is not None]
     if not cells:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     f = np.asarray(FRACTIONS)
-    for colour, cell in zip(_colours(len(cells)), cells, strict=True):
+    for colour, cell in zip(colours(len(cells)), cells, strict=True):
         base = payload["bases"].get(f"{cell['dataset']}|{cell['model']}", {})
         label = f"{_NAMES.get(cell['dataset'], cell['dataset'])} {cell['model']} {cell['encoder']}"
         ax.plot(f, 100 * overall_accuracy(cell["a_available"], cell["stats"]["mean"], f),
@@ -577,14 +575,12 @@ def plot_overall(payload: Mapping[str, Any], path: Path | str) -> Path | None:
               title_fontsize="x-small")
     ax.set(xlabel="fraction of predictions unavailable (f)", ylabel="overall accuracy A_o (%)",
            title="ParM overall accuracy A_o = (1-f) A_a + f A_d")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
 def plot_approxifer(payload: Mapping[str, Any], path: Path | str) -> Path | None:
     """ApproxIFER accuracy against S, one line per (dataset, model, K); A_a as a dotted
     level per (dataset, model); None when there are no ApproxIFER cells."""
-    from parityserve.bench.report import _colours, _figure, _save
-
     cells = _cells(payload, "approxifer")
     if not cells:
         return None
@@ -592,9 +588,9 @@ def plot_approxifer(payload: Mapping[str, Any], path: Path | str) -> Path | None
     for c in cells:
         series.setdefault((c["dataset"], c["model"]), {}).setdefault(c["K"], []).append(
             (c["S"], 100 * c["stats"]["mean"], 100 * c["stats"]["std"]))
-    fig, ax = _figure()
+    fig, ax = new_figure()
     styles = ["-", "--", ":", "-."]
-    for colour, ((dataset, model), by_k) in zip(_colours(len(series)), series.items(),
+    for colour, ((dataset, model), by_k) in zip(colours(len(series)), series.items(),
                                                 strict=True):
         base = payload["bases"].get(f"{dataset}|{model}")
         for style, (k, pts) in zip(styles * 4, sorted(by_k.items()), strict=False):
@@ -608,4 +604,4 @@ def plot_approxifer(payload: Mapping[str, Any], path: Path | str) -> Path | None
     ax.set_xticks(sorted({c["S"] for c in cells}))
     ax.set(xlabel="stragglers S", ylabel="accuracy of decoded outputs (%)",
            title="ApproxIFER (dotted: the model's own accuracy A_a)")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)

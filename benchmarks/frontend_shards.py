@@ -194,7 +194,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def _write_results(state: dict[str, Any], state_path: Path, out: Path) -> None:
-    from parityserve.bench.report import machine_info
+    from benchmarks.report import machine_info
 
     state["summary"] = summarise(state["points"])
     state_path.write_text(json.dumps(state, indent=2))

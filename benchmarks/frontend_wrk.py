@@ -216,7 +216,7 @@ def _relative(path: Path) -> str:
 
 
 def _write_results(state: dict[str, Any], state_path: Path, out: Path) -> None:
-    from parityserve.bench.report import machine_info
+    from benchmarks.report import machine_info
 
     state["summary"] = summarise(state["points"])
     state["verdicts"] = report.verdicts(state["summary"])

@@ -188,7 +188,7 @@ def _stays_from(curve: list[dict[str, Any]], within: list[bool]) -> int | None:
 
 
 def markdown(out: dict[str, Any]) -> str:
-    from parityserve.bench.report import machine_info
+    from benchmarks.report import machine_info
 
     curve = out["curve"]
     last = curve[-1]

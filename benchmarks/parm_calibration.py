@@ -36,7 +36,7 @@ import orjson
 
 from benchmarks import _cli
 from benchmarks import parm_testbed as testbed
-from parityserve.bench.report import markdown_table, write_results
+from benchmarks.report import markdown_table, new_figure, save_figure, write_results
 
 __all__ = [
     "DEFAULT_GRID",
@@ -307,9 +307,7 @@ Plot: `parm-calibration.png`."""  # noqa: E501
 
 
 def _plot(path: Path, report: dict[str, Any]) -> Path:
-    from parityserve.bench.report import _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     low, high = report["paper"]["tail_ratio_band"]
     ax.axhspan(low, high, color="0.85", label="implied by ParM 6.2.1")
     ax.axhline(report["paper"]["tail_ratio_target"], color="0.4", linestyle="--")
@@ -323,7 +321,7 @@ def _plot(path: Path, report: dict[str, Any]) -> Path:
     ax.set_ylabel("equal-resources p99.9 / p50")
     ax.legend(loc="upper left")
     ax.set_title("EMULATED testbed: baseline tail vs shuffle slowdown")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
 # ---- python -m benchmarks.parm_calibration ---------------------------------------------------

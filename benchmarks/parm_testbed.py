@@ -72,6 +72,13 @@ from benchmarks.replica_timing import (
     transport_ms_per_task,
     worker_hold_ms,
 )
+from benchmarks.report import (
+    command_line,
+    markdown_table,
+    plot_latency_vs_load,
+    plot_quantile_cdf,
+    write_results,
+)
 from benchmarks.steal import StealSampler, steal_free
 from benchmarks.tail import (
     CDF_PROBABILITIES,
@@ -100,13 +107,6 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
     warmed_json_sender,
-)
-from parityserve.bench.report import (
-    command_line,
-    markdown_table,
-    plot_latency_vs_load,
-    plot_quantile_cdf,
-    write_results,
 )
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.core.emulation import profile_named

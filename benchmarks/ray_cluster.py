@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 
 from benchmarks import _cli
-from parityserve.bench.report import markdown_table, write_results
+from benchmarks.report import markdown_table, write_results
 from parityserve.errors import ConfigError
 
 __all__ = ["build_parser", "classify", "main", "run", "timeline"]

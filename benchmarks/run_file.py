@@ -15,7 +15,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-from parityserve.bench.report import command_line
+from benchmarks.report import command_line
 
 __all__ = ["RunFile"]
 

@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from benchmarks import _cli
+from benchmarks.report import markdown_table, write_results
 from benchmarks.selection_models import (
     DATASETS,
     ModelSpec,
@@ -65,7 +66,6 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     run_open_loop,
 )
-from parityserve.bench.report import markdown_table, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.core.selection import predicted_class
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.report import command_line, markdown_table, new_figure, save_figure, write_results
 from benchmarks.run_file import RunFile
 from benchmarks.serf_analysis import (
     ABLATIONS,
@@ -64,7 +65,6 @@ from parityserve.bench.loadgen import (
     run_event_loop,
     warm_open_loops,
 )
-from parityserve.bench.report import command_line, markdown_table, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.core.queueing import Config, configurations
@@ -670,9 +670,7 @@ def _cases_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _plot_scatter(reports: dict[str, dict[str, Any]], path: Path) -> None:
-    from parityserve.bench.report import _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for name, report in reports.items():
         rows = (report.get("accuracy") or {}).get("rows") or []
         if rows:
@@ -687,7 +685,7 @@ def _plot_scatter(reports: dict[str, dict[str, Any]], path: Path) -> None:
            ylabel="predicted mean latency (ms)",
            title="SERF prediction accuracy on this machine")
     ax.legend(fontsize="small")
-    _save(fig, ax, path)
+    save_figure(fig, ax, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

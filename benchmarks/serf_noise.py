@@ -42,6 +42,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.report import (
+    colours,
+    command_line,
+    markdown_table,
+    new_figure,
+    save_figure,
+    write_results,
+)
 from benchmarks.serf import (
     MODELS,
     _accuracy_run,
@@ -78,7 +86,6 @@ from benchmarks.serf_noise_analysis import (
     select_cases,
 )
 from parityserve.bench.loadgen import encode_bodies, poisson_schedule
-from parityserve.bench.report import command_line, markdown_table, write_results
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.errors import ConfigError
 
@@ -451,9 +458,7 @@ def _cold_markdown(cold: dict[str, Any]) -> str:
 def _plot_errors(report: dict[str, Any], path: Path) -> None:
     """Per case: every oracle pair's error and Eq. 13's error against every run, log-y,
     with the issue's targets as lines."""
-    from parityserve.bench.report import _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     floor = 1e-4  # a zero error drawn at 0.01%, the axis' floor
     for i, case in enumerate(report["cases"]):
         oracle = [max(e, floor) for e in case["oracle_errors"] if math.isfinite(e)]
@@ -470,16 +475,14 @@ def _plot_errors(report: dict[str, Any], path: Path) -> None:
     ax.set(yscale="log", ylabel="relative error of mean latency",
            title=f"{report['model']}: a rerun of the same case against Eq. 13")
     ax.legend(fontsize="x-small")
-    _save(fig, ax, path)
+    save_figure(fig, ax, path)
 
 
 def _plot_cold(cold: dict[str, Any], path: Path) -> None:
     """Median (solid) and mean (dashed) time per call against the idle gap, as a ratio to
     back-to-back calls."""
-    from parityserve.bench.report import _colours, _figure, _save
-
-    fig, ax = _figure()
-    for colour, (name, series) in zip(_colours(len(cold["series"])), cold["series"].items(),
+    fig, ax = new_figure()
+    for colour, (name, series) in zip(colours(len(cold["series"])), cold["series"].items(),
                                       strict=True):
         gaps = [r["gap_ms"] for r in series["rows"]]
         ax.plot(gaps, [r["median_ratio"] for r in series["rows"]], color=colour, marker="o",
@@ -492,7 +495,7 @@ def _plot_cold(cold: dict[str, Any], path: Path) -> None:
     ax.set(xlabel="idle gap before the call (ms)", ylabel="time per call ÷ back-to-back",
            title="The cost of waking up: one call after an idle gap")
     ax.legend(fontsize="x-small")
-    _save(fig, ax, path)
+    save_figure(fig, ax, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

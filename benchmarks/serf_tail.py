@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import markdown_table
 from benchmarks.serf import MODEL_NAME, WARMUP, _apply_policy, _Runs, _switches
 from benchmarks.serf_analysis import phased_schedule
 from benchmarks.serf_tail_analysis import (
@@ -35,7 +36,6 @@ from benchmarks.serf_tail_analysis import (
     tail_summary,
 )
 from parityserve.bench.loadgen import HttpSender, json_sender, run_event_loop, run_open_loop
-from parityserve.bench.report import markdown_table
 from parityserve.core.profiling import ProfileDocument, load_levels
 from parityserve.core.tail_choice import tail_table
 

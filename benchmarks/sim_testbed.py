@@ -50,9 +50,9 @@ from benchmarks.parm_testbed import (
     testbed_cases,
 )
 from benchmarks.replica_timing import replica_state, transport_ms_per_task, worker_hold_ms
+from benchmarks.report import colours, markdown_table, new_figure, save_figure, write_results
 from benchmarks.tail import Checkpoint, settings_key
 from parityserve.bench.loadgen import poisson_schedule
-from parityserve.bench.report import markdown_table, write_results
 from parityserve.core.emulation import profile_named
 from parityserve.core.simulate import ServiceProfile, SimConfig, simulate
 
@@ -603,7 +603,7 @@ def measure_idle(testbed: Mapping[str, Any], args: argparse.Namespace) -> dict[s
 
 
 def _write_idle(idle: Mapping[str, Any], path: Path) -> None:
-    from parityserve.bench.report import command_line, machine_info
+    from benchmarks.report import command_line, machine_info
 
     doc = {**idle, "command": command_line(), "machine": machine_info()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -905,9 +905,7 @@ def _calibration_text(r: Mapping[str, Any]) -> str:
 
 
 def _plot_validation(rows: Sequence[Mapping[str, Any]], path: Path, testbed: str) -> Path:
-    from parityserve.bench.report import _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for q, marker in (("p50", "o"), ("p99", "s")):
         for counted, colour in ((True, "tab:blue"), (False, "tab:grey")):
             pts = [(r[f"measured_{q}_ms"], r[f"sim_{q}_ms"]) for r in rows
@@ -924,15 +922,13 @@ def _plot_validation(rows: Sequence[Mapping[str, Any]], path: Path, testbed: str
     ax.legend(fontsize="small")
     ax.set(xscale="log", yscale="log", xlabel="measured on the EMULATED testbed (ms)",
            ylabel="simulated (ms)", title=f"Simulator vs testbed ({Path(testbed).name})")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
 def _plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    from parityserve.bench.report import _colours, _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    for colour, case in zip(_colours(len(cases)), cases, strict=True):
+    for colour, case in zip(colours(len(cases)), cases, strict=True):
         for total, style in zip(sorted({r["total"] for r in rows}), ("-o", ":s"), strict=False):
             pts = sorted((r["frontends"], r["p99_ms"]) for r in rows
                          if r["case"] == case and r["total"] == total)
@@ -941,7 +937,7 @@ def _plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.legend(fontsize="x-small", ncol=2, title="p99; instances: 100 solid, 1,000 dotted")
     ax.set(xscale="log", yscale="log", xlabel="frontends (shards)", ylabel="p99 (ms)",
            title="SIMULATED p99 at 100 and 1,000 instances vs frontend shards")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
 # ---- python -m benchmarks.sim_testbed ---------------------------------------------------------

@@ -31,7 +31,7 @@ import orjson
 
 from benchmarks import _cli
 from benchmarks.replica_timing import replica_state, transport_ms_per_task
-from parityserve.bench.report import markdown_table, write_results
+from benchmarks.report import colours, markdown_table, new_figure, save_figure, write_results
 from parityserve.bench.stats import median_and_spread
 from parityserve.core.faults import BurstSpec, FaultSpec
 from parityserve.core.simulate import MODES, ServiceProfile, SimConfig, simulate
@@ -220,7 +220,7 @@ def _profile(args: argparse.Namespace, clock: str) -> ServiceProfile:
     sizes = [int(s) for s in args.profile_sizes.split(",") if s]
     doc = profile_model(source, weights, shape, sizes, args.profile_repeats,
                         data_dir=data_dir, seed=args.seed)
-    from parityserve.bench.report import command_line, machine_info
+    from benchmarks.report import command_line, machine_info
 
     doc["meta"].update(machine=machine_info(), command=command_line())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -428,11 +428,9 @@ def _write_projection(report: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def _plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    from parityserve.bench.report import _colours, _figure, _save
-
-    fig, ax = _figure()
+    fig, ax = new_figure()
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    for colour, mode in zip(_colours(len(modes)), modes, strict=True):
+    for colour, mode in zip(colours(len(modes)), modes, strict=True):
         pts = sorted((r["deployed"], r["p99_ms"], r["p999_ms"]) for r in rows
                      if r["mode"] == mode)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=colour, label=f"{mode}",
@@ -442,7 +440,7 @@ def _plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set(xscale="log", yscale="log", ylabel="latency (ms)",
            xlabel="deployed instances m (redundant modes run m + m/2 in all)",
            title="Simulated tail latency vs cluster size (rate scaled with instances)")
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
 # ---- validation ------------------------------------------------------------------------------

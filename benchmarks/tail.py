@@ -47,6 +47,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cli
+from benchmarks.report import (
+    markdown_table,
+    plot_latency_vs_load,
+    plot_quantile_cdf,
+    write_results,
+)
 from benchmarks.run_file import RunFile
 from parityserve.bench.loadgen import (
     HttpSender,
@@ -56,12 +62,6 @@ from parityserve.bench.loadgen import (
     poisson_schedule,
     run_event_loop,
     run_open_loop,
-)
-from parityserve.bench.report import (
-    markdown_table,
-    plot_latency_vs_load,
-    plot_quantile_cdf,
-    write_results,
 )
 from parityserve.bench.serverproc import ServerProcess, write_config
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import frontend_wrk as fw  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir, load_case  # noqa: E402
 from benchmarks.frontend_wrk_report import _fmt  # noqa: E402
+from benchmarks.report import machine_info  # noqa: E402
 from parityserve.bench.ports import free_port  # noqa: E402
-from parityserve.bench.report import machine_info  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/frontend-ab"
 ROUTES = ("clipper-json", "v2-json", "v2-binary", "grpc")

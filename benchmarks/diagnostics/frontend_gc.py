@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.frontend_cases import default_data_dir  # noqa: E402
-from parityserve.bench.report import markdown_table, write_results  # noqa: E402
+from benchmarks.report import markdown_table, write_results  # noqa: E402
 
 # The hook: in the process started as ``parityserve ... start``, one JSON line per collector
 # pass once the startup heap is frozen (gc.get_freeze_count() > 0: serving has begun).

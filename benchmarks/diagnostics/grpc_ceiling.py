@@ -246,7 +246,7 @@ def main() -> int:
         (_serve_aio if args.serve == "aio" else _serve_sync_hop)(args.port)
         return 0
     sys.path.insert(0, str(ROOT))
-    from parityserve.bench.report import machine_info
+    from benchmarks.report import machine_info
 
     info = machine_info()
     variants = args.variants.split(",") if args.variants else list(VARIANTS)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import parm_testbed as tb  # noqa: E402
 from benchmarks.frontend_cases import default_data_dir  # noqa: E402
+from benchmarks.report import markdown_table, write_results  # noqa: E402
 from parityserve.bench import loadgen  # noqa: E402
 from parityserve.bench.loadgen import (  # noqa: E402
     encode_bodies,
@@ -37,7 +38,6 @@ from parityserve.bench.loadgen import (  # noqa: E402
     run_open_loop,
     warmed_json_sender,
 )
-from parityserve.bench.report import markdown_table, write_results  # noqa: E402
 from parityserve.bench.serverproc import ServerProcess, write_config  # noqa: E402
 from parityserve.bench.stats import percentiles  # noqa: E402
 

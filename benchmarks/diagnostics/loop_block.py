@@ -50,8 +50,8 @@ import numpy as np
 import orjson
 from tritonclient.grpc import service_pb2 as pb
 
+from benchmarks.report import machine_info
 from parityserve.bench.ports import free_port
-from parityserve.bench.report import machine_info
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.config import Limits
 from parityserve.runtime import v2

@@ -1,5 +1,8 @@
 """Benchmark output: JSON + markdown with the exact command and machine, and latency plots.
 
+What ``bench overhead`` and ``profile`` write with. The experiments under ``benchmarks/`` reach
+it through ``benchmarks/report.py``, which adds the plots only they draw (latency CDFs).
+
 A number without its machine, load and command cannot be checked or compared, so every
 results file carries all three. Plots use the Agg canvas directly (no pyplot), so they work
 headless and touch no global matplotlib state. matplotlib comes with the ``bench`` extra; a
@@ -27,12 +30,13 @@ from parityserve.bench.extra import require_bench_extra
 
 __all__ = [
     "Column",
+    "colours",
     "command_line",
     "machine_info",
     "markdown_table",
-    "plot_cdf",
-    "plot_quantile_cdf",
+    "new_figure",
     "plot_latency_vs_load",
+    "save_figure",
     "write_results",
 ]
 
@@ -217,11 +221,10 @@ def plot_latency_vs_load(series: Mapping[str, Sequence[LoadPoint]], path: Path |
 
     p50 is solid, p99 dashed and p99.9 dotted; the legend names colours and styles apart.
     """
-    fig, ax = _figure()  # first: it says so if matplotlib is missing
+    fig, ax = new_figure()  # first: it says so if matplotlib is missing
     from matplotlib.lines import Line2D
 
-    colours = _colours(len(series))
-    for colour, (label, points) in zip(colours, series.items(), strict=True):
+    for colour, (label, points) in zip(colours(len(series)), series.items(), strict=True):
         pts = sorted(points)
         rates = [p[0] for p in pts]
         for col, (style, _) in enumerate(_STYLES, start=1):
@@ -231,55 +234,11 @@ def plot_latency_vs_load(series: Mapping[str, Sequence[LoadPoint]], path: Path |
     handles += [Line2D([], [], color="black", linestyle=s, label=n) for s, n in _STYLES]
     ax.legend(handles=handles, fontsize="small")
     ax.set(yscale="log", xlabel="offered load (queries/s)", ylabel="latency (ms)", title=title)
-    return _save(fig, ax, path)
+    return save_figure(fig, ax, path)
 
 
-def plot_cdf(latencies_s: Mapping[str, np.ndarray | Sequence[float]], path: Path | str,
-             title: str) -> Path:
-    """Empirical latency CDF per label, log-x in milliseconds; non-finite values dropped."""
-    curves = {}
-    for label, lat in latencies_s.items():
-        ms = np.sort(np.asarray(lat, dtype=float)) * 1e3
-        ms = ms[np.isfinite(ms)]
-        curves[label] = (ms, np.arange(1, ms.size + 1) / max(ms.size, 1))
-    return _draw_cdf(curves, path, title)
-
-
-def plot_quantile_cdf(quantiles_ms: Mapping[str, Sequence[float]],
-                      probabilities: Sequence[float], path: Path | str, title: str,
-                      note: str | None = None) -> Path:
-    """Latency CDF per label from stored quantiles (milliseconds at ``probabilities``), log-x;
-    ``note`` goes under the legend (say which labels have no curve, and why)."""
-    probs = np.asarray(probabilities, dtype=float)
-    curves = {}
-    for label, values in quantiles_ms.items():
-        ms = np.asarray(values, dtype=float)
-        if ms.shape != probs.shape:
-            raise ValueError(f"{label}: {ms.size} quantiles for {probs.size} probabilities")
-        keep = np.isfinite(ms)
-        curves[label] = (ms[keep], probs[keep])
-    return _draw_cdf(curves, path, title, note)
-
-
-def _draw_cdf(curves: Mapping[str, tuple[np.ndarray, np.ndarray]], path: Path | str,
-              title: str, note: str | None = None) -> Path:
-    fig, ax = _figure()
-    for colour, (label, (ms, probs)) in zip(_colours(len(curves)), curves.items(),
-                                            strict=True):
-        if ms.size:
-            ax.step(ms, probs, where="post", color=colour, label=label)
-    if any(ms.size for ms, _ in curves.values()):
-        ax.legend(fontsize="small", title=note, title_fontsize="x-small")
-    else:  # nothing to draw: say so on the plot rather than leave it silently empty
-        ax.text(0.5, 0.5, note or "no latencies", ha="center", va="center",
-                transform=ax.transAxes)
-        ax.set_xlim(0.1, 1000.0)
-    ax.set(xscale="log", xlabel="latency (ms)", ylabel="fraction of queries", ylim=(0, 1.01),
-           title=title)
-    return _save(fig, ax, path)
-
-
-def _figure() -> tuple[Any, Any]:
+def new_figure() -> tuple[Any, Any]:
+    """A headless 7 x 4.5 in figure and its axes; a clear error if matplotlib is missing."""
     require_bench_extra("plotting", ["matplotlib"])
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -289,7 +248,8 @@ def _figure() -> tuple[Any, Any]:
     return fig, fig.subplots()
 
 
-def _colours(n: int) -> list[Any]:
+def colours(n: int) -> list[Any]:
+    """``n`` distinct line colours (tab10, or tab20 past ten series)."""
     require_bench_extra("plotting", ["matplotlib"])
     from matplotlib import colormaps
 
@@ -297,7 +257,8 @@ def _colours(n: int) -> list[Any]:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _save(fig: Any, ax: Any, path: Path | str) -> Path:
+def save_figure(fig: Any, ax: Any, path: Path | str) -> Path:
+    """Grid on, then ``fig`` written to ``path`` (its folder made) at 120 dpi; returns it."""
     ax.grid(True, which="both", alpha=0.3)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Benchmark results files, tables and plots."""
+"""Benchmark results files, tables and plots (parityserve.bench.report, benchmarks.report)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import report as lab_report
+from benchmarks.report import plot_cdf, plot_quantile_cdf
 from parityserve.bench import report
 from parityserve.bench.report import (
     machine_info,
     markdown_table,
-    plot_cdf,
     plot_latency_vs_load,
-    plot_quantile_cdf,
     write_results,
 )
 
@@ -24,9 +24,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_public_names() -> None:
     assert sorted(report.__all__) == [
-        "Column", "command_line", "machine_info", "markdown_table", "plot_cdf",
-        "plot_latency_vs_load", "plot_quantile_cdf", "write_results",
+        "Column", "colours", "command_line", "machine_info", "markdown_table", "new_figure",
+        "plot_latency_vs_load", "save_figure", "write_results",
     ]
+    # The experiments' one surface: the package's names plus the CDF plots only they draw.
+    assert sorted(lab_report.__all__) == sorted([*report.__all__, "plot_cdf",
+                                                 "plot_quantile_cdf"])
+    assert all(hasattr(lab_report, name) for name in lab_report.__all__)
 
 
 def test_machine_info_describes_the_machine() -> None:
