@@ -448,12 +448,9 @@ def _test_data(dataset: str, data_dir: Path, limit: int | None,
 
 
 def _load_net(zoo: str, weights: Path) -> Any:
-    from parityserve.models import _torch
-    from parityserve.training.deployed import build_net
+    from parityserve.training.deployed import frozen_net
 
-    net = build_net(zoo)
-    _torch.load_state_dict(net, _torch.read_state_dict(weights), where=str(weights))
-    return net.eval().requires_grad_(False)
+    return frozen_net(zoo, weights)
 
 
 def _predict_with(net: Any, batch: np.ndarray) -> np.ndarray:

@@ -116,7 +116,7 @@ def serve_floor(port: int, args: argparse.Namespace) -> None:
     import uvloop
 
     from benchmarks.frontend_batcher import Batcher
-    from parityserve.bench.floor_app import WorkerHop, _await_hello
+    from parityserve.bench.floor_app import WorkerHop
     from parityserve.runtime.credentials import ReplicaCredentials
     from parityserve.runtime.keys import ServerKeys
     from parityserve.runtime.launcher import LocalLauncher
@@ -135,7 +135,7 @@ def serve_floor(port: int, args: argparse.Namespace) -> None:
         client_keys = ReplicaCredentials(keys, link).issue(_FLOOR_REPLICA)
         worker = LocalLauncher(link.address).start(spec, client_keys)
         try:
-            await _await_hello(hop, worker.exit_code)
+            await hop.wait_for_hello(worker.exit_code)
             batcher = Batcher(hop.call, args.max_batch, "hop")
             _freeze_startup_objects()
             stats = lambda: {"batches": batcher.batches, "queries": batcher.queries}  # noqa: E731

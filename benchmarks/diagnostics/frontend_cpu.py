@@ -44,9 +44,9 @@ _MAIN_THREAD = "serve (parityserve/runtime/server.py"
 
 def main() -> int:
     args = _parse()
-    model = overhead._model_case("noop", None)
+    model = overhead.model_case("noop", None)
     bodies = encode_bodies(list(model["inputs"]))
-    config = overhead._serving_config(model, max_batch=64, slo_ms=10_000)
+    config = overhead.serving_config(model, max_batch=64, slo_ms=10_000)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp, \
@@ -99,10 +99,10 @@ def _one_run(url: str, bodies: list[bytes], pids: dict[str, int], n: int,
              seed: int) -> dict[str, Any]:
     before = {name: _cpu_s(pid) for name, pid in pids.items()}
     start = time.perf_counter()
-    result = run_event_loop(overhead._open_loop(url, bodies, 1e6, n, 32, seed=seed))
+    result = run_event_loop(overhead.open_loop(url, bodies, 1e6, n, 32, seed=seed))
     wall = time.perf_counter() - start
     cores = {name: round((_cpu_s(pid) - before[name]) / wall, 2) for name, pid in pids.items()}
-    return {"throughput_qps": overhead._row("parityserve", 0.0, result)["throughput_qps"],
+    return {"throughput_qps": overhead.result_row("parityserve", 0.0, result)["throughput_qps"],
             "cores": cores}
 
 

@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from parityserve.bench.baseline_app import _run, _serve, create_route_app
@@ -86,6 +86,19 @@ class WorkerHop:
             raise
         return await future
 
+    async def wait_for_hello(self, exit_code: Callable[[], int | None]) -> None:
+        """Wait for the worker's hello; a load failure or an early exit (``exit_code()`` not
+        None) raises ``ModelLoadError`` with why."""
+        deadline = asyncio.get_running_loop().time() + _STARTUP_TIMEOUT_S
+        while not self.ready.is_set():
+            if exit_code() is not None:
+                raise ModelLoadError(f"the worker exited with status {exit_code()} before hello")
+            if asyncio.get_running_loop().time() > deadline:
+                raise ModelLoadError(f"no hello from the worker in {_STARTUP_TIMEOUT_S:g} s")
+            await asyncio.sleep(0.02)
+        if self.failure is not None:
+            raise ModelLoadError(self.failure)
+
     def fail_waiting(self, reason: str) -> None:
         for future in self._waiting.values():
             if not future.done():
@@ -101,25 +114,12 @@ async def _serve_with_worker(args: argparse.Namespace) -> None:
                       weights=args.weights, threads=args.threads)
     worker = LocalLauncher(link.address).start(spec)
     try:
-        await _await_hello(hop, worker.exit_code)
+        await hop.wait_for_hello(worker.exit_code)
         await _serve(create_route_app(hop.call, args.input_dtype), args.host, args.port)
     finally:
         hop.fail_waiting("the floor app is stopping")
         LocalLauncher.stop_all([worker])
         await link.close()
-
-
-async def _await_hello(hop: WorkerHop, exit_code: Any) -> None:
-    """Wait for the worker's hello; a load failure or an early exit ends the app with why."""
-    deadline = asyncio.get_running_loop().time() + _STARTUP_TIMEOUT_S
-    while not hop.ready.is_set():
-        if exit_code() is not None:
-            raise ModelLoadError(f"the worker exited with status {exit_code()} before hello")
-        if asyncio.get_running_loop().time() > deadline:
-            raise ModelLoadError(f"no hello from the worker in {_STARTUP_TIMEOUT_S:g} s")
-        await asyncio.sleep(0.02)
-    if hop.failure is not None:
-        raise ModelLoadError(hop.failure)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

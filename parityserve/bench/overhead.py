@@ -42,7 +42,7 @@ from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.bench.stats import percentiles
 from parityserve.errors import DataError, Unavailable
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "model_case", "open_loop", "result_row", "run", "serving_config"]
 
 _SLO_MS = 20.0  # the batching experiment's latency objective (the issue's 20 ms)
 
@@ -75,11 +75,11 @@ def run(args: argparse.Namespace) -> int:
                               "in_flight": args.in_flight, "models": {}}
     workdir = args.results_dir / ".work"
     for name in models:
-        model = _model_case(name, data_dir)
+        model = model_case(name, data_dir)
         print(f"\n== {name}: {model['source']} ==", flush=True)
         report["models"][name] = _bench_model(model, rates, args, workdir)
     if "mlp" in models and data_dir is not None:
-        report["batching"] = _bench_batching(_model_case("mlp", data_dir), args, workdir)
+        report["batching"] = _bench_batching(model_case("mlp", data_dir), args, workdir)
     _write(report, args.results_dir)
     return 0
 
@@ -95,7 +95,8 @@ def _data_dir(explicit: Path | None) -> Path | None:
         return None
 
 
-def _model_case(name: str, data_dir: Path | None) -> dict[str, Any]:
+def model_case(name: str, data_dir: Path | None) -> dict[str, Any]:
+    """A model to measure (``noop`` or ``mlp``): its source, weights and 784-wide inputs."""
     if name == "noop":
         inputs = _mnist(data_dir) if data_dir else np.random.default_rng(0).random(
             (1000, 784), dtype=np.float32)
@@ -125,7 +126,7 @@ def _bench_model(model: dict[str, Any], rates: Sequence[float], args: argparse.N
     with ExitStack() as stack:
         bare = stack.enter_context(
             _AppProcess("parityserve.bench.baseline_app", model["source"], model["weights"]))
-        config = _serving_config(model, max_batch=64, slo_ms=10_000)
+        config = serving_config(model, max_batch=64, slo_ms=10_000)
         server = stack.enter_context(
             ServerProcess(write_config(config, workdir / f"{model['name']}.yaml")))
         targets = {"bare": bare.url, "parityserve": server.url}
@@ -183,8 +184,8 @@ def _sweep(targets: dict[str, str], bodies: list[bytes], rates: Sequence[float],
         for rep in range(args.repeats):
             for system, url in targets.items():
                 result = run_event_loop(
-                    _open_loop(url, bodies, rate, args.queries, 10_000, seed=rep))
-                runs[system].append(_row(system, rate, result))
+                    open_loop(url, bodies, rate, args.queries, 10_000, seed=rep))
+                runs[system].append(result_row(system, rate, result))
         for rows in runs.values():
             points.append(_median_row(rows))
             _print_row(points[-1])
@@ -196,9 +197,9 @@ def _saturate(targets: dict[str, str], bodies: list[bytes],
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     for rep in range(args.repeats):
         for system, url in targets.items():
-            result = run_event_loop(_open_loop(url, bodies, 1e6, args.saturation_queries,
+            result = run_event_loop(open_loop(url, bodies, 1e6, args.saturation_queries,
                                                args.in_flight, seed=rep))
-            runs[system].append(_row(system, float("inf"), result))
+            runs[system].append(result_row(system, float("inf"), result))
     peak = {system: _median_row(rows) for system, rows in runs.items()}
     for system, row in peak.items():
         print(f"  peak {system:<12} {row['throughput_qps']:8.0f} q/s "
@@ -222,9 +223,11 @@ def _median_row(rows: list[dict[str, Any]],
     return out
 
 
-async def _open_loop(url: str, bodies: list[bytes], rate: float, n: int,
-                     in_flight: int, *, seed: int = 0, path: str = "/bench/predict"
-                     ) -> LoadResult:
+async def open_loop(url: str, bodies: list[bytes], rate: float, n: int,
+                    in_flight: int, *, seed: int = 0, path: str = "/bench/predict"
+                    ) -> LoadResult:
+    """``n`` Poisson arrivals at ``rate`` to one route, at most ``in_flight`` outstanding,
+    after 200 warm-up requests."""
     async with HttpSender(url, limit=max(64, in_flight)) as http:
         send = json_sender(http, path, bodies)
         await _warm_up(send)
@@ -237,7 +240,8 @@ async def _warm_up(send: Send, n: int = 200) -> None:
     await asyncio.gather(*(send(i) for i in range(n)))
 
 
-def _row(system: str, rate: float, result: LoadResult) -> dict[str, Any]:
+def result_row(system: str, rate: float, result: LoadResult) -> dict[str, Any]:
+    """One table row: the run's summary plus goodput (answers that are not defaults)."""
     s = result.summary()
     good = sum(_real_answers(r) for r in result.results)
     return {"system": system, "rate": rate, **s,
@@ -259,7 +263,8 @@ def _print_row(row: dict[str, Any]) -> None:
           f"{row['throughput_qps']:7.0f} q/s  errors {row['errors']}", flush=True)
 
 
-def _serving_config(model: dict[str, Any], *, max_batch: int, slo_ms: float) -> dict[str, Any]:
+def serving_config(model: dict[str, Any], *, max_batch: int, slo_ms: float) -> dict[str, Any]:
+    """parityserve serving ``model`` as app ``bench``: one replica, cache off."""
     deployment: dict[str, Any] = {
         "name": "bench", "source": model["source"], "replicas": 1,
         "batching": {"max_batch_size": max_batch}}
@@ -301,7 +306,7 @@ def _batching_at(model: dict[str, Any], size: int, args: argparse.Namespace,
     n = max(50, args.saturation_queries // size)
     out: dict[str, Any] = {}
     for label, max_batch in (("batch size 1", 1), ("adaptive (AIMD, max 64)", 64)):
-        config = _serving_config(model, max_batch=max_batch, slo_ms=_SLO_MS)
+        config = serving_config(model, max_batch=max_batch, slo_ms=_SLO_MS)
         config["models"][0]["timeout_ms"] = _SLO_MS
         path = write_config(config, workdir / f"batching-{max_batch}.yaml")
         with ServerProcess(path) as server:
@@ -334,7 +339,8 @@ def _goodput_at(url: str, bodies: list[tuple[bytes, dict[str, str]]], size: int,
             schedule = poisson_schedule(1e6, n, np.random.default_rng(seed))
             return await run_open_loop(send, schedule, max_in_flight=in_flight, timeout_s=60)
 
-    rows = [_row("batching", float("inf"), run_event_loop(once(rep))) for rep in range(repeats)]
+    rows = [result_row("batching", float("inf"), run_event_loop(once(rep)))
+            for rep in range(repeats)]
     return {**_median_row(rows), "in_flight": in_flight}
 
 

@@ -19,7 +19,8 @@ from torch import nn
 from parityserve.errors import ConfigError, DataError
 from parityserve.training.data import DatasetInfo, Split
 
-__all__ = ["ZOO_NETS", "build_net", "deployed_outputs", "load_deployed", "parse_model"]
+__all__ = ["ZOO_NETS", "build_net", "deployed_outputs", "frozen_net", "load_deployed",
+           "parse_model"]
 
 ZOO_NETS: dict[str, tuple[str, dict[str, int]]] = {
     "parm-mlp": ("ParMMLP", {}),
@@ -64,15 +65,20 @@ def load_deployed(
     split: Split,
 ) -> tuple[nn.Module, Path]:
     """The frozen deployed model (eval mode) and the weights file it was loaded from."""
-    from parityserve.models import _torch
-
     path = Path(weights) if weights is not None else None
     if path is None:
         path = _default_weights(name, info, data_dir, cache_dir, split)
+    return frozen_net(name, path), path
+
+
+def frozen_net(name: str, weights: Path) -> nn.Module:
+    """The zoo net ``name`` with the weights in ``weights`` (.npz or .pt), in eval mode and
+    without gradients; a clear error names the file when the weights do not fit the net."""
+    from parityserve.models import _torch
+
     module = build_net(name)
-    _torch.load_state_dict(module, _torch.read_state_dict(path), where=str(path))
-    module.eval().requires_grad_(False)
-    return module, path
+    _torch.load_state_dict(module, _torch.read_state_dict(weights), where=str(weights))
+    return module.eval().requires_grad_(False)
 
 
 def _default_weights(

@@ -34,7 +34,7 @@ from parityserve.training.codes import (
     soft_labels,
 )
 from parityserve.training.data import DATASETS, Split
-from parityserve.training.deployed import build_net, load_deployed, save_npz
+from parityserve.training.deployed import build_net, frozen_net, load_deployed, save_npz
 from parityserve.training.parity import build_batch, sample_groups
 
 # --- encoders ------------------------------------------------------------------------------
@@ -247,6 +247,15 @@ def untrained_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("deployed") / "digits-mlp.npz"
     save_npz(build_net("digits-mlp", seed=7).state_dict(), path)
     return path
+
+
+def test_frozen_net_holds_the_weights_for_inference_only(untrained_weights: Path) -> None:
+    net = frozen_net("digits-mlp", untrained_weights)  # what benchmarks/accuracy.py evaluates
+    assert not net.training and not any(p.requires_grad for p in net.parameters())
+    saved = build_net("digits-mlp", seed=7).state_dict()
+    assert all(torch.equal(value, saved[key]) for key, value in net.state_dict().items())
+    with pytest.raises(ModelLoadError, match=f"weights {untrained_weights} do not fit"):
+        frozen_net("parm-mlp", untrained_weights)
 
 
 def _tiny(tmp_path: Path, weights: Path, **overrides: object) -> TrainConfig:
