@@ -191,3 +191,82 @@ def test_lower_rooms_never_reach_up():
 
 def _inside(module: str, room: str) -> bool:
     return module == room or module.startswith(room + ".")
+
+
+# --- the lab stays out of the package (issue 40) -------------------------------------------
+
+# What a user runs ships in the wheel: ``bench load``, ``bench overhead``, ``profile`` and
+# ``demo``, and what they import. Experiment servers and helpers live in benchmarks/.
+USER_BENCH = {f"parityserve.bench{suffix}" for suffix in (
+    "", ".load", ".overhead", ".profiler",  # the commands
+    ".loadgen", ".probe", ".stats", ".serverproc", ".ports", ".report", ".extra",
+    ".baseline_app", ".floor_app",  # bench overhead's comparison systems, run by module name
+)}
+
+
+_FILES = module_files(Path(parityserve.__file__).parent)
+
+
+def lab_imports(package_dir: Path, lab: str = "benchmarks") -> list[str]:
+    """``module:line -> name`` for every import of ``lab`` (or a module in it) in the package,
+    at any depth; relative imports stay inside the package, so only absolute ones count."""
+    found = []
+    for name, path in module_files(package_dir).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            found += [f"{name}:{node.lineno} -> {t}" for t in targets
+                      if t == lab or t.startswith(lab + ".")]
+    return found
+
+
+def test_the_lab_walker_finds_imports_of_benchmarks(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("import benchmarks.tail\nimport benchmarks_not\n")
+    (package / "b.py").write_text("def f():\n    from benchmarks import report\n"
+                                  "from . import benchmarks\n")
+    assert lab_imports(package) == ["pkg.a:1 -> benchmarks.tail", "pkg.b:2 -> benchmarks"]
+
+
+def test_the_package_never_imports_the_lab():
+    found = lab_imports(Path(parityserve.__file__).parent)
+    assert not found, ("parityserve imports benchmarks/, which the wheel does not ship:\n"
+                       + "\n".join(found))
+
+
+def test_the_wheel_ships_no_lab_module():
+    shipped = {m for m in PACKAGE if _inside(m, "parityserve.bench")}
+    assert shipped <= USER_BENCH, (
+        f"{sorted(shipped - USER_BENCH)} in parityserve/bench/: a module only experiments use "
+        "belongs in benchmarks/; one a command needs goes in USER_BENCH, with why")
+    assert shipped == USER_BENCH, f"USER_BENCH names modules that are gone: " \
+                                  f"{sorted(USER_BENCH - shipped)}"
+
+
+def test_every_shipped_bench_module_serves_a_command():
+    """USER_BENCH holds no lab module in disguise: each is imported, at any depth, from the
+    CLI (which starts the commands and the demo), or started by name by a module that is."""
+    reached: set[str] = set()
+    frontier = ["parityserve.cli"]
+    while frontier:
+        module = frontier.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        frontier += [*PACKAGE[module], *_started_by_name(module)]
+    unused = sorted(m for m in USER_BENCH - reached if m != "parityserve.bench")
+    assert not unused, f"{unused} serve no parityserve command: move them to benchmarks/"
+
+
+def _started_by_name(module: str) -> list[str]:
+    """Package modules named in a string constant of ``module`` (``python -m NAME``)."""
+    tree = ast.parse(_FILES[module].read_text())
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value in PACKAGE]
