@@ -24,9 +24,20 @@ check() {  # from inside the venv's folder: the installed package, not the check
   (cd "$VENV" && PARITYSERVE_HOME=home bin/python "$CHECK" "$1")
 }
 
+same_modules() {  # the installed package holds exactly the checkout's modules, no more
+  local site
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  diff <(cd "$ROOT" && find parityserve -name '*.py' -not -path '*/__pycache__/*' | sort) \
+       <(cd "$site" && find parityserve -name '*.py' -not -path '*/__pycache__/*' | sort)
+}
+
 rm -rf "$VENV"
+# pip builds the wheel in ./build, and setuptools never removes a file from it: a module moved
+# out of the package (issue 40 moved three to benchmarks/) would still ship from there.
+rm -rf "$ROOT/build"
 step "python -m venv" "$PYTHON" -m venv "$VENV"
 step "pip install . (no extras)" "$VENV/bin/pip" install --quiet --disable-pip-version-check .
+step "the wheel ships the checkout's modules, and only them" same_modules
 step "plain check: serve python:, sklearn and zoo models; refuse a graph" check plain
 step "pip install '.[torch]' (same venv)" "$VENV/bin/pip" install --quiet \
   --disable-pip-version-check '.[torch]'
