@@ -110,7 +110,8 @@ def _batches_over(url: str, model: str, rows: int) -> float:
     families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
     buckets = {s.labels["le"]: s.value for f in families for s in f.samples
                if s.name == "parityserve_batch_size_bucket" and s.labels["model"] == model}
-    return buckets["+Inf"] - buckets.get(f"{float(rows)}", 0.0)
+    # a model that has run no batch yet has no histogram series at all
+    return buckets.get("+Inf", 0.0) - buckets.get(f"{float(rows)}", 0.0)
 
 
 def _one_batch(server: RunningServer, gate: Path, model: str, holder: list[float],
