@@ -5,6 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 PYTEST_ARGS ?= --durations=30
+# make test runs on both cores: pytest-xdist, one test file per worker at a time and in file
+# order (module-scoped servers start once; a file's tests may follow one another), the files in
+# collection order (the long integration files first, the thousands of short unit tests last,
+# filling the gaps). XDIST= runs serially.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 # flags for a bench target, e.g. make bench-tail ARGS='--part codec'
 ARGS ?=
 
@@ -34,7 +39,7 @@ test: $(STAMP)
 	# A private Redis (127.0.0.1:6390, or $$PARITYSERVE_REDIS_PORT) for the shared-state tests;
 	# it is stopped again whether or not the tests pass.
 	scripts/redis.sh ensure && scripts/redis.sh start
-	status=0; PARITYSERVE_REDIS_URL="$$(scripts/redis.sh url)" $(BIN)/pytest $(PYTEST_ARGS) \
+	status=0; PARITYSERVE_REDIS_URL="$$(scripts/redis.sh url)" $(BIN)/pytest $(XDIST) $(PYTEST_ARGS) \
 	  || status=$$?; scripts/redis.sh stop; exit $$status
 
 # The dashboard's and the rules' PromQL through a real Prometheus (Debian's package, which
