@@ -67,6 +67,7 @@ from parityserve.core.hams.recovery_plan import (
     Attach,
     Fail,
     Fence,
+    Inform,
     Pause,
     Promote,
     RecoveryAction,
@@ -703,6 +704,8 @@ class GraphRuntime:
             self._spawn(self._allow(action))
         elif isinstance(action, Attach):
             self._attach(action)
+        elif isinstance(action, Inform):
+            self._inform(action)
         elif isinstance(action, Promote | RollBack):
             self._spawn(self._take_over(action))
         elif isinstance(action, Pause):
@@ -763,6 +766,18 @@ class GraphRuntime:
         hello = backup.hello.result()
         self._send(primary, {"t": hp.ATTACH, "address": hello["address"],
                              "key": hello.get("key", "")})
+
+    def _inform(self, action: Inform) -> None:
+        """A recovery resumed: the backup hears every upstream watermark the frontend holds
+        (``_on_durable`` relayed notices to the backup of the moment only, and ignored a
+        taker's; ``_resume`` reset the points). One it has already changes nothing: a
+        watermark never moves back."""
+        backup = self._member(action.backup)
+        if backup is None:
+            return
+        for upstream in backup.spec.pfm:
+            self._send(backup, {"t": hp.NOTIFY, "op": upstream,
+                                "seq": self.router.commit.durable[upstream]})
 
     async def _take_over(self, action: Promote | RollBack) -> None:
         member = self._member(action.member)

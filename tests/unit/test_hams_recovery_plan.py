@@ -8,9 +8,11 @@ The graph is ``hams_sim.Sim`` (the real router, shippers and appliers, with inje
 non-determinism); every action the plan returns is performed on it the way the runtime
 performs it. Invariants: the plan fails the graph only when some operator has no live
 member holding its state; after the run drains, every client request has exactly one
-answer (a reply, or the failure), no (operator, sequence) had two durable values, and
-unless the graph failed, every state equals the replay of its durable history with primary
-and backup identical (``Sim.problems``).
+answer (a reply, or the failure): first with no new request (a client waits for its reply
+before it sends more, so no reply may need later traffic to leave), then with the rest; no
+(operator, sequence) had two durable values, and unless the graph failed, every state
+equals the replay of its durable history with primary and backup identical
+(``Sim.problems``). A primary sends states only to the backup it sent its base to.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from parityserve.core.hams import (
     FRONTEND,
     BackupApplier,
+    CopyOrder,
     Failover,
     Heard,
     PrimaryShipper,
+    StateRecord,
     Topology,
     plan_failover,
 )
@@ -36,6 +40,7 @@ from parityserve.core.hams.recovery_plan import (
     Attach,
     Fail,
     Fence,
+    Inform,
     Pause,
     Promote,
     RecoveryAction,
@@ -63,6 +68,7 @@ class PlanSim(Sim):
         self.pending: list[tuple] = []
         self.seeded_spares: dict[str, Backup] = {}  # spares a promoted member sent its state
         self.early: dict[int, dict[str, int]] = {}  # notices a backup heard before its base
+        self.attached: dict[int, int] = {}  # primary -> the backup it sent its base to
         trios = {}
         for op in sorted(self.topology.stateful):
             self.backups[op] = None  # attached through the plan, as at a real start
@@ -90,6 +96,8 @@ class PlanSim(Sim):
                 self.pending.append(("allowed", action.backup))
             elif isinstance(action, Attach):
                 self.pending.append(("base", action.op, action.backup, action.primary))
+            elif isinstance(action, Inform):
+                self._inform(action.op, int(action.backup))
             elif isinstance(action, Promote):
                 self.pending.append(("promote", action.op, action.member, action.attach))
             elif isinstance(action, RollBack):
@@ -110,6 +118,13 @@ class PlanSim(Sim):
         spare = self.seeded_spares.get(op)
         if spare is not None and spare.pid == pid:
             del self.seeded_spares[op]
+
+    def _inform(self, op: str, pid: int) -> None:
+        """The runtime's ``_inform``: the frontend's watermarks, as notices (kind "inform":
+        not a durable state the oracle could observe)."""
+        for upstream in self.topology.prev_stateful(op):
+            self.net.append(Msg(pid, 0, "inform", upstream,
+                                self.router.commit.durable[upstream]))
 
     def _resume(self, plan: Failover) -> None:
         for o, backup in self.backups.items():
@@ -158,6 +173,7 @@ class PlanSim(Sim):
         pfm = self.topology.prev_stateful(op)
         early = self.early.pop(pid, {})
         seed = {m: max(self.known_durable(m), early.get(m, 0)) for m in pfm}
+        self.attached[primary_pid] = pid
         self.backups[op] = Backup(pid, primary.copies[applied],
                                   BackupApplier(op, pfm, applied, seed))
         self._announce(op)
@@ -183,7 +199,8 @@ class PlanSim(Sim):
             assert taker is not None and taker.pid == pid
             seq = taker.applier.applied_seq
             pfm = self.topology.prev_stateful(op)
-            seed = {m: self.known_durable(m) for m in pfm if m in self.backups}
+            # what the runtime's ``_seed_spare`` sends: the frontend's watermarks of now
+            seed = {m: self.router.commit.durable[m] for m in pfm}
             self.seeded_spares[op] = Backup(int(spare), taker.snap,
                                             BackupApplier(op, pfm, seq, seed))
             self.perform(self.plan.seeded_at(spare))
@@ -199,13 +216,24 @@ class PlanSim(Sim):
             taker = self._holder(op, pid)
             seq, snap = taker.applier.applied_seq, taker.snap
         self.primaries[op] = Primary(pid, snap, PrimaryShipper(op, seq), {seq: snap})
+        if not in_place:  # a new primary: attached to the spare it seeded, or to none yet
+            self.attached.pop(pid, None)
         spare = self.seeded_spares.get(op)
         if seeded is not None and spare is not None and spare.pid == int(seeded):
             self.backups[op] = self.seeded_spares.pop(op)  # attached to the new primary
+            self.attached[pid] = int(seeded)
             self._announce(op)
         self.perform(self.plan.took_over(str(pid), seq, seeded))
 
     # ---- the sim, held by the plan's pause and its fences -------------------------------
+    def _send_state(self, op: str, order: CopyOrder) -> None:
+        """A primary sends its states to the backup it attached (its base went there), as
+        the worker's state thread does: never to one the plan has only named so far."""
+        primary = self.primaries[op]
+        record = StateRecord(op, order.seq, order.lineages, primary.copies[order.seq])
+        self.net.append(Msg(self.attached.get(primary.pid, -1), primary.pid, "state", op,
+                            order.seq, record))
+
     def _backup_pid(self, op: str) -> int:
         """The backup the frontend relays notices to: the plan's, attached yet or not."""
         backup = self.plan.roles(op)[1] if hasattr(self, "plan") else None
@@ -227,7 +255,7 @@ class PlanSim(Sim):
         """A backup not yet seeded keeps the notices it hears for the base to come (the
         worker's ``seed``): earlier notices will not be sent again."""
         installed = {b.pid for b in self.backups.values() if b is not None}
-        if msg.kind == "notify" and msg.to not in installed:
+        if msg.kind in ("notify", "inform") and msg.to not in installed:
             known = self.early.setdefault(msg.to, {})
             known[msg.op] = max(known.get(msg.op, 0), msg.seq)
             return
@@ -328,6 +356,10 @@ class RecoveryMachine(RuleBasedStateMachine):
         sim = getattr(self, "sim", None)
         if sim is None:
             return
+        sim.settle()  # first with no new request: a client waits for its reply before it
+        if sim.failed is None:  # sends more, so no reply may need later traffic to leave
+            held = [c for c in sim.submitted if c not in sim.replies]
+            assert not held, f"clients {held} unanswered with nothing more to come"
         while len(sim.submitted) < CLIENTS and sim.failed is None:
             sim.submit()
         sim.settle()
@@ -434,7 +466,8 @@ def test_the_spare_a_promoted_member_seeded_takes_over_when_that_member_is_lost(
     plan2.allowed("b")
     plan2.seeded_at("b")
     plan2.lost("p", "exit")
-    plan2.took_over("b", 7, seeded="x")  # answered once the spare held its state
+    taken = plan2.took_over("b", 7, seeded="x")  # answered once the spare held its state
+    assert Inform("s", "x") in taken  # after Resume: the upstream notices it missed
     assert plan2.roles("s") == ("b", "x", None) and plan2.seeded("x")
     assert isinstance(plan2.lost("b", "exit")[-1], Promote)  # the chain is survived
 
@@ -447,3 +480,40 @@ def test_heard_is_the_prefix_of_outcomes_here_and_a_rollback_renumbers_past_it()
     heard.add([5])
     heard.reset(2)  # rolled back to 2: 3 and 5 get numbered again
     assert heard.upto == 2 and not heard.add([4]) and heard.add([3]) and heard.upto == 4
+
+
+def test_a_spare_seeded_by_a_promotion_hears_the_upstream_notices_it_missed() -> None:
+    """The CI hang (test_hams_sequences: seq1's and seq2's primaries killed at once). B's
+    backup is promoted and seeds the spare with the watermarks the frontend knows; then A's
+    state for the request becomes durable and the frontend relays the notice to B's backup
+    of the moment: none, mid-promotion. The spare becomes B's backup with A's watermark
+    behind, so it never applies B's state for the request, whose reply waits for it, and no
+    later notice comes (nothing else runs). ``Inform`` gives the new backup the
+    watermarks it missed. Before it: 'client 1 got None'."""
+    sim = PlanSim(ADJACENT, random.Random(0))
+    sim.settle()
+    sim.submit()
+    sim.run_batch("A")  # A runs request 1; its output waits at B, its state is copied
+    sim.finish_copy("A")
+    primary_b = sim.primaries["B"].pid
+    sim.lose("B", primary_b)
+    sim.answer(_pending(sim, "promote"))  # the spare is seeded: A is durable at 0 so far
+    backup_a = sim.backups["A"]
+    assert backup_a is not None
+    sim.deliver(_message(sim, "state", "A", backup_a.pid))  # A's backup applies request 1
+    sim.deliver(_message(sim, "notify", "A", 0))  # and the frontend hears it; B is mid-
+    assert sim.router.commit.durable["A"] == 1  # promotion: the relay reaches no backup
+    taken = _pending(sim, "take")
+    spare = int(sim.pending[taken][4])
+    sim.answer(taken)
+    assert sim.backups["B"] is not None and sim.backups["B"].pid == spare
+    sim.settle()
+    assert sim.problems() == []
+
+
+def _pending(sim: PlanSim, kind: str) -> int:
+    return next(i for i, event in enumerate(sim.pending) if event[0] == kind)
+
+
+def _message(sim: PlanSim, kind: str, op: str, to: int) -> int:
+    return next(i for i, m in enumerate(sim.net) if (m.kind, m.op, m.to) == (kind, op, to))

@@ -22,6 +22,13 @@ nothing yet), and the planner is asked again with the points they really resumed
 it lists nothing new. Then ``Resume`` carries the final plan, and every operator without a
 backup gets its spare attached and a new spare started. Backups are never attached while a
 recovery is under way: the primary they would attach to may be about to change.
+
+Who hears what is durable upstream: the frontend relays each upstream durability notice to
+the operator's backup of the moment, and a backup let in with ``Allow`` learns the
+watermarks then. A recovery loses notices three ways (a spare being seeded by a promotion is
+nobody's backup yet; a member taking over sends its last ones when they count for nothing;
+the points the plan resets to are carried by none), so on resuming every backup is told
+the watermarks again (``Inform``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from parityserve.core.hams.recovery import Failover
 
-__all__ = ["Allow", "Attach", "Fail", "Fence", "Pause", "Planner", "Promote",
+__all__ = ["Allow", "Attach", "Fail", "Fence", "Inform", "Pause", "Planner", "Promote",
            "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start"]
 
 
@@ -55,6 +62,17 @@ class Allow:
     op: str
     backup: str
     primary: str
+
+
+@dataclass(frozen=True)
+class Inform:
+    """Tell ``backup`` (``op``'s, as a recovery resumes) how far each upstream stateful
+    operator is durable, as the frontend knows it after ``Resume``. Without the notices a
+    recovery lost, its watermarks stay behind, it applies nothing that needs them, and once
+    every client waits for a reply only it can make durable, no later notice comes to move
+    them: a reply held for good."""
+    op: str
+    backup: str
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,8 @@ class Fail:
     reason: str
 
 
-RecoveryAction = Start | Fence | Allow | Attach | Promote | RollBack | Pause | Resume | Fail
+RecoveryAction = (Start | Fence | Allow | Inform | Attach | Promote | RollBack | Pause | Resume
+                  | Fail)
 Planner = Callable[[Mapping[str, int], int], Failover]  # (resumed points, epoch) -> plan
 
 
@@ -329,6 +348,9 @@ class RecoveryPlan:
         actions: list[RecoveryAction] = [Resume(final, tuple(rec.lost))]
         for op in self._ops:
             actions += self._protect(op)
+            backup = self._ops[op].backup
+            if backup is not None and self._members[backup].ready:
+                actions.append(Inform(op, backup))
         return actions
 
     def _protect(self, op: str) -> list[RecoveryAction]:

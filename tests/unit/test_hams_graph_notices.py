@@ -1,0 +1,158 @@
+"""Durability notices through a recovery, in the graph runtime itself (no processes).
+
+``seq1 -> seq2``, both stateful, driven by the real ``RecoveryPlan`` with fake members that
+answer ALLOW, ATTACH and PROMOTE the way ``hams_worker`` does. The case is the CI hang of
+``test_hams_sequences`` (both primaries killed): seq2's backup is being promoted and seeds
+the spare, and meanwhile seq1's backup says a state is durable. The frontend relays that
+notice to seq2's backup of the moment, which is nobody; the spare then becomes seq2's
+backup, and unless it is told the watermark after all, it never applies a state that needs
+it: with every client waiting for such a reply, no later notice ever comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from parityserve.config import Deployment, Graph, GraphOperator
+from parityserve.runtime import hams_graph
+from parityserve.runtime import hams_protocol as hp
+from parityserve.runtime.hams_graph import GraphRuntime
+from parityserve.runtime.hams_members import Member
+from tests.unit.test_hams_graph_isolation import Clock, FakeLink
+
+
+class FakePopen:
+    pids = itertools.count(5000)
+
+    def __init__(self) -> None:
+        self.pid = next(FakePopen.pids)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.returncode
+
+
+class Workers:
+    """Each member's side of the protocol, answered on the next loop turn: a backup
+    admits its primary; an attached backup applies its base and says it is durable; a
+    promoted backup seeds the spare it is given only when ``promote_now`` is called."""
+
+    def __init__(self, runtime: GraphRuntime) -> None:
+        self.rt = runtime
+        self.link = cast(FakeLink, runtime.link)
+        self.link.on_send = self._heard
+        self.promotions: list[str] = []
+        self.address: dict[str, str] = {}  # backup address -> worker id
+
+    def launch(self, op: str, role: str) -> Member:
+        """``GraphRuntime._launch`` without a process: a member that said hello."""
+        wid = self.rt.launcher.next_id("g", op, role)
+        spec = hp.OperatorSpec(worker_id=wid, op=op, source="zoo:stream-lstm", role=role,
+                               pfm=self.rt.topology.prev_stateful(op))
+        hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        hello.set_result({"address": f"ipc://{wid}", "key": ""})
+        self.address[f"ipc://{wid}"] = wid
+        member = Member(spec, cast(Any, FakePopen()), None, 0.0, hello)
+        self.rt._members[wid] = (op, member)
+        return member
+
+    def _heard(self, header: dict[str, Any], _: list[Any]) -> None:
+        wid = self.link.sent[-1][0]
+        if header["t"] == hp.ALLOW:
+            self._answer(wid, {"t": hp.ALLOW})
+        elif header["t"] == hp.ATTACH:  # the backup applies its base
+            self._answer(self.address[header["address"]], {"t": hp.DURABLE, "seq": 0})
+        elif header["t"] == hp.PROMOTE:
+            self.promotions.append(wid)
+
+    def promote_now(self, seq: int) -> None:
+        """The promoted backup sends the spare its state, the spare applies it, and the
+        promoted member answers (``Backup.promote``)."""
+        wid = self.promotions[-1]
+        header = next(h for w, h, _ in reversed(self.link.sent) if w == wid)
+        spare = self.address[header["attach"]]
+        self._answer(spare, {"t": hp.DURABLE, "seq": seq})
+        self._answer(wid, {"t": hp.PROMOTED, "seq": seq, "seeded": True})
+
+    def _answer(self, wid: str, header: dict[str, Any]) -> None:
+        asyncio.get_running_loop().call_soon(self.rt._on_message, wid, header, [])
+
+
+def runtime() -> GraphRuntime:
+    graph = Graph(name="g", fault_tolerance="hams", max_batch=8,
+                  operators=[GraphOperator(name="seq1", model="lstm", inputs=["frontend"],
+                                           stateful=True),
+                             GraphOperator(name="seq2", model="lstm", inputs=["seq1"],
+                                           stateful=True)],
+                  output="seq2")
+    models = {"lstm": Deployment(name="lstm", source="zoo:stream-lstm")}
+
+    async def infer(model: str, rows: np.ndarray) -> np.ndarray:
+        raise AssertionError("no stateless operator here")
+
+    return GraphRuntime(graph, models, infer, keys=None, clock=Clock())
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def whole_graph() -> tuple[GraphRuntime, Workers]:
+    """Both operators with a primary, a seeded backup and a loaded spare (as ``start``)."""
+    rt = runtime()
+    workers = Workers(rt)
+    rt._launch = workers.launch  # type: ignore[method-assign]
+    rt.launcher.forget = lambda member: member.popen.kill()  # type: ignore[method-assign]
+    for pair in rt.pairs.values():
+        pair.primary = workers.launch(pair.op, "primary")
+        pair.backup, pair.spare = (workers.launch(pair.op, "backup") for _ in range(2))
+    rt.plan = hams_graph.RecoveryPlan({op: hams_graph._ids(p) for op, p in rt.pairs.items()},
+                                      rt._planner)
+    for pair in rt.pairs.values():
+        for member in (pair.primary, pair.backup, pair.spare):
+            assert member is not None
+            rt._act(rt.plan.ready(member.worker_id))
+    await settle()
+    assert all(p.backup is not None and p.backup.extra.get("synced")
+               for p in rt.pairs.values())
+    return rt, workers
+
+
+def test_a_spare_seeded_by_a_promotion_hears_the_upstream_notices_relayed_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hams_graph, "WorkerLink", FakeLink)
+
+    async def test() -> None:
+        rt, workers = await whole_graph()
+        seq1, seq2 = rt.pairs["seq1"], rt.pairs["seq2"]
+        assert seq1.backup is not None and seq2.primary is not None
+        spare = seq2.spare
+        assert spare is not None
+        rt._lost(seq2.primary, "exit")  # killed: its backup is promoted, seeding the spare
+        await settle()
+        assert workers.promotions and seq2.backup is None
+        rt._on_message(seq1.backup.worker_id, {"t": hp.DURABLE, "seq": 5}, [])  # relayed
+        assert rt.router.commit.durable["seq1"] == 5  # to seq2's backup of the moment: none
+        workers.promote_now(3)
+        await settle()
+        assert rt.plan is not None and not rt.plan.recovering()
+        assert seq2.backup is spare  # the spare the promoted member seeded
+        to_spare = [h for w, h, _ in workers.link.sent if w == spare.worker_id]
+        told = [h["durable"]["seq1"] for h in to_spare if h["t"] == hp.ALLOW] + \
+            [h["seq"] for h in to_spare if h["t"] == hp.NOTIFY and h["op"] == "seq1"]
+        assert max(told) == 5, f"seq1's watermarks the new backup heard: {told}"
+        await rt.close()
+
+    asyncio.run(test())
