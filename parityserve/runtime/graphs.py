@@ -31,6 +31,7 @@ from parityserve.runtime.hams_graph import GraphAnswer, GraphRuntime, Infer
 from parityserve.runtime.keys import ServerKeys
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.wire import MAX_DIMS
+from parityserve.runtime.zygote import ForkServer, fork_server_for
 
 __all__ = ["Graphs", "stateful_models"]
 
@@ -59,6 +60,12 @@ class Graphs:
         self.runtimes = {g.name: GraphRuntime(g, deployments, infer, keys=keys, clock=clock,
                                               log_dir=log_dir, host=config.server.host)
                          for g in config.graphs}
+        # One zygote for every graph: their operators start from the same imports.
+        self.forks: ForkServer | None = None
+        if any(runtime.pairs for runtime in self.runtimes.values()):
+            self.forks = fork_server_for(config.server.fork_server, log_dir)
+        for runtime in self.runtimes.values():
+            runtime.launcher.forks = self.forks
         if metrics is not None:  # the watchdog's count, per graph and operator
             for name, runtime in self.runtimes.items():
                 runtime.on_expired = functools.partial(metrics.graph_batches_expired, name)
@@ -67,10 +74,17 @@ class Graphs:
         return name in self.runtimes
 
     async def start(self) -> None:
+        if self.forks is not None:
+            self.forks.open()
+            await self.forks.wait_ready()
         await asyncio.gather(*(g.start() for g in self.runtimes.values()))
 
     async def close(self) -> None:
-        await asyncio.gather(*(g.close() for g in self.runtimes.values()))
+        try:
+            await asyncio.gather(*(g.close() for g in self.runtimes.values()))
+        finally:  # after the graphs: their members' exit codes come through the zygote
+            if self.forks is not None:
+                self.forks.close()
 
     def ready(self) -> bool:
         return all(g.ready() for g in self.runtimes.values())

@@ -3,23 +3,23 @@
 A member is one operator process (a primary or a backup). Each gets a fresh CURVE keypair,
 bound to its id on the graph's link, so a process can speak only as itself. Loss is seen
 two ways, reported separately because they differ by an order of magnitude (H7): the
-process exits (``exit``: the frontend is its parent, so the kernel tells at once), or its
+process exits (``exit``: the kernel tells its parent at once, the frontend or the zygote
+that forked it, ``runtime/zygote.py``), or its
 heartbeats stop (``timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parityserve.runtime.hams_protocol import OperatorSpec
 from parityserve.runtime.keys import ClientKeys, ServerKeys
-from parityserve.runtime.launcher import kill_and_reap, spawn_worker_process
+from parityserve.runtime.launcher import ProcessHandle, kill_and_reap, spawn_worker_process
 from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.zygote import ForkServer, operator_command
 
 __all__ = ["Member", "MemberLauncher"]
 
@@ -27,7 +27,7 @@ __all__ = ["Member", "MemberLauncher"]
 @dataclass
 class Member:
     spec: OperatorSpec
-    popen: subprocess.Popen[bytes]
+    popen: ProcessHandle  # a subprocess.Popen, or a zygote's ForkedProcess
     keys: ClientKeys | None
     started_at: float
     hello: asyncio.Future[dict[str, Any]]
@@ -55,16 +55,23 @@ class MemberLauncher:
     def __init__(self, link: WorkerLink, keys: ServerKeys | None, log_dir: Path | None) -> None:
         self.link, self.keys, self.log_dir = link, keys, log_dir
         self._count = 0
+        # the server's zygote (runtime/graphs.py sets it): members are forked, not spawned
+        self.forks: ForkServer | None = None
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         keys = self.keys.client() if self.keys is not None else None
         if keys is not None:
             self.link.expect(spec.worker_id, keys.public)
-        cmd = [sys.executable, "-m", "parityserve.runtime.hams_worker",
-               "--connect", self.link.address, "--spec", spec.to_json()]
-        popen = spawn_worker_process(cmd, 1, keys, self.log_dir, spec.worker_id)
+        popen = self._process(spec, keys)
         hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         return Member(spec, popen, keys, now, hello, last_beat=now)
+
+    def _process(self, spec: OperatorSpec, keys: ClientKeys | None) -> ProcessHandle:
+        args = ["--connect", self.link.address, "--spec", spec.to_json()]
+        if self.forks is not None:
+            return self.forks.start(args, keys, spec.worker_id)
+        return spawn_worker_process(operator_command(args), 1, keys, self.log_dir,
+                                    spec.worker_id)
 
     def forget(self, member: Member) -> None:
         """The member is gone: its id and key stop being accepted."""

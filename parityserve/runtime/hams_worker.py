@@ -747,13 +747,16 @@ def _loop(proc: _Process, role: Primary | Backup) -> None:
         proc.beat_if_due()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
+    """Run an operator. ``die_with_parent`` False: forked by the zygote, whose death must not
+    end this member; it dies with the frontend through its lifeline instead
+    (``runtime/zygote_server.watch_lifeline``)."""
     parser = argparse.ArgumentParser(prog="parityserve-operator", description=__doc__)
     parser.add_argument("--connect", required=True, help="frontend address, tcp://HOST:PORT")
     parser.add_argument("--spec", required=True, help="OperatorSpec as JSON")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if sys.platform.startswith("linux"):  # die with the frontend: no orphaned operators
+    if die_with_parent and sys.platform.startswith("linux"):  # no orphaned operators
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
@@ -766,6 +769,10 @@ def main(argv: list[str] | None = None) -> int:
         sock = _Process(spec, args.connect, keys)
         sock.tell({"t": FAILED, "error": str(exc)})
         sock.front.close(linger=2000)
+        # Send it before exiting (for at most the linger): without term() the exit raced
+        # zmq's I/O thread, won by the slow teardown of a spawned interpreter and lost by a
+        # forked member's os._exit (the graph then said "exited with 3", not the reason).
+        sock.ctx.term()
         return 3
 
 

@@ -9,13 +9,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 from parityserve.runtime.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.worker import WorkerSpec
 
-__all__ = ["LocalLauncher", "WorkerProcess", "kill_and_reap", "spawn_worker_process"]
+__all__ = ["LocalLauncher", "ProcessHandle", "WorkerProcess", "kill_and_reap", "log_file",
+           "spawn_worker_process", "worker_env"]
 
 log = logging.getLogger(__name__)
+
+
+class ProcessHandle(Protocol):
+    """What the runtime uses of a started process: a ``subprocess.Popen``, or a process
+    forked by the zygote (``runtime/zygote.ForkedProcess``)."""
+
+    pid: int
+    # int | None, but typed as typeshed types Popen's (int | Any): callers that read it
+    # after poll() said it is set use it as an int
+    returncode: Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
@@ -23,6 +41,18 @@ def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
     """Start one worker-like process (a model replica, a graph operator) in its own session,
     its CURVE keys in its environment, which only its own user can read, never on the
     command line, which ``ps`` shows to everyone; its stderr in ``log_dir/NAME.log``."""
+    env = worker_env(threads, keys)
+    stderr = log_file(log_dir, name)
+    try:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    finally:
+        if stderr is not None:
+            os.close(stderr)  # the child holds its own copy
+
+
+def worker_env(threads: int, keys: ClientKeys | None) -> dict[str, str]:
+    """A worker's environment: this process's, its thread counts, and its keys (only)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     # Idle OpenMP threads sleep instead of spinning (unless the user chose otherwise):
     # spinning threads steal the cores the frontend and the other replicas need, which
@@ -32,16 +62,11 @@ def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
     env.pop(ENV_VAR, None)
     if keys is not None:
         env[ENV_VAR] = keys.to_env()
-    stderr = _log_file(log_dir, name)
-    try:
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
-    finally:
-        if stderr is not None:
-            os.close(stderr)  # the child holds its own copy
+    return env
 
 
-def _log_file(log_dir: Path | None, name: str) -> int | None:
+def log_file(log_dir: Path | None, name: str) -> int | None:
+    """An fd for a worker's stderr: ``log_dir/NAME.log``, appended to."""
     if log_dir is None:
         return None  # inherit: worker tracebacks show up in the frontend's terminal
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -49,7 +74,7 @@ def _log_file(log_dir: Path | None, name: str) -> int | None:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def kill_and_reap(popen: subprocess.Popen[bytes], reap_s: float) -> bool:
+def kill_and_reap(popen: ProcessHandle, reap_s: float) -> bool:
     """SIGKILL ``popen`` if it still runs, and wait up to ``reap_s`` for its exit so that no
     zombie is left. False when it has not gone by then; never raises."""
     if popen.poll() is None:

@@ -306,15 +306,21 @@ def test_remus_never_makes_durable_a_state_whose_outputs_are_not_here(tmp_path: 
 
 
 def _loading_primary(worker_id: str) -> int | None:
-    """The pid of this process's child running operator ``worker_id``, if it is up yet."""
+    """The pid of the process running operator ``worker_id`` that this process started
+    (spawned, or forked by its zygote: a child of a child), if it is up yet."""
+    parents: dict[int, int] = {}
+    argvs: dict[int, bytes] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes()
-            status = (entry / "status").read_text()
-            if worker_id.encode() in argv and f"PPid:\t{os.getpid()}\n" in status:
-                return int(entry.name)
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            argvs[int(entry.name)] = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    ours = {os.getpid()} | {pid for pid, ppid in parents.items() if ppid == os.getpid()}
+    for pid, argv in argvs.items():
+        if worker_id.encode() in argv and parents.get(pid) in ours:
+            return pid
     return None
 
 
