@@ -69,7 +69,7 @@ class ServingSystem(Protocol):
                       uid: str | None = None) -> list[Prediction]:
         """Answer each item (one query each) in context ``uid`` (None: the global context).
         Validates items; never returns fewer answers. An item is a decoded JSON value, or an
-        ``edge_json.EdgeArray`` where the HTTP layer decoded plain numbers straight to an
+        ``edge_array.EdgeArray`` where the HTTP layer decoded plain numbers straight to an
         array (its ``as_decoded()`` is the JSON value)."""
         ...
 

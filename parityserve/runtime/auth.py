@@ -7,7 +7,7 @@ mode 0600), so a client on the same host finds it with no configuration.
 
 Before serving, ``vetted`` refuses a token shorter than ``MIN_TOKEN_CHARS`` (a guessable
 token is an open admin API) and warns when the token file, or any other secret file
-(``warn_if_exposed``: the CURVE secret keys), may be read or written by others than its
+(``secret_files.warn_if_exposed``: the CURVE secret keys), may be read or written by others than its
 owner: the token in it is still strong, and secrets mounted into a container (Kubernetes'
 default mode 0644, Docker's 0444) are readable only by that container's one user, where a
 refusal would stop a safe deployment.
@@ -16,10 +16,8 @@ refusal would stop a safe deployment.
 from __future__ import annotations
 
 import hmac
-import logging
 import os
 import secrets
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +25,12 @@ from typing import overload
 
 from parityserve.config import Server
 from parityserve.errors import ConfigError
+from parityserve.runtime.secret_files import warn_if_exposed
 
 __all__ = ["ENV_HOME", "ENV_TOKEN", "MIN_TOKEN_CHARS", "AuthPolicy", "ResolvedToken",
-           "authorized", "default_token_file", "exposed", "read_token", "resolve_token",
-           "token_file", "vetted", "warn_if_exposed", "write_new_token"]
+           "authorized", "default_token_file", "read_token", "resolve_token", "token_file",
+           "vetted", "write_new_token"]
 
-log = logging.getLogger(__name__)
 
 ENV_TOKEN = "PARITYSERVE_ADMIN_TOKEN"
 ENV_HOME = "PARITYSERVE_HOME"
@@ -167,23 +165,6 @@ def vetted(resolved: ResolvedToken | None) -> ResolvedToken | None:
     if resolved.path is not None:
         warn_if_exposed(resolved.path, "the admin token file")
     return resolved
-
-
-def exposed(path: Path) -> str | None:
-    """Why the secret file ``path`` is open to others than its owner, or None."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if not mode & 0o066:
-        return None
-    who = " and ".join(w for w, bits in (("its group", 0o060), ("every user", 0o006))
-                       if mode & bits)
-    return f"{path} has mode {mode:04o}: {who} may read or change it"
-
-
-def warn_if_exposed(path: Path, what: str) -> None:
-    """Log a warning, with the fix, when ``exposed(path)`` says why."""
-    why = exposed(path)
-    if why is not None:
-        log.warning("%s %s; make it private: chmod 600 %s", what, why, path)
 
 
 def authorized(header: str | None, token: str) -> bool:

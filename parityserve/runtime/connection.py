@@ -75,16 +75,9 @@ class Refusal:
     status: int
     code: str
     message: str
-    reason: str  # the metric label
+    reason: str  # the metric label, one of metrics.REFUSAL_REASONS
     answer: bool = True  # False: close without a word (nobody asked anything yet)
     retry_after_s: int | None = None  # a Retry-After header: the limit frees up by itself
-
-
-# Every ``Refusal.reason``: the metric's series are made at 0 when the server starts, so
-# that a dashboard's increase() sees the first refusal (a series born at 1 shows nothing).
-REFUSAL_REASONS = ("malformed", "too_many_connections", "too_many_connections_per_address",
-                   "host_not_allowed", "body_timeout", "header_timeout", "idle_timeout",
-                   "header_too_large")
 
 
 def _malformed(detail: str) -> Refusal:

@@ -51,12 +51,12 @@ from parityserve.core.scheduling import (
 )
 from parityserve.core.scheduling import Replica as ReplicaCore
 from parityserve.core.scheduling.modes import Redundancy
+from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput, Overloaded, PredictError, WorkerError
 from parityserve.runtime import messages, wire
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.rpc import Link
 from parityserve.runtime.tensors import coerce_item
-from parityserve.runtime.v2 import datatype_to_dtype
 
 __all__ = ["DATA_POOL", "InflightBatch", "ModelPath", "Query", "Replica", "ReplicaStats", "Task"]
 

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 import simdjson
 
 from parityserve.config import Limits
 from parityserve.core.inputs import EXACT_IN_FLOAT64, Leaves
+from parityserve.runtime.edge_array import EdgeArray
 from parityserve.runtime.wire import MAX_DIMS
 
-__all__ = ["EdgeArray", "PredictBody", "decode_predict", "json_value"]
+__all__ = ["PredictBody", "decode_predict"]
 
 _KEYS = frozenset(("input", "input_batch", "uid"))
 _FLOATS = frozenset((float,))
@@ -45,28 +45,6 @@ _INTS = frozenset((int,))
 # What the simdjson proxies raise on a document or value this path does not take (invalid
 # JSON, a string in a numeric array, an integer past 64 bits, a number past float64...).
 _REFUSED = (ValueError, TypeError, RuntimeError, KeyError, IndexError)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class EdgeArray:
-    """One query's input, decoded from JSON numbers at the edge: int64 when every number was
-    written as an integer, else float64; ``leaves`` is what ``scan`` says of the JSON value.
-    ``as_decoded`` is that value as the general path decodes it (lists of Python numbers)."""
-
-    array: np.ndarray[Any, Any]
-    leaves: Leaves
-    body: bytes
-    key: str
-    index: int | None = None
-
-    def as_decoded(self) -> Any:
-        value = orjson.loads(self.body)[self.key]
-        return value if self.index is None else value[self.index]
-
-
-def json_value(item: Any) -> Any:
-    """A query as the general path decodes it, whichever path it took."""
-    return item.as_decoded() if isinstance(item, EdgeArray) else item
 
 
 @dataclass(frozen=True, slots=True)

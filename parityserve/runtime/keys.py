@@ -27,7 +27,7 @@ import zmq
 import zmq.auth
 
 from parityserve.errors import ConfigError
-from parityserve.runtime.auth import warn_if_exposed
+from parityserve.runtime.secret_files import warn_if_exposed
 
 __all__ = [
     "ENV_VAR",

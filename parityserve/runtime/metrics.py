@@ -18,10 +18,9 @@ from prometheus_client import (
 )
 
 from parityserve.runtime.buffered_histogram import BufferedHistogram
-from parityserve.runtime.connection import REFUSAL_REASONS
 from parityserve.runtime.state_metrics import ServingView, StateCollector
 
-__all__ = ["LATENCY_BUCKETS", "Metrics"]
+__all__ = ["LATENCY_BUCKETS", "REFUSAL_REASONS", "Metrics"]
 
 # From 50 us (a cache hit) to 10 s (a long timeout): sub-ms tails must stay visible.
 LATENCY_BUCKETS = (
@@ -29,6 +28,13 @@ LATENCY_BUCKETS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 _BATCH_BUCKETS = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536, the batching ceiling
+# Every ``Refusal.reason`` of the connection guards (runtime/connection.py), the label values of
+# parityserve_connections_refused: its series are made at 0 when the server starts, so that a
+# dashboard's increase() sees the first refusal (a series born at 1 shows nothing). Kept with
+# the metric, not the guards, so the model path's metrics never import the HTTP edge.
+REFUSAL_REASONS = ("malformed", "too_many_connections", "too_many_connections_per_address",
+                   "host_not_allowed", "body_timeout", "header_timeout", "idle_timeout",
+                   "header_too_large")
 
 
 class Metrics:

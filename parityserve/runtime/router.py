@@ -26,7 +26,7 @@ from parityserve.runtime.answers import Asked, answer, no_replica, succeeded
 from parityserve.runtime.api import Prediction
 from parityserve.runtime.applications import AppRuntime, QueryRecord, read_state
 from parityserve.runtime.dispatch import ModelPath
-from parityserve.runtime.edge_json import EdgeArray
+from parityserve.runtime.edge_array import EdgeArray
 from parityserve.runtime.lookup import find_app, find_model
 from parityserve.runtime.metrics import Metrics
 from parityserve.runtime.settle import settle

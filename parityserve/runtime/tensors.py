@@ -11,7 +11,7 @@ from parityserve.config import TensorSpec
 from parityserve.core.inputs import Leaves, as_array, check_leaves, scan
 from parityserve.datatypes import datatype_to_dtype
 from parityserve.errors import InvalidInput
-from parityserve.runtime.edge_json import EdgeArray
+from parityserve.runtime.edge_array import EdgeArray
 from parityserve.runtime.wire import MAX_DIMS
 
 __all__ = ["coerce_item", "shape_matches"]

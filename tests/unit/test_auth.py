@@ -20,6 +20,7 @@ from parityserve.runtime import auth
 from parityserve.runtime.auth import AuthPolicy, ResolvedToken, authorized, resolve_token, vetted
 from parityserve.runtime.http import create_admin_app, create_app
 from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.secret_files import exposed
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -31,8 +32,8 @@ TOKEN = "s3cret-token"
 def test_public_names_are_pinned():
     assert sorted(auth.__all__) == sorted([
         "ENV_HOME", "ENV_TOKEN", "MIN_TOKEN_CHARS", "AuthPolicy", "ResolvedToken", "authorized",
-        "default_token_file", "exposed", "read_token", "resolve_token", "token_file", "vetted",
-        "warn_if_exposed", "write_new_token"])
+        "default_token_file", "read_token", "resolve_token", "token_file", "vetted",
+        "write_new_token"])
 
 
 # ---------------------------------------------------------------- resolution order
@@ -139,10 +140,10 @@ def test_a_token_file_open_to_others_is_warned_of(tmp_path, caplog, mode, who):
     path = tmp_path / "admin-token"
     path.write_text("t" * 43 + "\n")
     path.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.auth"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.secret_files"):
         vetted(ResolvedToken("t" * 43, "file", path))
     if who is None:
-        assert caplog.text == "" and auth.exposed(path) is None
+        assert caplog.text == "" and exposed(path) is None
     else:
         assert f"the admin token file {path} has mode {mode:04o}: {who} may" in caplog.text
         assert f"chmod 600 {path}" in caplog.text and "t" * 43 not in caplog.text

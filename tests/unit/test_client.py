@@ -16,7 +16,7 @@ from parityserve.client import Client
 from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.edge_json import json_value
+from parityserve.runtime.edge_array import json_value
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from parityserve.config import Limits, TensorSpec
 from parityserve.core.inputs import scan
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
-from parityserve.runtime.edge_json import EdgeArray, decode_predict
+from parityserve.runtime.edge_array import EdgeArray
+from parityserve.runtime.edge_json import decode_predict
 from parityserve.runtime.http import _object, _optional_str, _predict_items
 from parityserve.runtime.tensors import coerce_item
 

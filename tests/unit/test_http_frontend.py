@@ -21,7 +21,7 @@ from parityserve.runtime import http as http_module
 from parityserve.runtime import v2
 from parityserve.runtime.api import ModelMetadata, Prediction
 from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.edge_json import json_value
+from parityserve.runtime.edge_array import json_value
 from parityserve.runtime.http import create_app
 from parityserve.runtime.metrics import Metrics
 

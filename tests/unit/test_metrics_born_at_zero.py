@@ -13,8 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import parityserve.runtime.connection as connection
-from parityserve.runtime.connection import REFUSAL_REASONS
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.metrics import REFUSAL_REASONS, Metrics
 
 
 def _samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
