@@ -9,8 +9,8 @@
 parityserve serves, each doing the same decoding parityserve does and nothing else:
 ``POST /{app}/predict`` (Clipper JSON, the input made a numpy array), and
 ``POST /v2/models/{m}/infer`` in V2 JSON or the binary tensor extension (parityserve's own
-``runtime/v2`` codec, so the bare app pays the same binary decode). With ``--model noop`` it
-answers each query's first value; with ``--model mlp`` it runs the zoo MNIST MLP through the
+``runtime/frontend/v2`` codec, so the bare app pays the same binary decode). With ``--model noop``
+it answers each query's first value; with ``--model mlp`` it runs the zoo MNIST MLP through the
 in-process batcher of ``frontend_batcher.py`` (up to ``--max-batch`` queries per call, the
 batch run ``--batch-run inline`` or in a thread). ``floor`` is the architecture's floor: the
 bare app and the same batcher, but each batch makes one round trip to a parityserve worker
@@ -50,7 +50,7 @@ def bare_app(infer: Infer, output_name: str = "output",
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from parityserve.runtime import v2
+    from parityserve.runtime.frontend import v2
 
     ids = itertools.count()
 
@@ -117,11 +117,11 @@ def serve_floor(port: int, args: argparse.Namespace) -> None:
 
     from benchmarks.frontend_batcher import Batcher
     from parityserve.bench.floor_app import WorkerHop
-    from parityserve.runtime.credentials import ReplicaCredentials
-    from parityserve.runtime.keys import ServerKeys
-    from parityserve.runtime.launcher import LocalLauncher
-    from parityserve.runtime.rpc import WorkerLink
-    from parityserve.runtime.worker import WorkerSpec
+    from parityserve.runtime.fleet.launcher import LocalLauncher
+    from parityserve.runtime.workers.credentials import ReplicaCredentials
+    from parityserve.runtime.workers.keys import ServerKeys
+    from parityserve.runtime.workers.rpc import WorkerLink
+    from parityserve.runtime.workers.worker import WorkerSpec
 
     async def main() -> None:
         keys = ServerKeys.in_memory()  # CURVE, as parityserve's local workers by default

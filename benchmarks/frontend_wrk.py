@@ -266,7 +266,7 @@ def wrk_workspace(prefix: str) -> Iterator[tuple[Path, Path]]:
 
 def _write_bodies(work: Path, case: Case) -> dict[str, dict[str, Any]]:
     """Per route and body set: the file wrk reads, the content type, the header length."""
-    from parityserve.runtime.v2 import HEADER_LENGTH
+    from parityserve.runtime.frontend.v2 import HEADER_LENGTH
 
     routes = dict.fromkeys(r for s in ("bare", "litserve", "parityserve") for r in case.routes(s))
     found: dict[str, dict[str, Any]] = {}
@@ -285,7 +285,7 @@ def _write_bodies(work: Path, case: Case) -> dict[str, dict[str, Any]]:
 
 
 def _encode(route: str, row: Any) -> tuple[bytes, dict[str, str]]:
-    from parityserve.runtime import v2
+    from parityserve.runtime.frontend import v2
 
     if route == "clipper-json":
         return orjson.dumps({"input": row.tolist()}), {"content-type": "application/json"}
@@ -591,8 +591,8 @@ def _cpu_ticks(pid: int, stats: dict[int, tuple[int, int, bytes]] | None = None
     stats = _proc_stats() if stats is None else stats
     below = _descendants(pid, stats)
     frontend = stats.get(pid, (0, 0, b""))[1]
-    workers = sum(stats[p][1] for p in below if b"runtime.worker" in stats[p][2])
-    others = sum(stats[p][1] for p in below if b"runtime.worker" not in stats[p][2])
+    workers = sum(stats[p][1] for p in below if b"runtime.workers.worker" in stats[p][2])
+    others = sum(stats[p][1] for p in below if b"runtime.workers.worker" not in stats[p][2])
     # taskset execs the server in place, so ``pid`` is the server itself.
     return {"frontend": frontend + others, "worker": workers}
 

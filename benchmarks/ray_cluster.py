@@ -76,7 +76,7 @@ def _proc(pid: int) -> tuple[int, str, float, float] | None:
 def classify(cmd: str) -> str:
     """Which bill a process is on: ray (its control plane), actor (a replica's Ray worker),
     worker (a parityserve model worker)."""
-    if "parityserve.runtime.worker" in cmd:
+    if "parityserve.runtime.workers.worker" in cmd:
         return "worker"
     if "ReplicaActor" in cmd:
         return "actor"

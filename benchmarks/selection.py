@@ -194,7 +194,7 @@ async def _post(http: HttpSender, path: str, body: bytes) -> Any:
 
 def _admin_headers() -> dict[str, str]:
     from parityserve.config import Server
-    from parityserve.runtime.auth import resolve_token
+    from parityserve.runtime.frontend.auth import resolve_token
 
     found = resolve_token(Server(), create=False)
     bearer = {"Authorization": f"Bearer {found.token}"} if found else {}

@@ -339,7 +339,7 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _cmd_token(args: argparse.Namespace) -> int:
     from parityserve.config import Server, load_config
-    from parityserve.runtime import auth
+    from parityserve.runtime.frontend import auth
 
     server = load_config(args.config).server if args.config else Server()
     base_dir = args.config.resolve().parent if args.config else None
@@ -417,8 +417,8 @@ def _cmd_top(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from parityserve.config import load_config
     from parityserve.models.extras import check_extras, needed_extras
-    from parityserve.runtime.admin_ops import check_zoo_sources
-    from parityserve.runtime.graphs import stateful_models
+    from parityserve.runtime.graphs.registry import stateful_models
+    from parityserve.runtime.serving.admin_ops import check_zoo_sources
 
     config = load_config(args.config)
     check_extras(needed_extras(config), where=str(args.config))
@@ -442,7 +442,7 @@ def _check_schedulers(config: Any, folder: Path, where: str) -> dict[str, str]:
     """Each model's scheduler policy, built as `start` builds it (its profile read and checked
     against the model), so that validate catches what start would refuse."""
     from parityserve.errors import ConfigError
-    from parityserve.runtime.parallelism import build_policy
+    from parityserve.runtime.fleet.parallelism import build_policy
 
     found = {}
     for model in config.models:
@@ -457,7 +457,7 @@ def _check_schedulers(config: Any, folder: Path, where: str) -> dict[str, str]:
 
 
 def _cmd_keys_generate(args: argparse.Namespace) -> int:
-    from parityserve.runtime.keys import generate
+    from parityserve.runtime.workers.keys import generate
 
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise ParityServeError(f"--name must be a plain file name, not {args.name!r}")
@@ -475,7 +475,7 @@ def _worker_keys(args: argparse.Namespace) -> Any:
         raise ParityServeError("--server-key and --client-key go together")
     if args.server_key is None:
         return None
-    from parityserve.runtime.keys import ClientKeys
+    from parityserve.runtime.workers.keys import ClientKeys
 
     return ClientKeys.from_files(args.server_key, args.client_key)
 
@@ -487,7 +487,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     import orjson
 
-    from parityserve.runtime.worker import WorkerSpec, run_worker
+    from parityserve.runtime.workers.worker import WorkerSpec, run_worker
 
     try:
         options = orjson.loads(args.options)

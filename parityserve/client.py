@@ -37,7 +37,7 @@ from parityserve.errors import (
     UnknownModel,
     UnknownQuery,
 )
-from parityserve.runtime import auth, v2
+from parityserve.runtime.frontend import auth, v2
 
 __all__ = ["Client"]
 

@@ -641,7 +641,7 @@ class Limits(_Frozen):
 
 class PeersConfig(_Frozen):
     """Frontends that share a Redis state store share their admin changes through a Redis
-    stream (README: Frontends on several hosts; runtime/peers.py)."""
+    stream (README: Frontends on several hosts; runtime/cluster/peers.py)."""
 
     namespace: str = Field(
         "default", pattern=_NAME_PATTERN, description="frontends on one Redis with the same "

@@ -95,7 +95,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("served-never-counted", "core/scheduling", _SCHED,
        "replica.served += 1", "replica.served += 0", SCHEDULING_TESTS),
     # ---- core/cache (and the model path's cache key) ----------------------------------------
-    _m("cache-key-ignores-version", "core/cache", "runtime/dispatch.py",
+    _m("cache-key-ignores-version", "core/cache", "runtime/modelpath/dispatch.py",
        "return cache_key(self.name, self.version, input_digest(item))",
        "return cache_key(self.name, 1, input_digest(item))", CACHE_TESTS,
        note="issue 44: the whole suite passed it (ModelPath._key); test_version_cache_and_slo "
@@ -122,7 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("evictions-never-counted", "core/cache", _CACHE,
        "                self._evictions += 1", "                pass", CACHE_TESTS),
     # ---- core/admission (and the SLO it is given) -------------------------------------------
-    _m("admission-uses-loosest-slo", "core/admission", "runtime/admin_ops.py",
+    _m("admission-uses-loosest-slo", "core/admission", "runtime/serving/admin_ops.py",
        "return (min(slos) if slos else deployment.timeout_ms) / 1000",
        "return (max(slos) if slos else deployment.timeout_ms) / 1000", ADMISSION_TESTS,
        note="issue 44: the whole suite passed it (slo_for); test_version_cache_and_slo was "

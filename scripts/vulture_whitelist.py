@@ -14,7 +14,7 @@ keep the list short and the reason next to each. This file is read by vulture, n
 __getattr__
 __dir__
 
-# pydantic runs validators by their decorators (config.py, runtime/schema.py).
+# pydantic runs validators by their decorators (config.py, runtime/frontend/schema.py).
 _._parity_implies_parm
 _._check_fault_keys
 _._check_redundancy
@@ -22,12 +22,12 @@ _._check_name
 _._check_safe
 _._check_references
 _._one_of
-# Fields of the OpenAPI documentation models (runtime/schema.py): they are the JSON's keys.
+# Fields of the OpenAPI documentation models (runtime/frontend/schema.py): they are the JSON's keys.
 _.input_batch
 _.binary_data
 _.binary_data_size
 _.extensions
-# A StoreStatistics field (runtime/state_store.py), filled from the counters by keyword.
+# A StoreStatistics field (runtime/serving/state_store.py), filled from the counters by keyword.
 _.conflicts
 
 # torch calls ``forward`` from ``Module.__call__``.
@@ -41,7 +41,7 @@ _.curve_server
 _.curve_publickey
 _.curve_secretkey
 _.curve_serverkey
-# uvicorn calls these protocol methods and reads these attributes (runtime/connection.py,
+# uvicorn calls these protocol methods and reads these attributes (runtime/frontend/connection.py,
 # runtime/server.py, tests/integration/test_connection_limits.py).
 _.data_received
 _.send_400_response
@@ -61,7 +61,7 @@ NoUpdate
 DuckPolicy
 NotAPolicy
 
-# grpc calls the V2 service's methods by name (runtime/grpc_v2.py, GRPCInferenceService).
+# grpc calls the V2 service's methods by name (runtime/frontend/grpc_v2.py, GRPCInferenceService).
 _.ServerLive
 _.ServerReady
 _.ModelReady
@@ -95,7 +95,7 @@ RunOnly
 _.on_header
 _.on_body
 
-# uvicorn's protocol starts a request cycle by calling its run_asgi (runtime/hot_cycle.py's
+# uvicorn's protocol starts a request cycle by calling its run_asgi (runtime/frontend/hot_cycle.py's
 # HotCycle stands in for uvicorn's RequestResponseCycle).
 _.run_asgi
 

@@ -5,8 +5,8 @@ plain httptools protocol, under wrk.
     python benchmarks/diagnostics/asgi_layer.py --quick                      # 1 round x 2 s
 
 Both servers answer ``POST /v2/models/noop/infer`` in the V2 binary tensor extension with
-parityserve's own codec (``runtime/v2``), taking each request's first value as the answer, as
-``frontend_apps.py bare`` does:
+parityserve's own codec (``runtime/frontend/v2``), taking each request's first value as the answer,
+as ``frontend_apps.py bare`` does:
 
 * ``starlette``: ``benchmarks/frontend_apps.py bare``, Starlette on uvicorn (httptools,
   uvloop): the issue 17 ceiling.
@@ -18,7 +18,7 @@ parityserve's own codec (``runtime/v2``), taking each request's first value as t
 The servers are pinned to core 1 and wrk to core 0 (64 connections, the 2,000 distinct
 bodies of ``frontend_wrk.py``'s no-op case), one fresh server per variant and round, variants
 alternating. The gap between the two is what uvicorn's ASGI cycle and Starlette cost per
-request: the motivation for ``parityserve/runtime/hot_cycle.py``, which keeps uvicorn's
+request: the motivation for ``parityserve/runtime/frontend/hot_cycle.py``, which keeps uvicorn's
 protocol and skips the ASGI messages on the hot routes. Writes
 ``benchmarks/results/frontend-profile/asgi-layer.{json,md}``. Needs ``wrk``.
 """
@@ -52,7 +52,7 @@ def _serve_plain(port: int) -> None:
     import httptools
     import uvloop
 
-    from parityserve.runtime import v2
+    from parityserve.runtime.frontend import v2
 
     class Plain(asyncio.Protocol):
         def __init__(self) -> None:

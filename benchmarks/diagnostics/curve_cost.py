@@ -20,9 +20,9 @@ import time
 import numpy as np
 import zmq
 
-from parityserve.runtime import wire
-from parityserve.runtime.keys import ClientKeys, ServerKeys
-from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.keys import ClientKeys, ServerKeys
+from parityserve.runtime.workers.rpc import WorkerLink
 
 
 def _echo(address: str, keys: ClientKeys | None) -> None:

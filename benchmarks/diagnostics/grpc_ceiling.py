@@ -170,7 +170,7 @@ def _ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -
 
 
 def _workers(server_pid: int) -> list[str]:
-    found = subprocess.run(["pgrep", "-P", str(server_pid), "-f", "runtime.worker"],
+    found = subprocess.run(["pgrep", "-P", str(server_pid), "-f", "runtime.workers.worker"],
                            capture_output=True, text=True).stdout.split()
     if not found:
         raise SystemExit("no worker process found under the server")

@@ -17,7 +17,8 @@ import numpy as np
 import orjson
 
 from parityserve.config import TensorSpec
-from parityserve.runtime import http, tensors, v2
+from parityserve.runtime.frontend import http, v2
+from parityserve.runtime.modelpath import tensors
 
 SPEC = TensorSpec(name="x", datatype="FP32", shape=(784,))
 
@@ -46,7 +47,7 @@ def _clipper(body: bytes) -> None:
 def _v2(body: bytes, length: int | None) -> None:
     if NEW_V2:
         array = v2.decode_infer_request(body, length, LIMITS).inputs[0].array
-        np.isfinite(array).all()  # what infer_detailed adds (runtime/system.py _check_finite)
+        np.isfinite(array).all()  # infer_detailed adds it (serving/system.py _check_finite)
     else:
         v2.decode_infer_request(body, length)
 

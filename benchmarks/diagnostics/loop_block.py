@@ -54,7 +54,7 @@ from benchmarks.report import machine_info
 from parityserve.bench.ports import free_port
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.config import Limits
-from parityserve.runtime import v2
+from parityserve.runtime.frontend import v2
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/loop-block"

@@ -197,7 +197,7 @@ def _run(coro: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.die_with_parent:
-        from parityserve.runtime.worker import _die_with_parent
+        from parityserve.runtime.workers.worker import _die_with_parent
 
         _die_with_parent(os.getppid())  # a killed benchmark must not leave this app behind
     try:

@@ -30,10 +30,10 @@ from typing import Any
 
 from parityserve.bench.baseline_app import _run, _serve, create_route_app
 from parityserve.errors import ModelLoadError, PredictError, WorkerError
-from parityserve.runtime import wire
-from parityserve.runtime.launcher import LocalLauncher
-from parityserve.runtime.rpc import WorkerLink
-from parityserve.runtime.worker import WorkerSpec
+from parityserve.runtime.fleet.launcher import LocalLauncher
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.rpc import WorkerLink
+from parityserve.runtime.workers.worker import WorkerSpec
 
 __all__ = ["WorkerHop", "main"]
 
@@ -140,7 +140,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.die_with_parent:
-        from parityserve.runtime.worker import _die_with_parent
+        from parityserve.runtime.workers.worker import _die_with_parent
 
         _die_with_parent(os.getppid())  # a killed benchmark must not leave this app behind
     try:

@@ -545,7 +545,7 @@ async def _http_metadata(url: str, model: str, version: str, headers: dict[str, 
 
 
 def _datatype(batch: np.ndarray) -> str:
-    from parityserve.runtime.v2 import dtype_to_datatype
+    from parityserve.runtime.frontend.v2 import dtype_to_datatype
 
     return dtype_to_datatype(batch.dtype)
 
@@ -561,7 +561,7 @@ def _spec_from(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _v2_http_sender(http: HttpSender, a: argparse.Namespace, meta: dict[str, Any],
                     headers: dict[str, str]) -> Send:
-    from parityserve.runtime import v2
+    from parityserve.runtime.frontend import v2
 
     spec = _spec_from(meta)
     binary = a.protocol == "http-binary"
@@ -584,7 +584,7 @@ def _inputs(a: argparse.Namespace, spec: dict[str, Any] | None) -> np.ndarray:
                           "or --inputs FILE.npy")
     datatype = a.datatype if a.shape or not spec or not spec.get("datatype") else \
         spec["datatype"]
-    from parityserve.runtime.v2 import datatype_to_dtype
+    from parityserve.runtime.frontend.v2 import datatype_to_dtype
 
     dtype = datatype_to_dtype(datatype)
     rng = np.random.default_rng(0)

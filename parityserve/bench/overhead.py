@@ -298,7 +298,7 @@ def _bench_batching(model: dict[str, Any], args: argparse.Namespace,
 
 def _batching_at(model: dict[str, Any], size: int, args: argparse.Namespace,
                  workdir: Path) -> dict[str, Any]:
-    from parityserve.runtime.v2 import encode_infer_request
+    from parityserve.runtime.frontend.v2 import encode_infer_request
 
     xs = model["inputs"]
     bodies = [encode_infer_request([("input", xs[i:i + size])], binary=True, binary_output=True)

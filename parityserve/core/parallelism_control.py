@@ -1,7 +1,7 @@
 """The online parallelism controller, the pure part: estimate the load, choose a configuration,
 and hold back switches that would not pay (issue 18, items 4 and 5).
 
-Each period the runtime (``runtime/parallelism.py``) hands in what it saw: the arrival times
+Each period the runtime (``runtime/fleet/parallelism.py``) hands in what it saw: the arrival times
 of the queries the model took since the last tick, their answered latencies, and how many are
 queued or running. ``Controller.tick`` returns a ``Decision``: the configuration to run from
 now on, and why. Three policies share one interface:

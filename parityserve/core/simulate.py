@@ -4,7 +4,7 @@ own scheduler.
 ``core/scheduling`` holds one model's serving path as a sans-I/O state machine
 (``Scheduler``): the deadline queue, adaptive batching (``core/batching.py``), admission's
 "drop what cannot finish in time", the redundancy modes and their coding groups
-(``core/redundancy.py``, ``core/coding``). The asyncio runtime (``runtime/dispatch.py``)
+(``core/redundancy.py``, ``core/coding``). The asyncio runtime (``runtime/modelpath/dispatch.py``)
 drives it with sockets and a loop timer; this module drives the *same* object from a
 simulated clock, so a projection to hundreds of replicas exercises the very decisions that
 serve queries. Nothing of the scheduling is written here: which idle replica pulls what, what

@@ -22,12 +22,12 @@ import uvicorn
 from parityserve.config import ServingConfig
 from parityserve.core.edge_guards import HostAllowlist
 from parityserve.models.sources import SourcePolicy
-from parityserve.runtime.auth import AuthPolicy, ResolvedToken, resolve_token, vetted
-from parityserve.runtime.connection import host_guard, uvicorn_settings
-from parityserve.runtime.http import HotPaths, create_admin_app, create_app
-from parityserve.runtime.peers import PeerPlan, Peers, plan_group, signing_key
-from parityserve.runtime.shard_mesh import ShardMesh
-from parityserve.runtime.system import ServingSystem
+from parityserve.runtime.cluster.peers import PeerPlan, Peers, plan_group, signing_key
+from parityserve.runtime.cluster.shard_mesh import ShardMesh
+from parityserve.runtime.frontend.auth import AuthPolicy, ResolvedToken, resolve_token, vetted
+from parityserve.runtime.frontend.connection import host_guard, uvicorn_settings
+from parityserve.runtime.frontend.http import HotPaths, create_admin_app, create_app
+from parityserve.runtime.serving.system import ServingSystem
 
 __all__ = ["RunningServer", "ServerUrls", "auth_policy", "resolve_admin_token", "serve",
            "start_in_thread"]
@@ -92,7 +92,7 @@ def _uvicorn(app: object, config: ServingConfig, base_dir: Path | None,
              on_refuse: Callable[[str], None]) -> uvicorn.Server:
     # uvicorn_settings: the HTTP parser that enforces server.limits on every connection.
     # A HotPaths app itself (not a shard's or a peer stream's wrapper, which must see every
-    # request) has its hot routes served without ASGI messages: runtime/hot_cycle.py.
+    # request) has its hot routes served without ASGI messages: runtime/frontend/hot_cycle.py.
     hosts = _allowed_hosts(config)
     settings = uvicorn_settings(config.server.limits, on_refuse,
                                 hot=app if isinstance(app, HotPaths) else None, hosts=hosts)
@@ -124,7 +124,9 @@ def _bind_grpc(config: ServingConfig, system: ServingSystem, policy: AuthPolicy,
     port = s.grpc_listen_port()
     if port is None:
         return None, None
-    from parityserve.runtime.grpc_v2 import bind_grpc  # grpcio loads only when serving gRPC
+    from parityserve.runtime.frontend.grpc_v2 import (
+        bind_grpc,  # grpcio loads only when serving gRPC
+    )
 
     base = base_dir or Path.cwd()
     tls = None if s.tls is None else ((base / s.tls.key).read_bytes(),
@@ -339,12 +341,12 @@ def serve(config: ServingConfig, *, base_dir: Path | None = None, data_dir: Path
 
     ``token``: the admin token already resolved (``parityserve start`` does so to say where
     it is); when None and the config requires one, it is resolved here. With
-    ``server.frontends`` > 1 this process supervises that many shards (runtime/shards.py),
-    each called with its ``shard`` and its group's ``peers`` (runtime/peers.py).
+    ``server.frontends`` > 1 this process supervises that many shards (runtime/cluster/shards.py),
+    each called with its ``shard`` and its group's ``peers`` (runtime/cluster/peers.py).
     """
     token = token or resolve_admin_token(config, base_dir)
     if config.server.frontends > 1 and shard is None:
-        from parityserve.runtime.shards import serve_sharded  # only when sharded
+        from parityserve.runtime.cluster.shards import serve_sharded  # only when sharded
 
         return serve_sharded(serve, config, base_dir=base_dir, data_dir=data_dir, on_ready=on_ready,
                              log_dir=log_dir, token=token)

@@ -14,7 +14,7 @@ def test_flags() -> None:
 
 
 @pytest.mark.parametrize(("cmd", "bill"), [
-    ("/usr/bin/python -m parityserve.runtime.worker --connect tcp://x", "worker"),
+    ("/usr/bin/python -m parityserve.runtime.workers.worker --connect tcp://x", "worker"),
     ("ray::ReplicaActor.poll", "actor"),
     ("ray::IDLE", "ray"),
     (".../ray/core/src/ray/gcs/gcs_server --redis_address", "ray"),
@@ -27,7 +27,8 @@ def test_processes_are_billed_to_ray_actors_or_workers(cmd: str, bill: str) -> N
 def test_cost_is_cpu_over_the_window_and_rss_now() -> None:
     before = {1: ("raylet", 10.0, 100.0), 2: ("ray::ReplicaActor", 1.0, 90.0)}
     after = {1: ("raylet", 10.5, 110.0), 2: ("ray::ReplicaActor", 1.0, 90.0),
-             3: ("python -m parityserve.runtime.worker", 0.2, 50.0)}  # started in the window
+             # started in the window
+             3: ("python -m parityserve.runtime.workers.worker", 0.2, 50.0)}
     bills = cost(before, after, seconds=2.0)
     assert bills["ray"] == {"processes": 1, "cpu_pct": 25.0, "rss_mib": 110.0}
     assert bills["actor"]["cpu_pct"] == 0.0

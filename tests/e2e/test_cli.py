@@ -550,7 +550,8 @@ def _workers_of(frontend_pid: int) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"parityserve.runtime.worker" in cmdline and str(frontend_pid).encode() in cmdline:
+        worker = b"parityserve.runtime.workers.worker" in cmdline
+        if worker and str(frontend_pid).encode() in cmdline:
             found.append(int(proc.name))
     return [pid for pid in found if is_running(pid)]
 
@@ -617,7 +618,7 @@ def test_sigterm_to_a_benchmark_stops_every_process_it_started(tmp_path) -> None
                 with contextlib.suppress(OSError):
                     cmdlines.append((Path("/proc") / str(pid) / "cmdline").read_bytes())
             return any(b"baseline_app" in c for c in cmdlines) and any(
-                b"runtime.worker" in c for c in cmdlines)
+                b"runtime.workers.worker" in c for c in cmdlines)
 
         wait_for(both_seen, timeout_s=120, what="the benchmark's processes")
         bench.send_signal(signal.SIGTERM)

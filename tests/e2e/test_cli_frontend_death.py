@@ -32,7 +32,7 @@ def zygotes_of(frontend: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             stat = (entry / "stat").read_text()
-            if b"runtime.zygote_server" in (entry / "cmdline").read_bytes() and \
+            if b"runtime.graphs.zygote_server" in (entry / "cmdline").read_bytes() and \
                     int(stat.rsplit(")", 1)[1].split()[1]) == frontend:
                 found.append(int(entry.name))
     return found

@@ -23,7 +23,7 @@ import tritonclient.grpc as tg
 from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from parityserve.runtime.loop_pressure import LoopPressure
+from parityserve.runtime.modelpath.loop_pressure import LoopPressure
 
 pytestmark = pytest.mark.integration
 

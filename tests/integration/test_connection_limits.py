@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from parityserve.config import Limits
-from parityserve.runtime import connection
+from parityserve.runtime.frontend import connection
 
 pytestmark = pytest.mark.integration
 
@@ -243,8 +243,8 @@ def _infer(request_id: str, path: bytes = b"/v2/models/noop/infer",
 
 
 def test_pipelined_hot_requests_are_answered_in_order_beside_other_routes(fast: str) -> None:
-    """The hot routes' own cycle (runtime/hot_cycle.py) keeps HTTP/1.1's order: answers leave
-    in the order the requests came, hot or not, percent-encoded paths included."""
+    """The hot routes' own cycle (runtime/frontend/hot_cycle.py) keeps HTTP/1.1's order: answers
+    leave in the order the requests came, hot or not, percent-encoded paths included."""
     requests = [b"".join(_infer("a")), LIVE, b"".join(_infer("b", b"/v2/models/no%6Fp/infer")),
                 b"".join(_infer("c"))]
     with _connect(fast) as sock:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from parityserve.bench.ports import free_port
 from parityserve.config import Server
-from parityserve.runtime.shards import cores_warning
+from parityserve.runtime.cluster.shards import cores_warning
 
 INFER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 # Exp3 over two models that disagree on every input: noop answers class 0, echo answers its

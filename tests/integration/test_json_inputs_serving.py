@@ -14,7 +14,7 @@ import pytest
 
 from parityserve.client import Client
 from parityserve.config import Limits
-from parityserve.runtime.edge_json import decode_predict
+from parityserve.runtime.frontend.edge_json import decode_predict
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_json_inputs_python_keeps_the_lists(client) -> None:
 def test_plain_numbers_decoded_straight_to_arrays_match_the_general_path(
         client, row: list[Any], dtype: str) -> None:
     """Bodies of plain numbers take the HTTP layer's straight-to-array decoding
-    (runtime/edge_json.py): an array model gets the general path's dtype, and a model that
+    (runtime/frontend/edge_json.py): an array model gets the general path's dtype, and a model that
     takes Python values gets the numbers with their JSON types (1 stays int, 2.0 float)."""
     assert decode_predict(orjson.dumps({"input": row}), Limits()) is not None  # that path
     array = _served(client.predict("arrays", row))

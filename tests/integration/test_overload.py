@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.diagnostics import overload as diagnostic
-from parityserve.runtime import v2
+from parityserve.runtime.frontend import v2
 
 pytestmark = pytest.mark.integration
 

@@ -123,7 +123,7 @@ def test_serf_decides_from_the_load_and_every_decision_is_visible(client: Client
 
 def test_no_query_is_lost_or_answered_twice_across_many_switches(
         served: RunningServer, client: Client, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="parityserve.runtime.parallelism")
+    caplog.set_level(logging.INFO, logger="parityserve.runtime.fleet.parallelism")
     pids = sorted(r["pid"] for r in model_state(client, "echo")["replicas"])
     before_served, before_switches = served_total(client), scheduler(client)["switches"]
     xs = np.random.default_rng(3).uniform(-1, 1, size=(300, 4)).astype(np.float32)

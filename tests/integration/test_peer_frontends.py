@@ -1,4 +1,4 @@
-"""Frontends on one Redis act as one server for admin changes (runtime/peers.py): separate
+"""Frontends on one Redis act as one server for admin changes (runtime/cluster/peers.py): separate
 `parityserve start` processes on their own ports, as on separate hosts, one of them sharded.
 
 The test runs a Redis of its own (redis-server from PATH, as scripts/redis.sh installs it),
@@ -283,8 +283,8 @@ def test_writers_racing_for_the_next_id_each_append_once_signed_for_their_place(
     two writers that read the same last id retry, and every entry verifies where it landed."""
     import asyncio
 
-    from parityserve.runtime import peer_log, peers
-    from parityserve.runtime.peers import RedisStream
+    from parityserve.runtime.cluster import peer_log, peers
+    from parityserve.runtime.cluster.peers import RedisStream
 
     namespace = f"race-{uuid.uuid4().hex[:8]}"
     key, tries, picked = peer_log.stream_key(namespace), [], peer_log.next_id

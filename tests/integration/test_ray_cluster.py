@@ -32,7 +32,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from benchmarks._ray_local import ClusterUnavailable, local_cluster  # noqa: E402
 from parityserve.client import Client  # noqa: E402
 from parityserve.config import parse_config  # noqa: E402
-from parityserve.runtime.placement_plan import deployment_members, slot_key  # noqa: E402
+from parityserve.runtime.fleet.placement_plan import deployment_members, slot_key  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import pytest
 
 from parityserve.bench.ports import free_port
 from parityserve.errors import ConfigError, Unavailable
-from parityserve.runtime.state_store import RedisStore, open_store
+from parityserve.runtime.serving.state_store import RedisStore, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +166,7 @@ def test_delete_prefix_handles_many_keys(store: RedisStore) -> None:
 def test_corrupt_state_reads_as_missing(
         store: RedisStore, caplog: pytest.LogCaptureFixture, raw: bytes) -> None:
     store._client.set(store.namespace + "app/u", raw)
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.state_store"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.serving.state_store"):
         assert store.get("app/u") is None
         assert store.update("app/u", bump) == {"n": 1}
     assert "ignoring the stored state of 'app/u'" in caplog.text

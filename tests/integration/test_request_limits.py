@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from parityserve.config import Limits, Server
-from parityserve.runtime import v2
+from parityserve.runtime.frontend import v2
 from parityserve.runtime.server import RunningServer
 from tests.integration.conftest import start_server
 

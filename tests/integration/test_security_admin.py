@@ -15,7 +15,7 @@ import pytest
 
 from parityserve.client import Client
 from parityserve.errors import Unauthorized
-from parityserve.runtime import auth
+from parityserve.runtime.frontend import auth
 
 pytestmark = pytest.mark.integration
 

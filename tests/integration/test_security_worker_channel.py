@@ -27,8 +27,8 @@ from conftest import wait_until
 
 from parityserve.client import Client
 from parityserve.config import Deployment
-from parityserve.runtime import wire
-from parityserve.runtime.keys import ClientKeys, generate, new_client_keys
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.keys import ClientKeys, generate, new_client_keys
 
 pytestmark = pytest.mark.integration
 

@@ -135,7 +135,7 @@ def test_learned_weights_survive_a_frontend_restart(tmp_path, three_models, digi
         store = f"sqlite:{tmp_path / 'selection.db'}"
     config = _config(three_models, store=store, degraded="bayes")
     config["applications"][0]["name"] = app = f"restart-{backend}-{os.getpid()}"
-    if backend == "redis":  # its admin changes on a stream of its own (runtime/peers.py)
+    if backend == "redis":  # its admin changes on a stream of its own (runtime/cluster/peers.py)
         config["server"]["peers"] = {"namespace": app}
     x, y = digits_data[2], digits_data[3]
 

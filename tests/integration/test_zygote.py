@@ -1,4 +1,4 @@
-"""The fork server on real processes (``runtime/zygote.py``): what a forked operator gets,
+"""The fork server on real processes (``runtime/graphs/zygote.py``): what a forked operator gets,
 what comes back from it, and that the zygote is no single point of failure.
 
 Members here are real ``hams_worker`` processes pointed at a port nobody serves: they load
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from parityserve.core.forking import UNKNOWN_EXIT
-from parityserve.runtime.hams_protocol import OperatorSpec
-from parityserve.runtime.keys import ServerKeys
-from parityserve.runtime.zygote import ForkedProcess, ForkServer
+from parityserve.runtime.graphs.hams_protocol import OperatorSpec
+from parityserve.runtime.graphs.zygote import ForkedProcess, ForkServer
+from parityserve.runtime.workers.keys import ServerKeys
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -100,7 +100,7 @@ def test_a_forked_member_starts_as_a_spawned_one_would(forks: ForkServer) -> Non
     try:
         wait_until(lambda: b"hams_worker" in Path(f"/proc/{member.pid}/cmdline").read_bytes())
         argv = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
-        assert argv[:3] == [sys.executable.encode(), b"-m", b"parityserve.runtime.hams_worker"]
+        assert argv[:3] == [sys.executable.encode(), b"-m", b"parityserve.runtime.graphs.hams_worker"]
         assert b'"worker_id":"g/op/backup-7"' in argv[argv.index(b"--spec") + 1]
         assert os.getsid(member.pid) == member.pid != os.getsid(zygote)
         assert int(status(member.pid, "PPid")) == zygote
@@ -139,7 +139,7 @@ def test_the_zygote_is_no_single_point_of_failure(forks: ForkServer,
 
 _THREADED = ("import sys, threading, time; "
              "threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
-             "from parityserve.runtime.zygote_server import main; sys.exit(main())")
+             "from parityserve.runtime.graphs.zygote_server import main; sys.exit(main())")
 
 
 def test_a_zygote_running_a_thread_refuses_to_fork_and_the_member_is_spawned(
@@ -161,7 +161,7 @@ def test_a_zygote_running_a_thread_refuses_to_fork_and_the_member_is_spawned(
 _RNG = """
 import os, sys
 import numpy as np, torch
-from parityserve.runtime.zygote_server import _reseed
+from parityserve.runtime.graphs.zygote_server import _reseed
 np.random.seed(0)
 torch.manual_seed(0)
 draws = set()

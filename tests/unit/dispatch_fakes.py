@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from parityserve.errors import WorkerError
-from parityserve.runtime import wire
+from parityserve.runtime.workers import wire
 
 T0 = 1000.0
 

@@ -35,9 +35,9 @@ from parityserve.core.scheduling import (
     WakeAt,
 )
 from parityserve.core.simulate import ServiceProfile, SimConfig, Simulator
-from parityserve.runtime import messages
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.workers import messages
 
 SERVICE_S = 0.005
 Step = tuple[float, tuple[Any, ...]]

@@ -7,8 +7,8 @@ import pytest
 
 from parityserve.config import Application
 from parityserve.errors import UnknownQuery
-from parityserve.runtime import applications
-from parityserve.runtime.applications import AppRuntime, QueryRecord, approx_bytes
+from parityserve.runtime.serving import applications
+from parityserve.runtime.serving.applications import AppRuntime, QueryRecord, approx_bytes
 
 
 def _runtime() -> AppRuntime:
@@ -65,12 +65,12 @@ def test_one_input_over_the_budget_is_not_kept(monkeypatch) -> None:
 
 
 def test_a_malformed_stored_state_is_discarded_and_logged(caplog) -> None:
-    from parityserve.runtime.state_store import MemoryStore
+    from parityserve.runtime.serving.state_store import MemoryStore
 
     app = AppRuntime.build(Application(name="app", models=("m",), policy="exp3"))
     store = MemoryStore()
     store.update("app/u", lambda _: {"log_weights": "x", "rounds": 4})
-    with caplog.at_level("WARNING", logger="parityserve.runtime.applications"):
+    with caplog.at_level("WARNING", logger="parityserve.runtime.serving.applications"):
         assert app.current_state(store.get("app/u"), "u") == app.policy.init(["m"])
     assert "discarding the stored selection state of context 'u'" in caplog.text
     assert "'log_weights' is 'x'" in caplog.text

@@ -16,11 +16,17 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from parityserve.config import Server
 from parityserve.errors import ConfigError
-from parityserve.runtime import auth
-from parityserve.runtime.auth import AuthPolicy, ResolvedToken, authorized, resolve_token, vetted
-from parityserve.runtime.http import create_admin_app, create_app
-from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.secret_files import exposed
+from parityserve.runtime.frontend import auth
+from parityserve.runtime.frontend.auth import (
+    AuthPolicy,
+    ResolvedToken,
+    authorized,
+    resolve_token,
+    vetted,
+)
+from parityserve.runtime.frontend.http import create_admin_app, create_app
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.workers.secret_files import exposed
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -140,7 +146,7 @@ def test_a_token_file_open_to_others_is_warned_of(tmp_path, caplog, mode, who):
     path = tmp_path / "admin-token"
     path.write_text("t" * 43 + "\n")
     path.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.secret_files"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.workers.secret_files"):
         vetted(ResolvedToken("t" * 43, "file", path))
     if who is None:
         assert caplog.text == "" and exposed(path) is None

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from parityserve.runtime import buffered_histogram
-from parityserve.runtime.buffered_histogram import BufferedHistogram
-from parityserve.runtime.metrics import LATENCY_BUCKETS
+from parityserve.runtime.modelpath import buffered_histogram
+from parityserve.runtime.modelpath.buffered_histogram import BufferedHistogram
+from parityserve.runtime.modelpath.metrics import LATENCY_BUCKETS
 
 BOUNDS = LATENCY_BUCKETS
 

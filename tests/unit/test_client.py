@@ -14,11 +14,11 @@ from starlette.exceptions import StarletteDeprecationWarning
 from parityserve import errors
 from parityserve.client import Client
 from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
-from parityserve.runtime.api import ModelMetadata, Prediction
-from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.edge_array import json_value
-from parityserve.runtime.http import create_app
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.frontend.auth import AuthPolicy
+from parityserve.runtime.frontend.http import create_app
+from parityserve.runtime.modelpath.edge_array import json_value
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.serving.api import ModelMetadata, Prediction
 
 with warnings.catch_warnings():
     # Starlette 1.x nudges its TestClient towards httpx2; on plain httpx it works the same,

@@ -10,8 +10,8 @@ import pytest
 from parityserve.cli import _with_ray, main
 from parityserve.config import ServingConfig, parse_config
 from parityserve.errors import ConfigError
-from parityserve.runtime.placement_plan import deployment_members, group_size, slot_key
-from parityserve.runtime.system import ServingSystem
+from parityserve.runtime.fleet.placement_plan import deployment_members, group_size, slot_key
+from parityserve.runtime.serving.system import ServingSystem
 
 ECHO = {"source": "zoo:echo", "input": {"name": "input", "datatype": "FP32", "shape": [4]}}
 
@@ -82,7 +82,7 @@ def test_slot_key_drops_the_incarnation() -> None:
 
 def test_ray_launcher_without_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # what a plain install has
-    monkeypatch.delitem(sys.modules, "parityserve.runtime.ray_launcher", raising=False)
+    monkeypatch.delitem(sys.modules, "parityserve.runtime.fleet.ray_launcher", raising=False)
     # refused as the system is built, before any process starts (models/extras.py)
     with pytest.raises(ConfigError, match=r"launcher kind ray needs the ray extra(.|\n)*"
                                           r"pip install 'parityserve\[ray\]'"):

@@ -165,7 +165,7 @@ def test_berrut_group_wait_is_checked(redundancy: dict, message: str) -> None:
 
 
 def test_berrut_group_wait_reaches_the_scheduler() -> None:
-    from parityserve.runtime.dispatch import mode_of
+    from parityserve.runtime.modelpath.dispatch import mode_of
     dep = _dep(replicas=3, redundancy={"mode": "systematic-berrut", "group_wait_ms": 12.5})
     assert mode_of(dep).group_wait_s == pytest.approx(0.0125)
     assert mode_of(_dep(replicas=3, redundancy={"mode": "berrut"})).group_wait_s == 0.0

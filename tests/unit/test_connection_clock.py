@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from parityserve.config import Limits
-from parityserve.runtime.connection import Phase, ReadClock, Refusal, render_refusal
+from parityserve.runtime.frontend.connection import Phase, ReadClock, Refusal, render_refusal
 
 LIMITS = Limits(header_timeout_s=2.0, body_timeout_s=5.0, max_header_bytes=1024)
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath.metrics import Metrics
 from tests.unit.promql_exprs import (
     DASHBOARD,
     RULES,

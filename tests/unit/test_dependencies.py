@@ -53,4 +53,4 @@ def test_only_the_ray_launcher_imports_ray() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 importers.add(path.relative_to(package).as_posix())
-    assert importers == {"runtime/ray_launcher.py"}
+    assert importers == {"runtime/fleet/ray_launcher.py"}

@@ -22,10 +22,10 @@ from test_http_frontend import FakeSystem
 
 from parityserve.cli import _server_with, _with_ray, build_parser, main
 from parityserve.config import ServingConfig, is_loopback, load_config
-from parityserve.runtime import http
-from parityserve.runtime.auth import ENV_TOKEN, AuthPolicy
-from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.placement_plan import deployment_members, group_size
+from parityserve.runtime.fleet.placement_plan import deployment_members, group_size
+from parityserve.runtime.frontend import http
+from parityserve.runtime.frontend.auth import ENV_TOKEN, AuthPolicy
+from parityserve.runtime.modelpath.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kuberay"

@@ -1,4 +1,5 @@
-"""One model's serving path (parityserve.runtime.dispatch) over a fake link and a fake clock.
+"""One model's serving path (parityserve.runtime.modelpath.dispatch) over a fake link and a fake
+clock.
 
 No processes and no real waiting: the fake link records what would go to workers, results are
 handed to ``on_result`` by hand, and the path reads time from a mutable fake clock.
@@ -18,9 +19,10 @@ from parityserve.config import BatchingConfig, Deployment
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.errors import PredictError, QueueFull, WorkerError
-from parityserve.runtime import dispatch, wire
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath import dispatch
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.workers import wire
 
 SLO = 0.1
 

@@ -123,7 +123,7 @@ def test_is_probe(method: str, path: str, probe: bool) -> None:
 
 
 def test_the_h11_fallback_checks_host_as_an_asgi_wrapper() -> None:
-    from parityserve.runtime.connection import host_guard
+    from parityserve.runtime.frontend.connection import host_guard
 
     served, refused, sent = [], [], []
 

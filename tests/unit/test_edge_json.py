@@ -1,5 +1,5 @@
-"""runtime/edge_json.py: Clipper bodies of plain numbers decoded straight to arrays, and only
-where that gives what the general path (orjson, the router's scan, ``coerce_item``) gives.
+"""runtime/frontend/edge_json.py: Clipper bodies of plain numbers decoded straight to arrays, and
+only where that gives what the general path (orjson, the router's scan, ``coerce_item``) gives.
 
 The property: for any body, when ``decode_predict`` answers, each query coerced for each kind of
 model (no signature with arrays or Python values, float and integer signatures, BYTES) is what
@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from parityserve.config import Limits, TensorSpec
 from parityserve.core.inputs import scan
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
-from parityserve.runtime.edge_array import EdgeArray
-from parityserve.runtime.edge_json import decode_predict
-from parityserve.runtime.http import _object, _optional_str, _predict_items
-from parityserve.runtime.tensors import coerce_item
+from parityserve.runtime.frontend.edge_json import decode_predict
+from parityserve.runtime.frontend.http import _object, _optional_str, _predict_items
+from parityserve.runtime.modelpath.edge_array import EdgeArray
+from parityserve.runtime.modelpath.tensors import coerce_item
 
 LIMITS = Limits()
 SPECS: list[tuple[TensorSpec | None, bool]] = [

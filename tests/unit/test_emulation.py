@@ -12,7 +12,7 @@ from parityserve.config import Deployment, EmulationConfig
 from parityserve.core import emulation
 from parityserve.core.emulation import PROFILES, ServiceProfile, draw_service_s, profile_named
 from parityserve.errors import ConfigError
-from parityserve.runtime.slots import emulation_spec
+from parityserve.runtime.fleet.slots import emulation_spec
 
 
 def _profile(**fields: object) -> ServiceProfile:

@@ -16,8 +16,8 @@ def test_split_counts_main_thread_samples_by_first_bucket(tmp_path: Path) -> Non
     main = "Runner.run (asyncio/runners.py:118);serve (parityserve/runtime/server.py:151)"
     raw = tmp_path / "raw.txt"
     raw.write_text("\n".join([
-        f"{main};_Frontend.predict (parityserve/runtime/http.py:503) 6",
-        f"{main};WorkerLink._receive_pass (parityserve/runtime/rpc.py:103) 3",
+        f"{main};_Frontend.predict (parityserve/runtime/frontend/http.py:503) 6",
+        f"{main};WorkerLink._receive_pass (parityserve/runtime/workers/rpc.py:103) 3",
         f"{main};RequestResponseCycle.send (uvicorn/x.py:1) 1",
         "GarbageCollectorThread.run (zmq/utils/garbage.py:56) 90",  # another thread
     ]))

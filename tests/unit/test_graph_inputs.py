@@ -1,6 +1,6 @@
-"""A graph request's inputs (runtime/graphs.py ``graph_items``) pass the model routes' check
-(core/inputs.py ``check_leaves``): numbers only, never numeric strings, booleans or null, which
-numpy would turn into numbers; and a V2 tensor that is not of a number type is a 400, where a
+"""A graph request's inputs (runtime/graphs/registry.py ``graph_items``) pass the model routes'
+check (core/inputs.py ``check_leaves``): numbers only, never numeric strings, booleans or null,
+which numpy would turn into numbers; and a V2 tensor that is not of a number type is a 400, where a
 BYTES row once reached numpy's float parser (issue 38, item 8)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from parityserve.config import TensorSpec
 from parityserve.errors import InvalidInput
-from parityserve.runtime.graphs import graph_items
-from parityserve.runtime.tensors import coerce_item
+from parityserve.runtime.graphs.registry import graph_items
+from parityserve.runtime.modelpath.tensors import coerce_item
 
 ROW = [0.1, 0.2, 0.3, 0.4]
 

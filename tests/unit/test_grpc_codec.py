@@ -23,7 +23,7 @@ from parityserve.errors import (
     Unavailable,
     UnknownModel,
 )
-from parityserve.runtime import grpc_v2, v2
+from parityserve.runtime.frontend import grpc_v2, v2
 
 
 @pytest.mark.parametrize(("error", "code"), [
@@ -122,7 +122,7 @@ class _System:
 
 
 def _metadata_call(error: Exception) -> tuple[grpc.StatusCode, str]:
-    from parityserve.runtime.auth import AuthPolicy
+    from parityserve.runtime.frontend.auth import AuthPolicy
 
     frontend = grpc_v2.GrpcFrontend(_System(error), auth=AuthPolicy.open(),
                                     limits=Limits(), version="test")
@@ -135,7 +135,7 @@ def _metadata_call(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 def test_an_unexpected_error_answers_internal_with_an_id_never_its_text(caplog) -> None:
     secret = RuntimeError("cannot open /srv/models/m/weights.pt: token=abc123")
-    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.grpc_v2"):
+    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.frontend.grpc_v2"):
         code, details = _metadata_call(secret)
     assert code == grpc.StatusCode.INTERNAL
     assert "weights" not in details and "abc123" not in details

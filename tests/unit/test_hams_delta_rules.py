@@ -16,8 +16,8 @@ from parityserve.core.hams import BackupApplier, StateRecord
 from parityserve.core.hams.deltas import DeltaLedger, Shipment
 from parityserve.errors import ProtocolError
 from parityserve.models.stateful import state_digest
-from parityserve.runtime.hams_state import FlatDelta, FlatState
-from parityserve.runtime.hams_worker import _fold
+from parityserve.runtime.graphs.hams_state import FlatDelta, FlatState
+from parityserve.runtime.graphs.hams_worker import _fold
 
 ROWS = 16
 

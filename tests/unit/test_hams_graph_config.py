@@ -75,7 +75,7 @@ def test_graphs_and_applications_share_one_route_space() -> None:
 
 
 def test_a_stateful_operators_model_serves_nothing_else() -> None:
-    from parityserve.runtime.system import ServingSystem
+    from parityserve.runtime.serving.system import ServingSystem
 
     data = graph_config()
     data["graphs"][0]["operators"][2]["model"] = "lstm"  # also stateless in 'side'
@@ -84,7 +84,7 @@ def test_a_stateful_operators_model_serves_nothing_else() -> None:
 
 
 def test_two_stateful_operators_need_two_model_entries() -> None:
-    from parityserve.runtime.system import ServingSystem
+    from parityserve.runtime.serving.system import ServingSystem
 
     data = graph_config()
     data["graphs"][0]["operators"][1]["model"] = "features"
@@ -109,14 +109,14 @@ def test_two_stateful_operators_need_two_model_entries() -> None:
 def test_bad_graph_bodies_are_refused_with_the_reason(body: dict[str, Any], message: str
                                                       ) -> None:
     from parityserve.errors import RequestError
-    from parityserve.runtime.graphs import graph_items
+    from parityserve.runtime.graphs.registry import graph_items
 
     with pytest.raises(RequestError, match=message):
         graph_items(body, "ticker")
 
 
 def test_a_graph_body_names_each_rows_stream_and_label() -> None:
-    from parityserve.runtime.graphs import graph_items
+    from parityserve.runtime.graphs.registry import graph_items
 
     rows, streams, labels = graph_items({"input": [1, 2], "ticker": "ibm", "label": 3}, "ticker")
     assert rows[0].dtype.name == "float32" and streams == ["ibm"] and labels == [3]

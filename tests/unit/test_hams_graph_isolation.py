@@ -27,11 +27,12 @@ from parityserve.errors import (
     TooManyStreams,
     WorkerError,
 )
-from parityserve.runtime import hams_graph, wire
-from parityserve.runtime import hams_protocol as hp
-from parityserve.runtime.hams_graph import GraphAnswer, GraphRuntime
-from parityserve.runtime.hams_members import Member
-from parityserve.runtime.hams_replay import ReplayLog
+from parityserve.runtime.graphs import hams_graph
+from parityserve.runtime.graphs import hams_protocol as hp
+from parityserve.runtime.graphs.hams_graph import GraphAnswer, GraphRuntime
+from parityserve.runtime.graphs.hams_members import Member
+from parityserve.runtime.graphs.hams_replay import ReplayLog
+from parityserve.runtime.workers import wire
 
 WID = "g/seq/primary-1"
 GOOD, BAD = [1.0, 2.0, 3.0, 4.0], [1.0, 2.0]

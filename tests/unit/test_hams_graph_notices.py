@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from parityserve.config import Deployment, Graph, GraphOperator
-from parityserve.runtime import hams_graph
-from parityserve.runtime import hams_protocol as hp
-from parityserve.runtime.hams_graph import GraphRuntime
-from parityserve.runtime.hams_members import Member
+from parityserve.runtime.graphs import hams_graph
+from parityserve.runtime.graphs import hams_protocol as hp
+from parityserve.runtime.graphs.hams_graph import GraphRuntime
+from parityserve.runtime.graphs.hams_members import Member
 from tests.unit.test_hams_graph_isolation import Clock, FakeLink
 
 

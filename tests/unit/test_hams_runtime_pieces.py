@@ -19,7 +19,7 @@ from benchmarks.hams_analysis import (
 )
 from parityserve.core.hams import Arrival, Executed, Hop
 from parityserve.errors import ModelLoadError, ProtocolError
-from parityserve.runtime.hams_protocol import (
+from parityserve.runtime.graphs.hams_protocol import (
     Refusal,
     checkpoint_file,
     lineage_from_wire,
@@ -27,9 +27,9 @@ from parityserve.runtime.hams_protocol import (
     refusal,
     row_outcomes,
 )
-from parityserve.runtime.hams_replay import ReplayLog
-from parityserve.runtime.hams_state import FlatState
-from parityserve.runtime.hams_worker import restore_checkpoint, save_checkpoint
+from parityserve.runtime.graphs.hams_replay import ReplayLog
+from parityserve.runtime.graphs.hams_state import FlatState
+from parityserve.runtime.graphs.hams_worker import restore_checkpoint, save_checkpoint
 
 
 def state() -> dict[str, torch.Tensor]:

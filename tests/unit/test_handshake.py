@@ -10,7 +10,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from parityserve.errors import WorkerError
-from parityserve.runtime.handshake import await_handshake, watch_handshake
+from parityserve.runtime.workers.handshake import await_handshake, watch_handshake
 
 
 class _Frontend:

@@ -1,4 +1,4 @@
-"""The hot routes' request cycle (``runtime/hot_cycle.py``) inside uvicorn's protocol.
+"""The hot routes' request cycle (``runtime/frontend/hot_cycle.py``) inside uvicorn's protocol.
 
 The protocol is fed bytes through a transport that records what is written, so these tests
 see exactly what a client would read: which requests take the hot cycle, that an answer is one
@@ -27,9 +27,9 @@ from starlette.responses import Response
 from uvicorn.server import ServerState
 
 from parityserve.config import Limits
-from parityserve.runtime import connection
-from parityserve.runtime.hot_cycle import HotCycle
-from parityserve.runtime.http import HotPaths
+from parityserve.runtime.frontend import connection
+from parityserve.runtime.frontend.hot_cycle import HotCycle
+from parityserve.runtime.frontend.http import HotPaths
 
 pytestmark = pytest.mark.skipif(connection._httptools_protocol() is None,
                                 reason="the hot cycle rides on the httptools protocol")

@@ -17,13 +17,13 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
 from parityserve.errors import Conflict, InvalidInput, UnknownApplication, UnknownModel
-from parityserve.runtime import http as http_module
-from parityserve.runtime import v2
-from parityserve.runtime.api import ModelMetadata, Prediction
-from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.edge_array import json_value
-from parityserve.runtime.http import create_app
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.frontend import http as http_module
+from parityserve.runtime.frontend import v2
+from parityserve.runtime.frontend.auth import AuthPolicy
+from parityserve.runtime.frontend.http import create_app
+from parityserve.runtime.modelpath.edge_array import json_value
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.serving.api import ModelMetadata, Prediction
 
 with warnings.catch_warnings():
     # Starlette 1.x nudges its TestClient towards httpx2; on plain httpx it works the same,
@@ -517,7 +517,7 @@ def test_unknown_route_and_method_are_json(client):
 
 
 def test_unexpected_error_is_a_logged_500_and_serving_goes_on(client, caplog):
-    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.http"):
+    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.frontend.http"):
         response = client.post("/calc/predict", json={"input": "boom"})
     assert_error(response, 500, "internal_error", "internal server error")
     assert "the fake blew up" not in response.text

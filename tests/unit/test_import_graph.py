@@ -6,8 +6,8 @@ of three kinds, all counted and each named in a failure:
 
 - ``module``: at module level (inside a module-level ``try``/``if`` too); it runs on import.
 - ``TYPE_CHECKING``: never runs, but it is still a dependency. Hiding a cycle there is how
-  ``runtime/dispatch.py`` <-> ``runtime/coding.py`` once came to put ``Any`` on the task links
-  (that pair is now the driver and ``core/scheduling``, which never imports the runtime).
+  ``runtime/modelpath/dispatch.py`` <-> ``runtime/coding.py`` once came to put ``Any`` on the task
+  links (that pair is now the driver and ``core/scheduling``, which never imports the runtime).
 - ``function``: a lazy import inside a function. It defers an optional or heavy module
   (torch, the bench commands) until it is used; a lazy import that closes a cycle would
   only hide the cycle, so it counts too.
@@ -146,7 +146,7 @@ PACKAGE = import_graph(Path(parityserve.__file__).parent)
 
 def test_the_walker_sees_every_kind_of_import():
     assert len(PACKAGE) > 50
-    assert PACKAGE["parityserve.runtime.v2"]["parityserve.datatypes"] == "module"
+    assert PACKAGE["parityserve.runtime.frontend.v2"]["parityserve.datatypes"] == "module"
     assert PACKAGE["parityserve.models.zoo"]["parityserve.models.nets"] == "TYPE_CHECKING"
     assert PACKAGE["parityserve.models.loader"]["parityserve.models._python"] == "function"
     # ``from parityserve.models import datasets`` names a module, not the package.

@@ -13,7 +13,7 @@ import pytest
 from test_system_overload import Rig, run
 
 from parityserve.errors import InvalidInput
-from parityserve.runtime.applications import approx_bytes
+from parityserve.runtime.serving.applications import approx_bytes
 
 PYTHON = {"json_inputs": "python"}
 

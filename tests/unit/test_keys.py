@@ -10,7 +10,7 @@ import pytest
 
 from parityserve.cli import main
 from parityserve.errors import ConfigError
-from parityserve.runtime.keys import ClientKeys, ServerKeys, generate
+from parityserve.runtime.workers.keys import ClientKeys, ServerKeys, generate
 
 
 def test_generate_writes_a_public_file_and_a_private_secret_file(tmp_path: Path) -> None:
@@ -62,13 +62,13 @@ def test_the_keys_command_writes_files_and_will_not_overwrite(tmp_path: Path, ca
 def test_a_secret_key_file_open_to_others_is_warned_of(tmp_path: Path, caplog) -> None:
     generate(tmp_path, "server")
     _public, secret = generate(tmp_path, "w1")
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.secret_files"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.workers.secret_files"):
         ServerKeys.from_dir(tmp_path)
         ClientKeys.from_files(tmp_path / "server.key", secret)
     assert caplog.text == ""  # generated 0600
     (tmp_path / "server.key_secret").chmod(0o644)
     secret.chmod(0o640)
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.secret_files"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.workers.secret_files"):
         ServerKeys.from_dir(tmp_path)  # the frontend's, and a worker's --client-key
         ClientKeys.from_files(tmp_path / "server.key", secret)
     assert f"{tmp_path / 'server.key_secret'} has mode 0644: its group and every user" \

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from parityserve.runtime import launcher as launcher_module
-from parityserve.runtime.launcher import LocalLauncher
-from parityserve.runtime.worker import WorkerSpec
+from parityserve.runtime.fleet import launcher as launcher_module
+from parityserve.runtime.fleet.launcher import LocalLauncher
+from parityserve.runtime.workers.worker import WorkerSpec
 
 
 class _Captured(Exception):

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from parityserve.runtime.launcher import WorkerProcess
-from parityserve.runtime.worker import WorkerSpec
+from parityserve.runtime.fleet.launcher import WorkerProcess
+from parityserve.runtime.workers.worker import WorkerSpec
 
 SPEC = WorkerSpec(replica_id="m/v1/0#1-abc", model="m", version=1, source="zoo:noop")
 
@@ -35,7 +35,7 @@ def test_a_process_that_outlives_sigkill_is_logged_not_raised(
         raise subprocess.TimeoutExpired(popen.args, timeout or 0)
 
     monkeypatch.setattr(popen, "wait", stuck)  # the kernel has not let it go yet
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.launcher"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.fleet.launcher"):
         process.kill(reap_s=0.01)
     assert "has not exited" in caplog.text and "relaunched anyway" in caplog.text
     monkeypatch.undo()

@@ -11,8 +11,8 @@ from tritonclient.grpc import service_pb2 as pb
 from benchmarks.diagnostics import loop_block as diagnostic
 from parityserve.config import Limits, Server
 from parityserve.core.inputs import scan
-from parityserve.runtime import grpc_v2, http, v2
-from parityserve.runtime.api import ModelMetadata
+from parityserve.runtime.frontend import grpc_v2, http, v2
+from parityserve.runtime.serving.api import ModelMetadata
 
 LIMITS, MAX_BODY = Limits(), Server().max_body_bytes
 LARGEST = diagnostic.largest_accepted(LIMITS, MAX_BODY)

@@ -1,5 +1,5 @@
-"""``runtime/loop_pressure.py``: the busy share of the loop's thread, smoothed over windows, read
-from a fake clock and a fake busy counter; then the real reader on this thread."""
+"""``runtime/modelpath/loop_pressure.py``: the busy share of the loop's thread, smoothed over
+windows, read from a fake clock and a fake busy counter; then the real reader on this thread."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from parityserve.runtime import loop_pressure
-from parityserve.runtime.loop_pressure import LoopPressure
+from parityserve.runtime.modelpath import loop_pressure
+from parityserve.runtime.modelpath.loop_pressure import LoopPressure
 
 
 class Thread:

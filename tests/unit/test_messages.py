@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from parityserve.config import TensorSpec
 from parityserve.errors import ProtocolError
-from parityserve.runtime import messages, wire
+from parityserve.runtime.workers import messages, wire
 
 _MESSAGES = (messages.Hello, messages.Heartbeat, messages.Result, messages.Bye,
              messages.Failed)

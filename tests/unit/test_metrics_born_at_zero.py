@@ -12,8 +12,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import parityserve.runtime.connection as connection
-from parityserve.runtime.metrics import REFUSAL_REASONS, Metrics
+import parityserve.runtime.frontend.connection as connection
+from parityserve.runtime.modelpath.metrics import REFUSAL_REASONS, Metrics
 
 
 def _samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -15,9 +15,9 @@ from test_http_frontend import FakeSystem
 
 from parityserve.config import Limits
 from parityserve.errors import MalformedRequest
-from parityserve.runtime import http, schema
-from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.frontend import http, schema
+from parityserve.runtime.frontend.auth import AuthPolicy
+from parityserve.runtime.modelpath.metrics import Metrics
 
 
 @pytest.fixture

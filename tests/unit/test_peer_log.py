@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parityserve.runtime.peer_log import (
+from parityserve.runtime.cluster.peer_log import (
     ZERO,
     Action,
     BadEntry,
@@ -183,7 +183,7 @@ class Group:
     written: int = 0
 
     def change(self, key: str, value: int) -> None:
-        after = self.cursor.applied  # read before applying, as runtime/peers.py does
+        after = self.cursor.applied  # read before applying, as runtime/cluster/peers.py does
         self.state[key] = value
         self.written += 1
         self.unpublished.append(Change(self.origin, "POST", key, str(value).encode(), after,

@@ -1,4 +1,4 @@
-"""runtime/peers.py on an in-memory stream: what is published, what is refused when Redis is
+"""runtime/cluster/peers.py on an in-memory stream: what is published, what is refused when Redis is
 down, what a group replays before serving, and what it applies while following."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from parityserve.errors import ConfigError
-from parityserve.runtime import peer_log
-from parityserve.runtime.asgi_calls import call
-from parityserve.runtime.peer_log import ZERO, Change
-from parityserve.runtime.peers import PeerPlan, Peers
+from parityserve.runtime.cluster import peer_log
+from parityserve.runtime.cluster.peer_log import ZERO, Change
+from parityserve.runtime.cluster.peers import PeerPlan, Peers
+from parityserve.runtime.frontend.asgi_calls import call
 
 TOKEN = "peers-unit-token"
 ROUTE = "/admin/models/m/parallelism"

@@ -17,9 +17,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 from parityserve.config import parse_config  # noqa: E402
 from parityserve.core.placement import Node, Resources  # noqa: E402
-from parityserve.runtime import ray_launcher  # noqa: E402
-from parityserve.runtime.keys import ClientKeys  # noqa: E402
-from parityserve.runtime.worker import WorkerSpec  # noqa: E402
+from parityserve.runtime.fleet import ray_launcher  # noqa: E402
+from parityserve.runtime.workers.keys import ClientKeys  # noqa: E402
+from parityserve.runtime.workers.worker import WorkerSpec  # noqa: E402
 
 NODE_IDS = [f"{i + 1:02x}" * 28 for i in range(3)]  # Ray's node ids: 28 bytes of hex
 ECHO = {"source": "zoo:echo", "input": {"name": "input", "datatype": "FP32", "shape": [4]}}

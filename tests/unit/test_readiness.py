@@ -8,9 +8,9 @@ from dispatch_fakes import T0, FakeClock, FakeLink
 
 from parityserve.config import Deployment, Server, ServingConfig
 from parityserve.core.batching import AIMDController
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.system import ServingSystem
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.serving.system import ServingSystem
 
 TIMEOUT_S = 0.6
 

@@ -1,5 +1,5 @@
 """Expected accuracy of rebuilt answers and the application's floor (core/reconstruction.py),
-where the numbers come from (runtime/expected.py), and their settings (config.py)."""
+where the numbers come from (runtime/serving/expected.py), and their settings (config.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from parityserve.core.reconstruction import (
     below_floor,
     parm_method,
 )
-from parityserve.runtime.expected import expected_accuracy, sidecar_path
+from parityserve.runtime.serving.expected import expected_accuracy, sidecar_path
 
 
 # ---- the floor -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Redundancy modes in the serving path (core/scheduling/modes.py driven by runtime/dispatch.py).
+"""Redundancy modes in the serving path (core/scheduling/modes.py driven by
+runtime/modelpath/dispatch.py).
 
 Same approach as ``test_dispatch.py``: a fake link records what would go to workers, results
 are handed to ``ModelPath.on_result`` by hand (usually "echo": outputs = inputs, a linear
@@ -23,9 +24,9 @@ from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.core.scheduling import modes
 from parityserve.errors import InvalidInput, PredictError
-from parityserve.runtime import wire
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.workers import wire
 
 SLO = 0.1
 

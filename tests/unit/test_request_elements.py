@@ -22,9 +22,9 @@ from tritonclient.grpc import service_pb2 as pb
 from parityserve.config import Limits
 from parityserve.core.inputs import decoded_one_by_one, scan, take_elements
 from parityserve.errors import LimitExceeded, PayloadTooLarge
-from parityserve.runtime import grpc_v2, http, v2
-from parityserve.runtime.api import ModelMetadata
-from parityserve.runtime.edge_json import decode_predict
+from parityserve.runtime.frontend import grpc_v2, http, v2
+from parityserve.runtime.frontend.edge_json import decode_predict
+from parityserve.runtime.serving.api import ModelMetadata
 
 LIMITS = Limits()
 CAP = LIMITS.max_request_elements

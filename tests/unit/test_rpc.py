@@ -9,8 +9,8 @@ import pytest
 import zmq
 
 from parityserve.errors import WorkerError
-from parityserve.runtime import wire
-from parityserve.runtime.rpc import WorkerLink
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.rpc import WorkerLink
 
 
 def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:

@@ -8,9 +8,9 @@ from typing import Any
 
 import zmq
 
-from parityserve.runtime import wire
-from parityserve.runtime.keys import ClientKeys, ServerKeys, new_client_keys
-from parityserve.runtime.rpc import RejectLog, WorkerLink
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.keys import ClientKeys, ServerKeys, new_client_keys
+from parityserve.runtime.workers.rpc import RejectLog, WorkerLink
 
 
 def _dealer(ctx: zmq.Context, address: str, identity: bytes,

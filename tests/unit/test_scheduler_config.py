@@ -1,5 +1,5 @@
 """The ``scheduler:`` section of a deployment, and how the runtime builds its policy from it
-(runtime/parallelism.py: the profile file checked against the model, the applier's order)."""
+(runtime/fleet/parallelism.py: the profile file checked against the model, the applier's order)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from parityserve.core.parallelism_control import (
 from parityserve.core.queueing import Config
 from parityserve.core.tail_policy import TailAwarePolicy
 from parityserve.errors import ConfigError, InvalidInput
-from parityserve.runtime.parallelism import SystemApplier, build_policy, current_config
+from parityserve.runtime.fleet.parallelism import SystemApplier, build_policy, current_config
 
 MODEL = {"name": "resnet20", "source": "zoo:echo", "replicas": 2}
 PROFILE = {"schema": "parityserve.profile/1", "model": "resnet20", "cores": 2,
@@ -200,8 +200,8 @@ class _Refusing:
 
 def test_a_refused_switch_is_reported_logged_once_and_retried(
         caplog: pytest.LogCaptureFixture) -> None:
-    from parityserve.runtime.metrics import Metrics
-    from parityserve.runtime.parallelism import Controllers
+    from parityserve.runtime.fleet.parallelism import Controllers
+    from parityserve.runtime.modelpath.metrics import Metrics
 
     path = _Path(deployment({"policy": "fixed", "c": 1}))
     applier = _Refusing()
@@ -216,7 +216,7 @@ def test_a_refused_switch_is_reported_logged_once_and_retried(
         await controllers.close()
         return state
 
-    with caplog.at_level("WARNING", logger="parityserve.runtime.parallelism"):
+    with caplog.at_level("WARNING", logger="parityserve.runtime.fleet.parallelism"):
         state = asyncio.run(two_ticks())
     assert applier.calls == 2  # tried again next period
     assert state is not None and state["switches"] == 0
@@ -227,8 +227,8 @@ def test_a_refused_switch_is_reported_logged_once_and_retried(
 
 
 def test_a_stopped_controller_leaves_the_path_alone() -> None:
-    from parityserve.runtime.metrics import Metrics
-    from parityserve.runtime.parallelism import Controllers
+    from parityserve.runtime.fleet.parallelism import Controllers
+    from parityserve.runtime.modelpath.metrics import Metrics
 
     path = _Path(deployment({"policy": "fixed", "c": 1}))
     controllers = Controllers({"resnet20": path}, _Refusing(),  # type: ignore[dict-item]

@@ -1,4 +1,4 @@
-"""``runtime.settle``: the hot routes' wait for a request's futures until its deadline."""
+"""``runtime.serving.settle``: the hot routes' wait for a request's futures until its deadline."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from parityserve.runtime.settle import settle
+from parityserve.runtime.serving.settle import settle
 
 
 def test_it_returns_once_every_future_is_done_and_leaves_no_callback() -> None:

@@ -11,7 +11,7 @@ import pytest
 from starlette.responses import JSONResponse
 from starlette.testclient import TestClient
 
-from parityserve.runtime.shard_mesh import ShardMesh, merge_states
+from parityserve.runtime.cluster.shard_mesh import ShardMesh, merge_states
 
 OWN = {"models": [{"name": "noop", "parallelism": 1}], "applications": []}
 PEER = {"models": [{"name": "noop", "parallelism": 2}], "applications": []}

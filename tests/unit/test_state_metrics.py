@@ -1,4 +1,5 @@
-"""runtime/state_metrics.py: SLOs, expected accuracies and graph durability, read at scrape."""
+"""runtime/modelpath/state_metrics.py: SLOs, expected accuracies and graph durability, read at
+scrape."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from parityserve.core.reconstruction import ExpectedAccuracy
-from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.state_metrics import failover_phases
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.modelpath.state_metrics import failover_phases
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from parityserve.errors import ConfigError, Unavailable
-from parityserve.runtime.state_store import (
+from parityserve.runtime.serving.state_store import (
     MemoryStore,
     SQLiteStore,
     StateStore,
@@ -160,7 +160,7 @@ def test_two_sqlite_stores_on_one_file_see_each_other(tmp_path: Path) -> None:
 
 _INCREMENT_SCRIPT = textwrap.dedent("""
     import sys
-    from parityserve.runtime.state_store import SQLiteStore
+    from parityserve.runtime.serving.state_store import SQLiteStore
     store = SQLiteStore(sys.argv[1])
     for _ in range(int(sys.argv[2])):
         store.update("counter", lambda s: {"n": (s or {}).get("n", 0) + 1})
@@ -193,7 +193,7 @@ def test_corrupt_sqlite_state_reads_as_missing(
     path = tmp_path / "s.db"
     store = SQLiteStore(path)
     _write_raw(path, "app/u", raw)
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.state_store"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.serving.state_store"):
         assert store.get("app/u") is None
         assert store.update("app/u", bump) == {"n": 1}  # overwritten with a good state
     assert "ignoring the stored state of 'app/u'" in caplog.text
@@ -205,7 +205,7 @@ def test_corrupt_sqlite_state_reads_as_missing(
 def test_corrupt_memory_state_reads_as_missing(caplog: pytest.LogCaptureFixture) -> None:
     store = MemoryStore()
     store._data["k"] = b"\xff garbage"
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.state_store"):
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.serving.state_store"):
         assert store.get("k") is None
     assert "ignoring the stored state of 'k'" in caplog.text
 

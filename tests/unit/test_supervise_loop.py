@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from parityserve.runtime.system import keep_ticking
+from parityserve.runtime.serving.system import keep_ticking
 
 
 def test_a_failing_round_is_logged_and_the_next_rounds_still_run(
@@ -27,7 +27,7 @@ def test_a_failing_round_is_logged_and_the_next_rounds_still_run(
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.system"):
+    with caplog.at_level(logging.ERROR, logger="parityserve.runtime.serving.system"):
         asyncio.run(main())
     assert len(rounds) >= 5
     assert "supervisor round failed (1 so far)" in caplog.text

@@ -19,15 +19,15 @@ from parityserve.config import Deployment
 from parityserve.core.cache import ClockCache
 from parityserve.core.restarts import RestartPolicy, restart_delay
 from parityserve.errors import InvalidInput, LimitExceeded, Unavailable
-from parityserve.runtime import wire
-from parityserve.runtime.admin_ops import ModelAdmin
-from parityserve.runtime.commands import Command, SetFaults, SetThreads, Stop
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.inbox import Inbox
-from parityserve.runtime.keys import ClientKeys
-from parityserve.runtime.metrics import Metrics
-from parityserve.runtime.supervisor import Settings, Supervisor
-from parityserve.runtime.worker import WorkerSpec
+from parityserve.runtime.fleet.inbox import Inbox
+from parityserve.runtime.fleet.supervisor import Settings, Supervisor
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.serving.admin_ops import ModelAdmin
+from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.commands import Command, SetFaults, SetThreads, Stop
+from parityserve.runtime.workers.keys import ClientKeys
+from parityserve.runtime.workers.worker import WorkerSpec
 
 HEARTBEAT_S = 1.0
 STARTUP_S = 10.0

@@ -23,9 +23,9 @@ from parityserve.errors import (
     Overloaded,
     Unavailable,
 )
-from parityserve.runtime import wire
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.system import ServingSystem
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.serving.system import ServingSystem
+from parityserve.runtime.workers import wire
 
 VECTOR = {"name": "x", "datatype": "FP32", "shape": [2]}
 SLOW = ServiceEstimate(batch_s=0.05, rows=1.0, batches=1)  # 20 queries/s per replica

@@ -24,8 +24,8 @@ from tritonclient.grpc import service_pb2 as pb
 from parityserve.config import Limits
 from parityserve.core.inputs import check_raw_size, element_count
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest, RequestError
-from parityserve.runtime import grpc_v2, v2
-from parityserve.runtime.api import ModelMetadata
+from parityserve.runtime.frontend import grpc_v2, v2
+from parityserve.runtime.serving.api import ModelMetadata
 
 LIMITS = Limits()
 # The shape-against-data checks, with the request's element cap (which refuses most of these

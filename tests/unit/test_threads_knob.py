@@ -10,9 +10,9 @@ import pytest
 
 from parityserve.core.scheduling.settings import check_cores
 from parityserve.errors import ProtocolError
-from parityserve.runtime import messages, wire
-from parityserve.runtime.commands import SetThreads
-from parityserve.runtime.worker import WorkerSpec, _Worker, apply_threads
+from parityserve.runtime.workers import messages, wire
+from parityserve.runtime.workers.commands import SetThreads
+from parityserve.runtime.workers.worker import WorkerSpec, _Worker, apply_threads
 
 
 @pytest.mark.parametrize(("c", "intra", "cores", "over", "ok"), [

@@ -1,7 +1,7 @@
-"""The private uvicorn API that ``runtime/connection.py`` (``GuardedHttpTools``, a subclass of
-uvicorn's ``HttpToolsProtocol``) and ``runtime/hot_cycle.py`` (``HotCycle``, a stand-in for its
-``RequestResponseCycle``) ride on, named, so that a uvicorn release that renames one fails here
-with the name instead of in production with an ``AttributeError`` per connection.
+"""The private uvicorn API that ``runtime/frontend/connection.py`` (``GuardedHttpTools``, a subclass
+of uvicorn's ``HttpToolsProtocol``) and ``runtime/frontend/hot_cycle.py`` (``HotCycle``, a stand-in
+for its ``RequestResponseCycle``) ride on, named, so that a uvicorn release that renames one fails
+here with the name instead of in production with an ``AttributeError`` per connection.
 
 uvicorn makes no promise about these names; ``pyproject.toml`` pins uvicorn to the minor
 release they were checked against. To move the pin: install the new release, run this file,
@@ -22,8 +22,8 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from parityserve.config import Limits
-from parityserve.runtime import connection
-from parityserve.runtime.hot_cycle import HotCycle
+from parityserve.runtime.frontend import connection
+from parityserve.runtime.frontend.hot_cycle import HotCycle
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -50,8 +50,8 @@ def missing(obj: Any, names: tuple[str, ...]) -> list[str]:
 
 def explain(what: str, names: list[str]) -> str:
     return (f"uvicorn {metadata.version('uvicorn')} has no {', '.join(names)} on {what}, which "
-            "parityserve/runtime/connection.py and hot_cycle.py rely on: adapt them to this "
-            "release (see this file's docstring) before widening the uvicorn pin")
+            "parityserve/runtime/frontend/connection.py and hot_cycle.py rely on: adapt them to "
+            "this release (see this file's docstring) before widening the uvicorn pin")
 
 
 def test_missing_names_are_named() -> None:
@@ -90,7 +90,7 @@ def test_hot_cycle_has_what_the_protocol_uses_of_a_cycle() -> None:
     provided = set(HotCycle.__slots__) | {n for n in dir(HotCycle) if not n.startswith("__")}
     gone = [name for name in used if name not in provided]
     assert not gone, (f"uvicorn {metadata.version('uvicorn')}'s protocol uses {gone} of its "
-                      "cycle, which HotCycle (parityserve/runtime/hot_cycle.py) lacks")
+                      "cycle, which HotCycle (parityserve/runtime/frontend/hot_cycle.py) lacks")
 
 
 def test_uvicorn_is_pinned_to_the_release_checked_here() -> None:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 from test_http_frontend import FakeSystem
 
-from parityserve.runtime import http, v2
-from parityserve.runtime.auth import AuthPolicy
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.frontend import http, v2
+from parityserve.runtime.frontend.auth import AuthPolicy
+from parityserve.runtime.modelpath.metrics import Metrics
 
 _APP = http.create_app(FakeSystem(), metrics=Metrics(), auth=AuthPolicy(token="t" * 32),
                            max_body_bytes=4096)

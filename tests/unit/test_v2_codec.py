@@ -11,7 +11,7 @@ import tritonclient.http as triton
 
 from parityserve.config import TensorSpec
 from parityserve.errors import InvalidInput, MalformedRequest
-from parityserve.runtime import v2
+from parityserve.runtime.frontend import v2
 
 BUILD = triton.InferenceServerClient.generate_request_body
 PARSE = triton.InferenceServerClient.parse_response_body
@@ -376,7 +376,7 @@ def test_json_booleans_still_fill_bool_tensors():
 
 
 def test_fp32_overflow_decodes_to_infinity_without_a_warning():
-    # The server refuses it (runtime/system.py); the codec only must not warn or wrap.
+    # The server refuses it (runtime/serving/system.py); the codec only must not warn or wrap.
     assert np.isinf(decode_one(_fp([1e39, 1.0], [2])).array[0])
 
 

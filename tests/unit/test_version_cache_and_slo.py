@@ -15,11 +15,11 @@ from dispatch_fakes import T0, FakeClock, FakeLink
 from parityserve.config import Application, BatchingConfig, Deployment
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
-from parityserve.runtime import wire
-from parityserve.runtime.admin_ops import AppAdmin, slo_for
-from parityserve.runtime.applications import AppRuntime
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.serving.admin_ops import AppAdmin, slo_for
+from parityserve.runtime.serving.applications import AppRuntime
+from parityserve.runtime.workers import wire
 
 Cache = ClockCache[tuple[str, int, bytes], Any]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parityserve.errors import ProtocolError
-from parityserve.runtime import wire
+from parityserve.runtime.workers import wire
 
 
 @pytest.mark.parametrize("array", [

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from parityserve.core.emulation import PROFILES, draw_service_s
-from parityserve.runtime.worker import WorkerSpec, _Emulator
+from parityserve.runtime.workers.worker import WorkerSpec, _Emulator
 
 SPEC = {"name": "t", "base_ms": 20.0, "per_query_ms": 5.0, "source": "a test",
         "distribution": "constant", "cv": 0.0}

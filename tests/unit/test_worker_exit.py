@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from parityserve.runtime import worker
+from parityserve.runtime.workers import worker
 
 
 class Exited(Exception):

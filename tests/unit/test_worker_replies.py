@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from parityserve.errors import PredictError
-from parityserve.runtime import messages, wire
-from parityserve.runtime.worker import WorkerSpec, _Worker
+from parityserve.runtime.workers import messages, wire
+from parityserve.runtime.workers.worker import WorkerSpec, _Worker
 
 
 class _Sock:

@@ -15,9 +15,9 @@ from parityserve.config import Deployment, TensorSpec
 from parityserve.core.batching import AIMDController
 from parityserve.core.cache import ClockCache
 from parityserve.errors import PredictError
-from parityserve.runtime.dispatch import ModelPath, Replica
-from parityserve.runtime.messages import Result
-from parityserve.runtime.metrics import Metrics
+from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
+from parityserve.runtime.modelpath.metrics import Metrics
+from parityserve.runtime.workers.messages import Result
 
 
 def _path(**deployment: Any) -> ModelPath:

@@ -1,8 +1,8 @@
 """What the scheduler asks its driver to do: typed records, in the order they must happen.
 
-The asyncio driver (``runtime/dispatch.py``) turns them into socket sends, resolved futures,
-metrics and one loop timer; the simulator (``core/simulate.py``) into heap events and counts.
-A driver decides nothing: everything here has already been decided.
+The asyncio driver (``runtime/modelpath/dispatch.py``) turns them into socket sends, resolved
+futures, metrics and one loop timer; the simulator (``core/simulate.py``) into heap events and
+counts. A driver decides nothing: everything here has already been decided.
 """
 
 from __future__ import annotations

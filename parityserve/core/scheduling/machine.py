@@ -12,8 +12,8 @@ out the actions it returns (``actions.py``):
   ``Redundant``, ``Located``, ``CodingFailed``.
 
 No asyncio, no sockets, no clock: every event carries ``now``. The asyncio runtime
-(``runtime/dispatch.py``) and the discrete-event simulator (``core/simulate.py``) drive this
-same object, so a scheduling rule is written once. Single-queue load balancing (Clipper,
+(``runtime/modelpath/dispatch.py``) and the discrete-event simulator (``core/simulate.py``) drive
+this same object, so a scheduling rule is written once. Single-queue load balancing (Clipper,
 ParM): queries of a model wait in one queue ordered by deadline, and whichever replica is
 idle pulls the next task or batch; batch sizes come from each replica's AIMD controller and
 the delayed-batching rule in ``core/batching.py``; admission and the "drop what cannot finish
@@ -110,8 +110,8 @@ class Scheduler:
         # Service parallelism c (issue 18): at most this many data replicas hold a batch at
         # once; the rest stay ready ("warm") but do not pull. None: every idle replica pulls.
         self.parallelism = parallelism
-        # Whether the driver's event loop has no idle time now (runtime/loop_pressure.py); the
-        # simulator has no loop to saturate and leaves it False. See ``busy_hold_s``.
+        # Whether the driver's event loop has no idle time now (runtime/modelpath/loop_pressure.py);
+        # the simulator has no loop to saturate and leaves it False. See ``busy_hold_s``.
         self.saturated = False
         self._last_arrival: float | None = None
         self._arrival_gap_s = math.inf  # smoothed gap between queries; the first gap sets it

@@ -1,7 +1,7 @@
 """The records one model's serving path is made of, shared by the scheduler and its drivers.
 
 A leaf: it imports nothing of the scheduler, so the state machine (``machine.py``), the
-redundancy modes (``modes.py``), the asyncio driver (``runtime/dispatch.py``) and the
+redundancy modes (``modes.py``), the asyncio driver (``runtime/modelpath/dispatch.py``) and the
 simulator (``core/simulate.py``) all import it and none of them imports another.
 """
 
@@ -174,7 +174,7 @@ class InflightBatch:
 @dataclass(eq=False)
 class Replica:
     """What scheduling knows of one replica. The runtime adds its process bookkeeping
-    (``runtime.dispatch.Replica``); the fields here are keyword-only so it can."""
+    (``runtime.modelpath.dispatch.Replica``); the fields here are keyword-only so it can."""
 
     rid: str
     index: int

@@ -1,0 +1,358 @@
+"""Starts worker replicas as Ray actors on a cluster, in Ray placement groups.
+
+Ray is the control plane only. Each replica is one actor that reserves the deployment's CPUs,
+GPUs and memory on its node and runs the ordinary worker (``python -m
+parityserve.runtime.workers.worker``) as its child. The worker connects back to the frontend over
+the ZeroMQ data plane with its own CURVE keys, exactly as a local one does: queries and outputs
+never pass through Ray's object store.
+
+- Placement: ``core/placement.plan_groups`` gives each coding group (k data + parity
+  replicas, or the Berrut workers) a placement group of its own, STRICT_SPREAD (each member on
+  a distinct node) when enough nodes could hold one member each, else SPREAD with a logged
+  warning; a model's other replicas share one SPREAD group. Member i runs in bundle i
+  (``PlacementGroupSchedulingStrategy``). Ray reserves the bundles, so a group that does not
+  fit waits in Ray's queue (the actors with it) until resources free up.
+- Node failure: Ray reschedules the bundles of a dead node on the survivors, and a replacement
+  goes into its slot's bundle. A STRICT_SPREAD group whose live nodes are now too few cannot be
+  rescheduled (its lost bundle stays pending), so the replacement is pinned with a hard
+  NodeAffinity where ``core/placement.place`` puts it (away from the rest of its group where
+  there is room), and a warning says so; when no node has room it is left to Ray's SPREAD
+  scheduler. The group's survivors keep running in it.
+- Keys: the replica's CURVE secret rides in the actor's constructor arguments (Ray's task
+  spec, over Ray's gRPC; turn on Ray's TLS on an untrusted network) and reaches the worker in
+  its environment, never its command line. Each key is per replica and revoked when the
+  replica goes, so a leaked one admits only that one dead replica.
+- Failure and restart: an actor is created with ``max_restarts=0``. When its worker exits,
+  the actor dies, or its node dies, ``exit_code`` says so; the supervisor requeues the
+  replica's batch and asks for a fresh replica. Ray restarting the actor itself would do so
+  without the frontend requeuing what it held.
+- Groups are removed when the launcher stops, and a group no deployment needs any more once
+  none of its replicas runs (removing a group kills the actors in it).
+
+Only this module imports ray: the local launcher, and a plain install, need none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from parityserve.config import Deployment
+from parityserve.core.placement import (
+    STRICT_SPREAD,
+    GroupPlan,
+    Member,
+    Node,
+    Placement,
+    Resources,
+    holds_strictly,
+    place,
+    plan_groups,
+)
+from parityserve.runtime.fleet.placement_plan import deployment_members, slot_key
+from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
+from parityserve.runtime.workers.worker import WorkerSpec
+
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "ray_bundle", "reachable"]
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "parityserve"
+_POLL_EVERY_S = 0.2
+SUSPECT_S = 60.0  # how long a node where an actor died unasked gets no new replicas
+ACTOR_DIED = -9  # the exit code reported when the actor (or its node) died under the worker
+
+
+@ray.remote(max_restarts=0)
+class ReplicaActor:
+    """One worker process on this actor's node. The worker dies with the actor (it asks the
+    kernel for SIGTERM when its parent exits), so a killed actor or node leaves no orphan."""
+
+    def __init__(self, connect: str, spec_json: str, env: dict[str, str]) -> None:
+        cmd = [sys.executable, "-m", "parityserve.runtime.workers.worker", "--connect", connect,
+               "--spec", spec_json, "--die-with-parent", "--parent-pid", str(os.getpid()),
+               "--no-bye"]
+        full_env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        self.popen = subprocess.Popen(cmd, env={**full_env, **env}, stdin=subprocess.DEVNULL)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def node_id(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    def stop(self, grace_s: float) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+        return self.popen.wait()
+
+
+class RayReplica:
+    """A handle on one replica actor, as ``launcher.WorkerProcess`` is on a subprocess.
+
+    ``exit_code`` never blocks: it keeps one ``poll`` call in flight and looks at it with a
+    zero timeout, so the supervisor can ask every tick.
+    """
+
+    def __init__(self, spec: WorkerSpec, actor: Any, node_id: str | None,
+                 group: Any = None) -> None:
+        self.spec = spec
+        self.actor = actor
+        self.pinned = node_id  # where placement pinned it (None: a placement group, or Ray)
+        self.group = group  # the Ray placement group it runs in, if any
+        self._where: Any = None if node_id is not None else actor.node_id.remote()
+        self._node_id = node_id
+        self.death: str | None = None
+        self._code: int | None = None
+        self._poll: Any = None
+        self._next_poll = 0.0
+
+    @property
+    def pid(self) -> int:
+        return 0  # on another host; the worker's hello reports its own pid
+
+    @property
+    def node_id(self) -> str | None:
+        """Its node: where it was pinned, or where Ray put it once the actor says (never
+        blocks; None until then)."""
+        if self._node_id is None and self._where is not None and ray.wait(
+                [self._where], timeout=0)[0]:
+            with contextlib.suppress(RayError):
+                self._node_id = ray.get(self._where)
+            self._where = None
+        return self._node_id
+
+    def exit_code(self) -> int | None:
+        if self._code is not None:
+            return self._code
+        now = time.monotonic()
+        if self._poll is None and now >= self._next_poll:
+            self._poll, self._next_poll = self.actor.poll.remote(), now + _POLL_EVERY_S
+        if self._poll is not None and ray.wait([self._poll], timeout=0)[0]:
+            self._code, self._poll = self._collect(self._poll), None
+        return self._code
+
+    def _collect(self, ref: Any) -> int | None:
+        try:
+            code: int | None = ray.get(ref)
+            return code
+        except RayError as exc:  # the actor died: killed, out of memory, or its node is gone
+            self.death = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            log.warning("replica %s: its Ray actor died (%s)", self.spec.replica_id, self.death)
+            return ACTOR_DIED
+
+    def kill(self) -> None:
+        self._code = self._code if self._code is not None else ACTOR_DIED
+        # The supervisor kills from its periodic round: an actor already gone with its node
+        # must not raise there (it would stop the round, and every later restart with it).
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(self.actor, no_restart=True)
+
+    def terminate(self, grace_s: float = 2.0) -> None:
+        """SIGTERM to the worker through its actor, then end the actor."""
+        # already gone, or its node is: killing the actor below is all that is left
+        with contextlib.suppress(RayError, GetTimeoutError):
+            ray.get(self.actor.stop.remote(grace_s), timeout=grace_s + 3)
+        self.kill()
+
+
+def reachable(connect: str, node_ip: str) -> str:
+    """The address workers on other nodes dial: a frontend bound to every interface
+    (0.0.0.0, ::) is reached at this node's IP, as Ray knows it."""
+    head, _, port = connect.rpartition(":")
+    host = head.removeprefix("tcp://")
+    if host in ("0.0.0.0", "*", "::", "[::]"):
+        return f"tcp://{node_ip}:{port}"
+    return connect
+
+
+def alive_nodes() -> list[Node]:
+    """The nodes Ray reports alive, with their total CPU, GPU and memory."""
+    nodes = []
+    for info in ray.nodes():
+        if info.get("Alive"):
+            res = info.get("Resources", {})
+            nodes.append(Node(info["NodeID"], Resources(
+                res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0))))
+    return nodes
+
+
+def ray_bundle(demand: Resources) -> dict[str, float]:
+    """A bundle of Ray resources. Ray refuses an empty one, so a replica that asks for
+    nothing holds its place with a hundredth of a CPU."""
+    bundle = {"CPU": demand.cpu, "GPU": demand.gpu, "memory": demand.memory}
+    return {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.01}
+
+
+class RayLauncher:
+    """Starts replicas as Ray actors placed by ``core/placement.py``.
+
+    It connects to ``address`` ('auto', ray://HOST:PORT, or None for a private local Ray)
+    unless this process is already connected; it shuts down only a Ray it started itself.
+    """
+
+    def __init__(self, connect: str, address: str | None = None) -> None:
+        self.started_ray = False
+        self.groups: dict[str, tuple[GroupPlan, Any]] = {}  # plan name -> (plan, Ray's group)
+        self.retired: list[Any] = []  # groups no plan needs, removed once nothing runs in them
+        self._generation = 0
+        # Ray refuses a second placement group of the same name in a namespace, so each
+        # launcher's names carry a tag of their own: other frontends on this cluster (shards,
+        # pods) and a restarted frontend whose old groups Ray has not removed yet can all
+        # deploy the same model.
+        self._tag = secrets.token_hex(4)
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
+                     log_to_driver=True, configure_logging=False)
+            self.started_ray = address is None
+        self.connect = reachable(connect, ray.util.get_node_ip_address())
+        self.deployments: dict[tuple[str, int], Deployment] = {}
+        self.running: dict[str, RayReplica] = {}  # slot key -> its latest replica
+        self.placement = Placement()
+        self.latest: tuple[str, int] | None = None
+        self.suspects: dict[str, float] = {}  # node id -> until when it is not trusted
+
+    def note_deployment(self, deployment: Deployment) -> None:
+        """The supervisor is about to launch for ``deployment``: place by its groups."""
+        self.deployments[(deployment.name, deployment.version)] = deployment
+        self.latest = (deployment.name, deployment.version)
+
+    def start(self, spec: WorkerSpec, keys: ClientKeys | None = None) -> RayReplica:
+        key = slot_key(spec.replica_id)
+        before = self.running.get(key)  # the replica this one replaces, if any
+        members = self._members()
+        member = next((m for m in members if m.key == key), Member(key, spec.model))
+        nodes = self._trusted_nodes()
+        group, bundle = self._group_for(key, members, nodes)
+        node_id = None
+        if group is not None:
+            strategy: Any = PlacementGroupSchedulingStrategy(group, bundle)
+        else:
+            node_id = self._place(key, members, nodes,
+                                  before.node_id if before is not None else None)
+            strategy = ("SPREAD" if node_id is None
+                        else NodeAffinitySchedulingStrategy(node_id, soft=False))
+        env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
+        if keys is not None:
+            env[ENV_VAR] = keys.to_env()
+        actor = ReplicaActor.options(  # type: ignore[attr-defined]
+            name=spec.replica_id, namespace=NAMESPACE, num_cpus=member.demand.cpu,
+            num_gpus=member.demand.gpu, memory=int(member.demand.memory) or None,
+            scheduling_strategy=strategy,
+        ).remote(self.connect, spec.to_json(), env)
+        replica = RayReplica(spec, actor, node_id, group)
+        self.running[key] = replica
+        self._remove_retired()
+        return replica
+
+    # ---- placement groups ------------------------------------------------------------------
+    def _group_for(self, key: str, members: list[Member], nodes: list[Node]
+                   ) -> tuple[Any, int]:
+        """The placement group (and bundle) slot ``key`` runs in, created on first need; None
+        when its STRICT_SPREAD group has lost a node it cannot do without."""
+        plans = plan_groups(members, nodes)
+        self._retire_unneeded({p.name for p in plans})
+        plan = next((p for p in plans if key in p.members), None)
+        if plan is None:
+            return None, 0
+        held = self.groups.get(plan.name)
+        if held is None or (held[0].members, held[0].bundles) != (plan.members, plan.bundles):
+            if held is not None:  # the deployment changed shape: a group for the new shape
+                self.retired.append(self.groups.pop(plan.name)[1])
+            if not plan.fits:
+                log.warning("placement: %s; its members are placed one by one", plan.note)
+                return None, 0
+            held = self.groups[plan.name] = (plan, self._create(plan))
+        elif held[0].strategy == STRICT_SPREAD and not holds_strictly(plan.bundles, nodes):
+            log.warning("placement group %s: its %d members need distinct nodes but too few "
+                        "live nodes can hold one, so Ray cannot bring back its lost bundle; %s "
+                        "is placed outside it", plan.name, len(plan.members), key)
+            return None, 0
+        return held[1], held[0].members.index(key)
+
+    def _create(self, plan: GroupPlan) -> Any:
+        if plan.note:
+            log.warning("placement: %s", plan.note)
+        self._generation += 1
+        return placement_group([ray_bundle(b) for b in plan.bundles], strategy=plan.strategy,
+                               name=f"{plan.name}#{self._tag}-{self._generation}")
+
+    def _retire_unneeded(self, needed: set[str]) -> None:
+        for name in [n for n in self.groups if n not in needed]:
+            self.retired.append(self.groups.pop(name)[1])
+
+    def _remove_retired(self) -> None:
+        """Remove retired groups none of our running replicas is in (removing one kills the
+        actors in it)."""
+        in_use = {id(r.group) for r in self.running.values()
+                  if r.group is not None and r.exit_code() is None}
+        for group in [g for g in self.retired if id(g) not in in_use]:
+            self.retired.remove(group)
+            with contextlib.suppress(RayError, ValueError):
+                remove_placement_group(group)
+
+    def _members(self) -> list[Member]:
+        """Slots of the deployments still running here (and of the one being launched)."""
+        live = {(r.spec.model, r.spec.version) for r in self.running.values()
+                if r.exit_code() is None}
+        self.deployments = {k: d for k, d in self.deployments.items()
+                            if k in live or k == self.latest}
+        return deployment_members(self.deployments.values())
+
+    def _place(self, key: str, members: list[Member], nodes: list[Node],
+               previous: str | None) -> str | None:
+        """The node for slot ``key``: every other running replica keeps its node, and a
+        replacement avoids its predecessor's node (Ray may not have noticed yet that it is
+        dead: our heartbeats time out sooner than its health checks)."""
+        fixed = {k: r.node_id for k, r in self.running.items()
+                 if k != key and r.node_id is not None and r.exit_code() is None}
+        avoid = {key: previous} if previous is not None else None
+        self.placement = place(members, nodes, fixed, avoid)
+        for note in self.placement.notes:
+            log.warning("placement: %s", note)
+        if key in self.placement.unplaced:
+            log.warning("placement: %s; leaving it to Ray's scheduler",
+                        self.placement.unplaced[key])
+        return self.placement.nodes.get(key)
+
+    def _trusted_nodes(self) -> list[Node]:
+        """Live nodes, less those where one of our actors died unasked in the last minute:
+        a crashed machine stays 'alive' to Ray until its health checks give up on it."""
+        now = time.monotonic()
+        for r in self.running.values():
+            if r.death is not None and r.node_id is not None:
+                self.suspects.setdefault(r.node_id, now + SUSPECT_S)
+        self.suspects = {n: t for n, t in self.suspects.items() if t > now}
+        nodes = alive_nodes()
+        return [n for n in nodes if n.node_id not in self.suspects] or nodes
+
+    def stop_all(self, procs: Iterable[object], grace_s: float = 2.0) -> None:
+        """Stop the replicas among ``procs``; shut down Ray if this launcher started it."""
+        for proc in procs:
+            if isinstance(proc, RayReplica):
+                proc.terminate(grace_s)
+        self.running.clear()
+        self._retire_unneeded(set())
+        self._remove_retired()
+        if self.started_ray:
+            ray.shutdown()
