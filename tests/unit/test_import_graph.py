@@ -1,4 +1,5 @@
-"""The package's import graph: no cycles, and the lower rooms never reach up.
+"""The package's import graph: no cycles, the lower rooms never reach up, and runtime/'s
+wings import only the wings below them.
 
 The graph is read from the source with ``ast``, so nothing is imported and every module is
 seen, optional dependencies or not. An edge is any import of another ``parityserve`` module,
@@ -142,6 +143,7 @@ def describe(graph: Graph, component: frozenset[str]) -> str:
 
 
 PACKAGE = import_graph(Path(parityserve.__file__).parent)
+_FILES = module_files(Path(parityserve.__file__).parent)
 
 
 def test_the_walker_sees_every_kind_of_import():
@@ -193,6 +195,82 @@ def _inside(module: str, room: str) -> bool:
     return module == room or module.startswith(room + ".")
 
 
+# --- runtime/ in wings along the request path (issue 40) -----------------------------------
+
+# Top to bottom: a wing may import only the wings after it here. runtime/server.py, above them
+# all, is the one module that wires them; each wing's __init__ says what lives there.
+RUNTIME = "parityserve.runtime"
+WINGS = ("cluster", "frontend", "serving", "graphs", "fleet", "modelpath", "workers")
+RUNTIME_TOP = {RUNTIME, f"{RUNTIME}.server"}
+
+
+def wing_of(module: str) -> str | None:
+    """The wing ``module`` lives in, ``None`` outside runtime/ or in its top (server.py)."""
+    parts = module.split(".")
+    if parts[:2] != RUNTIME.split(".") or len(parts) < 3 or module in RUNTIME_TOP:
+        return None
+    return parts[2]
+
+
+def wing_violations(graph: Graph, wings: tuple[str, ...] = WINGS) -> list[str]:
+    """``module -(kind)-> target  [wing -> wing]`` for each import of a wing that is not below
+    the importer's, of runtime/server.py from a wing, and of a wing not in ``wings``."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        here = wing_of(module)
+        if here is None:
+            continue
+        for target, kind in sorted(edges.items()):
+            there = wing_of(target)
+            if there == here or (there is None and target not in RUNTIME_TOP):
+                continue
+            below = here in wings and there in wings and wings.index(there) > wings.index(here)
+            if not below:
+                found.append(f"{module} -({kind})-> {target}  [{here} -> {there or 'server'}]")
+    return found
+
+
+def test_runtime_holds_only_its_wings_and_the_server():
+    top = {m for m in PACKAGE if _inside(m, RUNTIME) and wing_of(m) is None}
+    assert top == RUNTIME_TOP, f"{sorted(top - RUNTIME_TOP)} sit in runtime/ outside a wing"
+    present = {wing_of(m) for m in PACKAGE if wing_of(m) is not None}
+    assert present == set(WINGS), (f"wings not in WINGS: {sorted(present - set(WINGS))}; "
+                                   f"in WINGS but gone: {sorted(set(WINGS) - present)}")
+
+
+def test_each_wing_says_what_lives_there_and_what_it_may_import():
+    for wing in WINGS:
+        doc = ast.get_docstring(ast.parse(_FILES[f"{RUNTIME}.{wing}"].read_text()))
+        assert doc and "import" in doc, f"runtime/{wing}/__init__.py needs a docstring"
+        below = WINGS[WINGS.index(wing) + 1:]
+        assert all(f"``{w}``" in doc for w in below), (
+            f"runtime/{wing}/__init__.py should name the wings it may import: {below}")
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    found = wing_violations(PACKAGE)
+    assert not found, (f"a wing imports one that is not below it (top to bottom: "
+                       f"{', '.join(WINGS)}):\n" + "\n".join(found))
+
+
+def test_the_wing_check_names_each_offending_import():
+    graph: Graph = {
+        "parityserve.runtime.server": {"parityserve.runtime.cluster.a": "module"},
+        "parityserve.runtime.top.a": {"parityserve.runtime.bottom.b": "module",
+                                      "parityserve.runtime.top.c": "module",
+                                      "parityserve.errors": "module"},
+        "parityserve.runtime.bottom.b": {"parityserve.runtime.top.c": "function",
+                                         "parityserve.runtime.server": "TYPE_CHECKING",
+                                         "parityserve.runtime.stray.d": "module"},
+    }
+    assert wing_violations(graph, ("top", "bottom")) == [
+        "parityserve.runtime.bottom.b -(TYPE_CHECKING)-> parityserve.runtime.server"
+        "  [bottom -> server]",
+        "parityserve.runtime.bottom.b -(module)-> parityserve.runtime.stray.d  [bottom -> stray]",
+        "parityserve.runtime.bottom.b -(function)-> parityserve.runtime.top.c  [bottom -> top]",
+    ]
+
+
 # --- the lab stays out of the package (issue 40) -------------------------------------------
 
 # What a user runs ships in the wheel: ``bench load``, ``bench overhead``, ``profile`` and
@@ -203,8 +281,6 @@ USER_BENCH = {f"parityserve.bench{suffix}" for suffix in (
     ".baseline_app", ".floor_app",  # bench overhead's comparison systems, run by module name
 )}
 
-
-_FILES = module_files(Path(parityserve.__file__).parent)
 
 
 def lab_imports(package_dir: Path, lab: str = "benchmarks") -> list[str]:
