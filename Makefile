@@ -47,7 +47,7 @@ test: $(STAMP)
 # `parityserve top` against a real server. .ci/run runs it after the tests.
 test-observability: $(STAMP)
 	scripts/prometheus.sh ensure
-	$(BIN)/pytest $(PYTEST_ARGS) tests/unit/test_dashboard.py tests/unit/test_top_view.py \
+	$(BIN)/pytest $(PYTEST_ARGS) tests/unit/deploy/test_dashboard.py tests/unit/test_top_view.py \
 	  tests/integration/test_observability.py tests/e2e/test_top_cli.py
 
 lint: $(STAMP)

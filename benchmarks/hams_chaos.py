@@ -1,6 +1,6 @@
 """The pure rules of ``benchmarks.hams``'s chaos part (issue 39): each stream's history
 replayed through fresh LSTMs, the longest reply gap around each kill event, and the
-tables. No I/O, so they have table tests (``tests/unit/test_hams_chaos_checker.py``).
+tables. No I/O, so they have table tests (``tests/unit/benchmarks/test_hams_chaos_checker.py``).
 
 **The replay check.** The chaos load runs the README's ``stocks`` graph without noise, so
 every reply can be recomputed: each stream's steps, in the order its client sent them

@@ -9,7 +9,7 @@ deterministic. A mutant is *killed* when those tests fail, *survived* when they 
 survivor the tests cannot see by design says why in its ``note``.
 
     python scripts/mutate.py              # every mutant; report in benchmarks/results/mutate
-    python scripts/mutate.py --only cache-key-ignores-version --tests tests/unit/test_cache.py
+    python scripts/mutate.py --only cache-key-ignores-version --tests tests/unit/core/test_cache.py
     python scripts/mutate.py --list
 """
 
@@ -34,19 +34,37 @@ PER_MUTANT_TIMEOUT_S = 300
 
 _U = "tests/unit/"
 SCHEDULING_TESTS = tuple(_U + f for f in (
-    "test_scheduler.py", "test_scheduler_parallelism.py", "test_scheduler_batch_isolation.py",
-    "test_dispatch.py", "test_redundancy_dispatch.py", "test_busy_hold.py"))
+    "core/scheduling/test_scheduler.py",
+    "core/scheduling/test_scheduler_parallelism.py",
+    "core/scheduling/test_scheduler_batch_isolation.py",
+    "runtime/modelpath/test_dispatch.py",
+    "runtime/modelpath/test_redundancy_dispatch.py",
+    "core/scheduling/test_busy_hold.py",
+))
 CACHE_TESTS = tuple(_U + f for f in (
-    "test_cache.py", "test_dispatch.py", "test_json_inputs.py",
-    "test_version_cache_and_slo.py"))
+    "core/test_cache.py",
+    "runtime/modelpath/test_dispatch.py",
+    "runtime/serving/test_json_inputs.py",
+    "runtime/serving/test_version_cache_and_slo.py",
+))
 ADMISSION_TESTS = tuple(_U + f for f in (
-    "test_admission.py", "test_system_overload.py", "test_version_cache_and_slo.py"))
+    "core/test_admission.py",
+    "runtime/serving/test_system_overload.py",
+    "runtime/serving/test_version_cache_and_slo.py",
+))
 CODING_TESTS = tuple(_U + f for f in (
-    "test_coding_berrut.py", "test_coding_parity.py", "test_coding_locator.py",
-    "test_redundancy.py"))
+    "core/coding/test_coding_berrut.py",
+    "core/coding/test_coding_parity.py",
+    "core/coding/test_coding_locator.py",
+    "core/test_redundancy.py",
+))
 HAMS_TESTS = tuple(_U + f for f in (
-    "test_hams_core.py", "test_hams_isolation.py", "test_hams_runtime_pieces.py",
-    "test_hams_history.py", "test_hams_door.py"))
+    "core/hams/test_hams_core.py",
+    "core/hams/test_hams_isolation.py",
+    "runtime/graphs/test_hams_runtime_pieces.py",
+    "core/hams/test_hams_history.py",
+    "core/hams/test_hams_door.py",
+))
 
 
 @dataclass(frozen=True)

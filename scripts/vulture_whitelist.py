@@ -52,8 +52,8 @@ _.should_exit
 # pytest reads module-level ``pytestmark`` and runs the autouse fixture in tests/conftest.py.
 pytestmark
 parityserve_home
-# Loaded by "module:Class" source strings in tests/unit/test_models_loader.py,
-# tests/unit/test_models_stateful.py and tests/unit/test_selection.py.
+# Loaded by "module:Class" source strings in tests/unit/models/test_models_loader.py,
+# tests/unit/models/test_models_stateful.py and tests/unit/core/test_selection.py.
 Doubler
 ShortChanged
 BrokenSetup

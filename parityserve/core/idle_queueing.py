@@ -28,7 +28,7 @@ probability of starting on an idle slot, solved as a fixed point q = 1 − P_wai
 inflated rates go through Eq. 13. G ~ Exp(λ) is exact for the slot the scheduler fills
 first (it takes every arrival while idle) and optimistic for the others, which sit idle
 longer. Against a discrete-event simulation of the same queue
-(``tests/unit/test_idle_queueing.py``) Welch's form is exact at c = 1, and the approximation
+(``tests/unit/core/test_idle_queueing.py``) Welch's form is exact at c = 1, and the approximation
 is within 10% for c = 2..4 at ρ ≤ 0.85 (0.91-1.05x; Eq. 13 alone is 0.61-0.91x there).
 
 Pure arithmetic: no clock, no I/O.

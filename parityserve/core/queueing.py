@@ -22,7 +22,7 @@ Beside it, the ablations of SERF Fig. 9 (digest A4): M/M/c and M/D/c at the sing
 rate μ_1, and M/M_interf/c without the determinism correction.
 
 How good it is: against a simulation of the same queue (deterministic service fixed by the
-concurrency at the start, tests/unit/queue_des.py) Eq. 13 is within about 3 % of the mean
+concurrency at the start, tests/unit/core/queue_des.py) Eq. 13 is within about 3 % of the mean
 latency for interference profiles up to ρ = 0.8, where every ablation misses by 4-70 %. With
 μ_1 ≥ ... ≥ μ_c (interference never speeds a request up) W grows with λ; a profile where
 concurrency speeds requests up can make W fall with λ, and the model is less accurate there.

@@ -1,5 +1,5 @@
 """``python -m benchmarks.simulate``: its flags, the CPU fit, the transport measure, the
-calibration and the validation rows (moved from tests/unit/test_simulate.py)."""
+calibration and the validation rows (moved from tests/unit/core/test_simulate.py)."""
 
 from __future__ import annotations
 

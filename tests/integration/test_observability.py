@@ -33,7 +33,7 @@ from parityserve.client import Client
 from parityserve.errors import ParityServeError
 from parityserve.runtime.server import RunningServer
 from tests.integration.conftest import start_server, wait_until
-from tests.unit.promql_exprs import RULES, dashboard_exprs, rules, runnable
+from tests.unit.deploy.promql_exprs import RULES, dashboard_exprs, rules, runnable
 
 pytestmark = pytest.mark.integration
 

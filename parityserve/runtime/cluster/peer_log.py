@@ -14,9 +14,9 @@ ids, so all groups see one total order):
   group **reapplies** its own, which puts it back after that one, as every other group has
   them. Each reapplication counts in turn, so a later own change that it overtook is
   reapplied too. Every group then ends in the state of the stream applied in order (the
-  property test in tests/unit/test_peer_log.py tries any interleaving of three groups). A
-  reapplied change that the server refuses (a deploy of a version it already serves) leaves
-  it as it is, which is also what the stream's order gives.
+  property test in tests/unit/runtime/cluster/test_peer_log.py tries any interleaving of three
+  groups). A reapplied change that the server refuses (a deploy of a version it already serves)
+  leaves it as it is, which is also what the stream's order gives.
 
 Entries are signed with the admin token (HMAC-SHA256), so that writing to Redis is not enough
 to make a frontend run an admin change, and the signature binds where the entry sits, so

@@ -7,8 +7,9 @@ plain text and logged at warning once per connection, so a flood of them floods 
 uvicorn offers no hook for any of this except its documented extension point, a protocol class
 passed as ``uvicorn.Config(http=...)``. So ``GuardedHttpTools`` subclasses its
 ``HttpToolsProtocol`` and overrides the parser callbacks where a request changes phase. That
-class is private to uvicorn: ``tests/unit/test_uvicorn_internals.py`` names what this module
-uses of it, and ``pyproject.toml`` pins uvicorn to the minor release it was checked against.
+class is private to uvicorn: ``tests/unit/runtime/frontend/test_uvicorn_internals.py`` names
+what this module uses of it, and ``pyproject.toml`` pins uvicorn to the minor release it was
+checked against.
 
 The decisions (which phase a connection is in, when it must end, what to answer) are the pure
 ``ReadClock``; the protocol only feeds it events and does the I/O. Timers are armed lazily, after

@@ -2,7 +2,7 @@
 
 The predict, update and V2 infer handlers never touch these models (they parse with orjson
 for speed); the models exist so ``/openapi.json`` describes exactly what those parsers accept.
-``tests/unit/test_openapi.py`` checks the two agree on generated bodies.
+``tests/unit/runtime/frontend/test_openapi.py`` checks the two agree on generated bodies.
 """
 
 from __future__ import annotations
