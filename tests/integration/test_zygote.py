@@ -100,7 +100,8 @@ def test_a_forked_member_starts_as_a_spawned_one_would(forks: ForkServer) -> Non
     try:
         wait_until(lambda: b"hams_worker" in Path(f"/proc/{member.pid}/cmdline").read_bytes())
         argv = Path(f"/proc/{member.pid}/cmdline").read_bytes().split(b"\0")
-        assert argv[:3] == [sys.executable.encode(), b"-m", b"parityserve.runtime.graphs.hams_worker"]
+        assert argv[:3] == [sys.executable.encode(), b"-m",
+                            b"parityserve.runtime.graphs.hams_worker"]
         assert b'"worker_id":"g/op/backup-7"' in argv[argv.index(b"--spec") + 1]
         assert os.getsid(member.pid) == member.pid != os.getsid(zygote)
         assert int(status(member.pid, "PPid")) == zygote

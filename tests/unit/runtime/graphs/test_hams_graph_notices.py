@@ -23,7 +23,7 @@ from parityserve.runtime.graphs import hams_graph
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_graph import GraphRuntime
 from parityserve.runtime.graphs.hams_members import Member
-from tests.unit.test_hams_graph_isolation import Clock, FakeLink
+from tests.unit.runtime.graphs.test_hams_graph_isolation import Clock, FakeLink
 
 
 class FakePopen:
