@@ -2,7 +2,7 @@
 
 Its members are forked by the server's zygote, so the kernel's parent-death signal would name
 the zygote, not the frontend; they die with the frontend through a lifeline pipe whose write
-end only the frontend holds (``runtime/zygote_server.watch_lifeline``). The zygote, whose
+end only the frontend holds (``runtime/graphs/zygote_server.watch_lifeline``). The zygote, whose
 socket to the frontend closes, goes too."""
 
 from __future__ import annotations

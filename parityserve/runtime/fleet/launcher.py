@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class ProcessHandle(Protocol):
     """What the runtime uses of a started process: a ``subprocess.Popen``, or a process
-    forked by the zygote (``runtime/zygote.ForkedProcess``)."""
+    forked by the zygote (``runtime/graphs/zygote.ForkedProcess``)."""
 
     pid: int
     # int | None, but typed as typeshed types Popen's (int | Any): callers that read it
