@@ -182,6 +182,20 @@ async def _load(url: str, x: np.ndarray, queries: int, rate: float, seed: int) -
         return await run_open_loop(send, schedule, progress=f"open-loop {rate:g} q/s")
 
 
+def _explain_errors(errors: dict[str, int], prefix: str = "") -> None:
+    """Which errors, by kind, and what to do: a bare count says nothing, and on a busy machine
+    the usual kind is the server shedding load it could not answer in time (a refusal the
+    demo counts as an error, so that it exits 1)."""
+    if not errors:
+        return
+    kinds = ", ".join(f"{kind} x {n}" for kind, n in sorted(errors.items(), key=lambda e: -e[1]))
+    console.print(f"[red]{prefix}errors by kind: {kinds}[/red]")
+    if any(k in kind.lower() for kind in errors for k in ("overload", "429", "503", "timeout")):
+        console.print(f"{prefix}the server refused or timed out queries it could not answer in "
+                      "time: is another job using the CPU (see `uptime`)? Rerun on a quiet "
+                      "machine, or lower --rate.")
+
+
 def _report(result: LoadResult, y_test: np.ndarray, rate: float) -> None:
     s = result.summary()
     outputs = [r["output"] if isinstance(r, dict) else None for r in result.results]
@@ -203,6 +217,7 @@ def _report(result: LoadResult, y_test: np.ndarray, rate: float) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    _explain_errors(s["errors"])
 
 
 # --- part 2: one slow replica, with and without coding -------------------------------------------
@@ -379,6 +394,8 @@ def _report_comparison(results: list[LoadResult], y_test: np.ndarray, rate: floa
         table.add_row(name, *values)
     console.print(table)
 
+    for arm, s in zip(ARMS, summaries, strict=True):
+        _explain_errors(s["errors"], f"{arm.label}: ")
     console.print(verdict(summaries[0], summaries[1]))
     if rebuilt:
         own = [i for i in rebuilt if classes[0][i] is not None]
