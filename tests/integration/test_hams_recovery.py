@@ -187,6 +187,42 @@ def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> 
         running.stop()
 
 
+def test_a_promoted_backup_stalled_past_the_timeout_is_waited_for_not_fenced(
+        tmp_path: Path) -> None:
+    """Issue 39's outage under load: seq1's primary lost, and its backup silent past
+    heartbeat_timeout_ms while taking over (here SIGSTOPped; under load, starved). It is the
+    last member holding seq1's state (the spare gets it only from the backup), so it is
+    kept, not fenced: the graph waits, and once the backup runs again it takes over and
+    every request is answered. Before: fenced on the timeout, then 'no member holds seq1's
+    state ... (primary and backup both lost)' and 503 for good."""
+    running = start_server(config(), tmp_path)
+    frozen = 0
+    try:
+        url, data = running.url, series(9)
+        wait_until(lambda: synced(url), 60)
+        before = seq1(url)
+        frozen = before["backup_pid"]
+
+        def stall_the_taker() -> None:
+            os.kill(frozen, signal.SIGSTOP)
+            os.kill(before["primary_pid"], signal.SIGKILL)
+            poll(lambda: graph_state(url), lambda s: s["broken"] is not None or any(
+                kept["pid"] == frozen for kept in s.get("suspects", [])))
+            resume(frozen)
+
+        replies = send_streams(url, data, {STEPS // 2: stall_the_taker})
+        check_against_replay(replies, data)
+        state = graph_state(url)
+        assert state["broken"] is None
+        assert [s["heard_again"] for s in state["suspects"] if s["pid"] == frozen] == [True]
+        assert state["failovers"][0]["lost_pid"] == before["primary_pid"]
+        assert state["operators"]["seq1"]["primary_pid"] == frozen  # it took over
+        wait_until(lambda: synced(url), 60)
+    finally:
+        resume(frozen)
+        running.stop()
+
+
 def test_timed_out_requests_leave_the_waiting_list(tmp_path: Path) -> None:
     """Case 5: a request that timed out is no longer waited for (before: 'waiting' kept
     each until the graph's next answer or failure). seq1's backup is frozen and its primary

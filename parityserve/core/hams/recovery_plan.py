@@ -9,6 +9,15 @@ state; a member took over at a sequence number) and performs the actions it retu
 fail). Any loss at any step folds into the recovery under way, and the plan fails the
 graph only when an operator has no member left that holds its state, saying which and why.
 
+A member whose heartbeats stopped but whose process still exists is only suspected
+(``suspected``): on a starved machine a healthy process can be silent past the timeout.
+It is fenced like a lost one while another member that is not suspected holds its
+operator's state (a stalled primary fails over to its backup); but the last holder is
+never fenced on a timeout alone (``Suspect``): the graph waits for it, and goes on with it
+when it is heard from again (``heard``). A false suspicion can delay replies; it never
+turns into a permanent outage. Only a member that is gone for sure (``lost``) can leave an
+operator with no holder, and fail the graph.
+
 Who holds an operator's state: its primary (the live state and the copy its backup last
 applied, H5), and its backup once it has applied a first full state (``seeded``). A
 member that is taking over (a backup being promoted, or a primary rolling back in place,
@@ -39,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from parityserve.core.hams.recovery import Failover
 
 __all__ = ["Allow", "Attach", "Fail", "Fence", "Inform", "Pause", "Planner", "Promote",
-           "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start"]
+           "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start", "Suspect"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,17 @@ class Start:
 @dataclass(frozen=True)
 class Fence:
     """Kill and forget ``member``: lost, or demoted; nothing it sends counts any more."""
+    op: str
+    member: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """``member`` is silent (``why``) but its process exists, and no other member that is
+    not suspected holds ``op``'s state: keep it, send it nothing new, and wait to hear from
+    it (``heard``) or to know it gone (``lost``). Fencing it would lose the state for good
+    on what may be only a starved scheduler."""
     op: str
     member: str
     why: str
@@ -121,8 +141,8 @@ class Fail:
     reason: str
 
 
-RecoveryAction = (Start | Fence | Allow | Inform | Attach | Promote | RollBack | Pause | Resume
-                  | Fail)
+RecoveryAction = (Start | Fence | Suspect | Allow | Inform | Attach | Promote | RollBack | Pause
+                  | Resume | Fail)
 Planner = Callable[[Mapping[str, int], int], Failover]  # (resumed points, epoch) -> plan
 
 
@@ -164,6 +184,7 @@ class RecoveryPlan:
         self._ops = {op: _Op(*trio) for op, trio in ops.items()}
         self._members = {m: _Member(op) for op, trio in ops.items() for m in trio}
         self._recovery: _Recovery | None = None
+        self._suspected: dict[str, str] = {}  # member -> why: kept, the last holder
         self.epoch = 0
         self.failed: str | None = None
 
@@ -182,6 +203,10 @@ class RecoveryPlan:
     def seeded(self, member: str) -> bool:
         found = self._members.get(member)
         return found is not None and found.seeded
+
+    def suspects(self) -> dict[str, str]:
+        """The members kept though silent (member -> why), each its operator's last holder."""
+        return dict(self._suspected)
 
     # ---- events ----------------------------------------------------------------------------
     def started(self, op: str, member: str) -> list[RecoveryAction]:
@@ -223,7 +248,7 @@ class RecoveryPlan:
             return []
         o = self._ops[found.op]
         if o.backup == member or (o.spare == member and o.taker is not None and not o.rolling):
-            found.seeded = True
+            found.seeded = True  # (from a suspect? then it is alive, and soon heard)
         return []
 
     def took_over(self, member: str, seq: int, seeded: str | None = None
@@ -249,9 +274,32 @@ class RecoveryPlan:
         rec.resumed[found.op] = seq
         return actions + self._advance()
 
-    def lost(self, member: str, why: str) -> list[RecoveryAction]:
-        """Any member is gone (exit, silence, or it failed to answer in time)."""
+    def suspected(self, member: str, why: str) -> list[RecoveryAction]:
+        """``member`` is silent past the heartbeat timeout (or did not answer in time), but
+        its process exists: not known to be dead. Lost, unless it is the last member
+        holding its operator's state that is not suspected itself: then kept (``Suspect``)."""
         found = self._members.get(member)
+        if found is None:
+            return []
+        if self.failed is None and member in self._holders(found.op) \
+                and not self._another_holder(found.op, member):
+            self._suspected[member] = why
+            return [Suspect(found.op, member, why)]
+        return self.lost(member, why)
+
+    def heard(self, member: str) -> list[RecoveryAction]:
+        """A suspected member spoke again: it is alive and goes on in its role. Another
+        suspect of its operator that is no longer the last holder is lost now (a stalled
+        primary whose backup was suspected too fails over once the backup is heard)."""
+        found = self._members.get(member)
+        if found is None or self._suspected.pop(member, None) is None:
+            return []
+        return self._recheck(found.op)
+
+    def lost(self, member: str, why: str) -> list[RecoveryAction]:
+        """Any member is gone for sure (it exited), or suspected and not the last holder."""
+        found = self._members.get(member)
+        self._suspected.pop(member, None)
         if found is None:
             return []
         op, o = found.op, self._ops[found.op]
@@ -377,12 +425,37 @@ class RecoveryPlan:
             actions.append(Attach(op, o.primary, o.backup))
         return actions
 
+    def _holders(self, op: str) -> set[str]:
+        """The members holding ``op``'s state: its primary, a member taking over, and a
+        backup (or a spare a promotion attached) that applied a full state."""
+        o = self._ops[op]
+        found = {m for m in (o.primary, o.taker) if m is not None}
+        for m in (o.backup, o.spare):
+            member = self._members.get(m) if m is not None else None
+            if m is not None and member is not None and member.seeded:
+                found.add(m)
+        return found
+
+    def _another_holder(self, op: str, member: str) -> bool:
+        return any(m != member and m not in self._suspected for m in self._holders(op))
+
+    def _recheck(self, op: str) -> list[RecoveryAction]:
+        """Suspects of ``op`` kept as its last holder that no longer are: lost now."""
+        actions: list[RecoveryAction] = []
+        for member, why in list(self._suspected.items()):
+            found = self._members.get(member)
+            if found is not None and found.op == op and self._another_holder(op, member) \
+                    and self.failed is None:
+                actions += self.lost(member, why)
+        return actions
+
     def _loaded_spare(self, o: _Op) -> str | None:
         spare = self._members.get(o.spare) if o.spare is not None else None
         return o.spare if spare is not None and spare.ready else None
 
     def _drop(self, op: str, member: str, why: str) -> Fence:
         self._members.pop(member, None)
+        self._suspected.pop(member, None)
         o = self._ops[op]
         for role in ("primary", "backup", "spare", "taker"):
             if getattr(o, role) == member:

@@ -12,6 +12,10 @@ until every state in its lineage is durable. This module only moves data:
   we forward that to the next stateful operators' backups and release replies;
 * a lost primary is replaced by its backup (``plan_failover`` says which other operators
   must roll back with it), the spare becomes the new backup, and a new spare is started.
+  A member silent past ``heartbeat_timeout_ms`` whose process exists is only suspected:
+  it is fenced if another member holds its state, else kept and waited for until it
+  speaks again (``RecoveryPlan.suspected``; issue 39: under load, a promoted backup
+  starved past the timeout was fenced, and the graph gave up for good).
 
 One client never hurts another (issue 38): rows of two shapes never share an operator batch,
 and rows that do not fit the shape the graph declares (``Graph.door``; never one learned from
@@ -74,6 +78,7 @@ from parityserve.core.hams.recovery_plan import (
     Resume,
     RollBack,
     Start,
+    Suspect,
 )
 from parityserve.errors import (
     DeadlineExceeded,
@@ -205,6 +210,9 @@ class GraphRuntime:
         self.replay_conflicts = 0  # checkpoint-replay: replayed outputs that differed
         self.redispatched = 0  # rows with applied state sent to a stateless operator again
         self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
+        # members silent past the timeout but alive and kept as their operator's last
+        # holder (issue 39), and whether they were heard from again: newest last
+        self.suspects: deque[dict[str, Any]] = deque(maxlen=100)
         self.slow: dict[str, float] = {}  # injected state delays (shown in the statistics)
         self._replaying: dict[int, tuple[list[int], asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -549,6 +557,9 @@ class GraphRuntime:
             return
         op, member = found
         member.last_beat = self.clock()  # any message shows the process is alive
+        if member.lost is not None and self.plan is not None \
+                and worker_id in self.plan.suspects():
+            self._heard_again(member)
         try:
             self._handle(op, member, header, buffers)
         except Exception:  # whatever it was, no batch stays in flight for it: see _on_outputs
@@ -670,11 +681,16 @@ class GraphRuntime:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         member.extra[kind] = future
         self._send(member, header)
+        return await self._answer(member, kind, header["t"], future, timeout_s)
+
+    async def _answer(self, member: Member, kind: str, asked: str,
+                      future: asyncio.Future[dict[str, Any]], timeout_s: float
+                      ) -> dict[str, Any]:
         deadline = self.clock() + timeout_s
         while not future.done():
             if member.exited() or self.clock() > deadline:
                 member.extra.pop(kind, None)
-                raise Unavailable(f"{member.worker_id} did not answer {header['t']}")
+                raise Unavailable(f"{member.worker_id} did not answer {asked}")
             await asyncio.wait([future], timeout=0.005)
         return future.result()
 
@@ -700,6 +716,8 @@ class GraphRuntime:
                 log.warning("graph %s: %s fenced (%s)", self.graph.name, action.member,
                             action.why)
                 self._forget(found)
+        elif isinstance(action, Suspect):
+            self._keep(action)
         elif isinstance(action, Allow):
             self._spawn(self._allow(action))
         elif isinstance(action, Attach):
@@ -742,6 +760,52 @@ class GraphRuntime:
         self._lost_at.setdefault(member.worker_id, (why, self.clock(), member.pid))
         self._act(self.plan.lost(member.worker_id, why))
 
+    def _suspect(self, member: Member, why: str) -> None:
+        """Silent past the timeout, or no answer in time. A process that exited is lost;
+        one that exists is only suspected (a starved machine can hold a healthy process
+        that long), and the plan keeps it if it is the last holder of its state."""
+        assert self.plan is not None
+        if member.exited():
+            self._lost(member, why)
+            return
+        self._lost_at.setdefault(member.worker_id, (why, self.clock(), member.pid))
+        self._act(self.plan.suspected(member.worker_id, why))
+
+    def _kept(self, member: Member, why: str) -> bool:
+        """After ``member`` did not answer in time: is it still to be waited for?"""
+        assert self.plan is not None
+        if member.worker_id not in self.plan.suspects():
+            self._suspect(member, why)
+        return member.worker_id in self.plan.suspects()
+
+    def _keep(self, action: Suspect) -> None:
+        """The plan keeps a silent member, its operator's last holder: nothing new goes to
+        it (``lost`` holds dispatch) until it speaks again (``_heard_again``)."""
+        member = self._member(action.member)
+        if member is None:
+            return
+        member.lost = "timeout"
+        self.suspects.append({"member": member.worker_id, "pid": member.pid, "op": action.op,
+                              "why": action.why, "silent_ms": round(
+                                  (self.clock() - member.last_beat) * 1e3, 1),
+                              "heard_again": False})
+        log.warning("graph %s: %s is silent (%s) but its process exists, and no other member "
+                    "holds %s's state: kept, not fenced; the graph waits for it",
+                    self.graph.name, member.worker_id, action.why, action.op)
+
+    def _heard_again(self, member: Member) -> None:
+        """A kept suspect spoke: it was alive all along; it goes on in its role."""
+        assert self.plan is not None
+        member.lost = None
+        self._lost_at.pop(member.worker_id, None)
+        for record in self.suspects:
+            if record["member"] == member.worker_id:
+                record["heard_again"] = True
+        log.warning("graph %s: %s is heard from again: it goes on", self.graph.name,
+                    member.worker_id)
+        self._act(self.plan.heard(member.worker_id))
+        self._pump_all()
+
     async def _allow(self, action: Allow) -> None:
         """The backup admits only the primary's key and learns how far upstream is durable
         (earlier notices will not come again); then the plan attaches it."""
@@ -754,7 +818,7 @@ class GraphRuntime:
         try:
             await self._ask(backup, hp.ALLOW, {"t": hp.ALLOW, "key": key, "durable": durable})
         except Unavailable as exc:  # dead or hung: a lost backup, which the plan replaces
-            self._lost(backup, str(exc))
+            self._suspect(backup, str(exc))  # (it holds no state: never kept)
             return
         self._act(self.plan.allowed(action.backup))
 
@@ -787,11 +851,17 @@ class GraphRuntime:
         spare = self._member(action.attach) if isinstance(action, Promote) else None
         if isinstance(action, Promote):
             header = {"t": hp.PROMOTE, **self._seed_spare(member, spare)}
-        try:  # (the promoted member answers once the spare holds its state, or in 2 s)
-            answer = await self._ask(member, hp.PROMOTED, header, timeout_s=8.0)
-        except Unavailable as exc:
-            self._lost(member, str(exc))
-            return
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        member.extra[hp.PROMOTED] = future
+        self._send(member, header)
+        while True:  # (it answers once the spare holds its state, or in 2 s)
+            try:
+                answer = await self._answer(member, hp.PROMOTED, header["t"], future, 8.0)
+                break
+            except Unavailable as exc:  # alive and the last holder: its answer still counts
+                if not self._kept(member, str(exc)):
+                    return
+                member.extra[hp.PROMOTED] = future
         seeded = spare.worker_id if answer.get("seeded") and spare is not None else None
         self._act(self.plan.took_over(action.member, int(answer["seq"]), seeded))
 
@@ -848,18 +918,32 @@ class GraphRuntime:
             last = now
             self._expire(now)
             for op, member in list(self._members.values()):
-                how = self._loss(member, now) if member.lost is None else None
-                if how is not None:
-                    member.lost = how
-                    self.losses.append({"member": member.worker_id, "pid": member.pid,
-                                        "how": how, "silent_ms": round(
-                                            (now - member.last_beat) * 1e3, 1)})
-                    log.warning("graph %s: %s %s lost (%s, exit code %s)", self.graph.name,
-                                op, member.worker_id, how, member.popen.poll())
-                    if self.plan is not None:
-                        self._lost(member, how)
-                    else:
-                        self._spawn(self._recover(op, member, how, now))
+                if member.lost is None:
+                    self._check(op, member, now)
+                elif self.plan is not None and member.exited() \
+                        and member.worker_id in self.plan.suspects():
+                    self._note_loss(member, "exit", now)  # a kept suspect, gone for sure
+                    self._lost(member, "exit")
+
+    def _check(self, op: str, member: Member, now: float) -> None:
+        how = self._loss(member, now)
+        if how is None:
+            return
+        member.lost = how
+        log.warning("graph %s: %s %s %s (exit code %s)", self.graph.name, op,
+                    member.worker_id, "exited" if how == "exit" else "silent past the timeout",
+                    member.popen.poll())
+        if self.plan is None:
+            self._note_loss(member, how, now)
+            self._spawn(self._recover(op, member, how, now))
+            return
+        self._suspect(member, how)
+        if member.worker_id not in self.plan.suspects():  # (a kept one is in ``suspects``)
+            self._note_loss(member, how, now)
+
+    def _note_loss(self, member: Member, how: str, now: float) -> None:
+        self.losses.append({"member": member.worker_id, "pid": member.pid, "how": how,
+                            "silent_ms": round((now - member.last_beat) * 1e3, 1)})
 
     def _expire(self, now: float) -> None:
         """The watchdog: a batch in flight past the graph's deadline fails, its clients have
@@ -1099,6 +1183,7 @@ class GraphRuntime:
                 "epoch": self.router.epoch, "operators": ops, "state_delay_s": self.slow,
                 "replay_conflicts": self.replay_conflicts,
                 "redispatched_rows": self.redispatched, "losses": list(self.losses),
+                "suspects": list(self.suspects),
                 "failovers": [r.to_json() for r in self.failovers]}
 
 

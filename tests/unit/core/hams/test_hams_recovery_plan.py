@@ -2,12 +2,15 @@
 random interleavings of batches, copies, message deliveries, the plan's own round trips
 (processes starting and loading, ALLOW, the base state, PROMOTE, ROLLBACK) and losses of any
 member at any step: a primary, a backup, a spare, a backup still being seeded, a member
-being promoted, the promoted primary again, and the next operator's members.
+being promoted, the promoted primary again, and the next operator's members. And false
+suspicions (issue 39's outage under load): any live member silent past the heartbeat
+timeout (``suspected``), then heard from again (``heard``: any message it sends).
 
 The graph is ``hams_sim.Sim`` (the real router, shippers and appliers, with injected
 non-determinism); every action the plan returns is performed on it the way the runtime
 performs it. Invariants: the plan fails the graph only when some operator has no live
-member holding its state; after the run drains, every client request has exactly one
+member holding its state; a member fenced on a suspicion alone leaves a holder of its state
+that is not suspected; after the run drains, every client request has exactly one
 answer (a reply, or the failure): first with no new request (a client waits for its reply
 before it sends more, so no reply may need later traffic to leave), then with the rest; no
 (operator, sequence) had two durable values, and unless the graph failed, every state
@@ -48,11 +51,13 @@ from parityserve.core.hams.recovery_plan import (
     Resume,
     RollBack,
     Start,
+    Suspect,
 )
 from tests.unit.core.hams.hams_sim import Backup, Msg, Primary, Sim
 from tests.unit.core.hams.test_hams_protocol import ADJACENT, CHAIN, THREE
 
 MAX_LOSSES = 4
+MAX_SUSPICIONS = 4
 CLIENTS = 8
 
 
@@ -69,6 +74,7 @@ class PlanSim(Sim):
         self.seeded_spares: dict[str, Backup] = {}  # spares a promoted member sent its state
         self.early: dict[int, dict[str, int]] = {}  # notices a backup heard before its base
         self.attached: dict[int, int] = {}  # primary -> the backup it sent its base to
+        self.suspects: set[int] = set()  # kept by the plan though silent: stalled, alive
         trios = {}
         for op in sorted(self.topology.stateful):
             self.backups[op] = None  # attached through the plan, as at a real start
@@ -92,6 +98,8 @@ class PlanSim(Sim):
                 self.pending.append(("started", action.op))
             elif isinstance(action, Fence):
                 self._kill(action.op, int(action.member))
+            elif isinstance(action, Suspect):
+                self.suspects.add(int(action.member))
             elif isinstance(action, Allow):
                 self.pending.append(("allowed", action.backup))
             elif isinstance(action, Attach):
@@ -112,6 +120,7 @@ class PlanSim(Sim):
 
     def _kill(self, op: str, pid: int) -> None:
         self.dead.add(pid)
+        self.suspects.discard(pid)
         backup = self.backups.get(op)
         if backup is not None and backup.pid == pid:
             self.backups[op] = None
@@ -144,9 +153,28 @@ class PlanSim(Sim):
         return found - self.dead
 
     # ---- the processes' side: the plan's round trips, one at a time ---------------------
+    def hear(self, pid: int) -> None:
+        """A message from a suspect: it is alive after all (the runtime's ``_on_message``)."""
+        if pid in self.suspects and pid not in self.dead:
+            self.suspects.discard(pid)
+            self.perform(self.plan.heard(str(pid)))
+
+    def suspect(self, op: str, pid: int) -> None:
+        """``pid`` is silent past the timeout, its process alive. If the plan fences it, a
+        member that is not suspected must hold its state still."""
+        held = pid in self.holders(op)
+        self.perform(self.plan.suspected(str(pid), "timeout"))
+        if held and pid in self.dead and self.failed is None:
+            assert self.holders(op) - self.suspects, \
+                f"{pid} fenced on a timeout alone while the last holder of {op}'s state"
+        if held and self.failed is not None:
+            self.failed_holders[op].add(pid)  # alive: failing the graph for it is the bug
+
     def answer(self, index: int) -> None:
         event = self.pending.pop(index)
         kind = event[0]
+        if kind != "started":
+            self.hear(int(event[-1] if kind in ("ready", "allowed") else event[2]))
         if kind == "started":
             pid = self._pid()
             self.perform(self.plan.started(event[1], str(pid)))
@@ -243,6 +271,8 @@ class PlanSim(Sim):
         """The frontend relays each durability notice to the next operators' backups of
         the moment (the runtime's ``_on_durable``), as well as the sender's direct one."""
         msg = self.net[index]
+        if msg.to == 0:
+            self.hear(msg.frm)
         alive = msg.frm in self._alive()
         super().deliver(index)
         if msg.to == 0 and msg.kind == "notify" and alive:
@@ -267,8 +297,9 @@ class PlanSim(Sim):
     def runnable(self) -> list[str]:
         if self.paused or self.failed is not None:
             return []
-        return [op for op in super().runnable()
-                if op not in self.primaries or self.primaries[op].pid not in self.dead]
+        return [op for op in super().runnable()  # nothing is sent to a suspect
+                if op not in self.primaries or self.primaries[op].pid not in
+                self.dead | self.suspects]
 
     def copying(self) -> list[str]:
         return [op for op in super().copying() if self.primaries[op].pid not in self.dead]
@@ -284,6 +315,7 @@ class PlanSim(Sim):
         return sorted(set(found))
 
     def lose(self, op: str, pid: int) -> None:
+        self.suspects.discard(pid)
         self.perform(self.plan.lost(str(pid), "killed"))
 
     def settle(self, limit: int = 100_000) -> None:
@@ -306,7 +338,7 @@ class RecoveryMachine(RuleBasedStateMachine):
     @initialize(graph=st.sampled_from([ADJACENT, CHAIN, THREE]), seed=st.integers(0, 2**16))
     def start(self, graph: Topology, seed: int) -> None:
         self.sim = PlanSim(graph, random.Random(seed))
-        self.losses = 0
+        self.losses = self.suspicions = 0
         self.sim.settle()  # every backup attached and seeded, every spare loaded
 
     @precondition(lambda self: len(self.sim.submitted) < CLIENTS)
@@ -345,6 +377,24 @@ class RecoveryMachine(RuleBasedStateMachine):
             members = [*takers, *self.sim.members()]
             self.sim.lose(*members[pick % len(members)])
 
+    @precondition(lambda self: self.suspicions < MAX_SUSPICIONS)
+    @rule(pick=st.integers(0, 2**16), taking_over=st.booleans())
+    def suspect(self, pick: int, taking_over: bool) -> None:
+        """A live member is silent past the heartbeat timeout (a starved machine), most
+        often the step that broke under load: a member taking over."""
+        takers = [(op, int(t)) for op in sorted(self.sim.topology.stateful)
+                  if (t := self.sim.plan.taker(op)) is not None and int(t) not in self.sim.dead]
+        members = (takers if taking_over else []) or self.sim.members()
+        if members and self.sim.failed is None:
+            self.suspicions += 1
+            self.sim.suspect(*members[pick % len(members)])
+
+    @rule(pick=st.integers(0, 2**16))
+    def hear(self, pick: int) -> None:
+        suspects = sorted(self.sim.suspects)
+        if suspects:
+            self.sim.hear(suspects[pick % len(suspects)])
+
     @invariant()
     def fails_only_with_no_holder(self) -> None:
         sim = getattr(self, "sim", None)
@@ -356,6 +406,8 @@ class RecoveryMachine(RuleBasedStateMachine):
         sim = getattr(self, "sim", None)
         if sim is None:
             return
+        for pid in sorted(sim.suspects):  # every stall ends: each suspect speaks again
+            sim.hear(pid)
         sim.settle()  # first with no new request: a client waits for its reply before it
         if sim.failed is None:  # sends more, so no reply may need later traffic to leave
             held = [c for c in sim.submitted if c not in sim.replies]
@@ -517,3 +569,88 @@ def _pending(sim: PlanSim, kind: str) -> int:
 
 def _message(sim: PlanSim, kind: str, op: str, to: int) -> int:
     return next(i for i, m in enumerate(sim.net) if (m.kind, m.op, m.to) == (kind, op, to))
+
+
+def _one() -> RecoveryPlan:
+    """One operator: primary p, backup b (seeded), spare x (loaded)."""
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    plan.allowed("b")
+    plan.seeded_at("b")
+    return plan
+
+
+def test_a_promoted_backup_silent_while_taking_over_is_kept_and_the_recovery_goes_on() -> None:
+    """Issue 39's outage under load: the primary was declared lost by timeout, its backup
+    was starved past the timeout while taking over, and the graph gave up for good (the
+    spare holds nothing yet). Silent is not dead: the last holder is kept and waited for."""
+    plan = _one()
+    assert plan.suspected("p", "timeout") == [Fence("s", "p", "timeout"), Pause(),
+                                              Promote("s", "b", "x")]  # b holds the state
+    assert plan.suspected("b", "timeout") == [Suspect("s", "b", "timeout")]
+    assert plan.failed is None and plan.taker("s") == "b" and plan.suspects() == {
+        "b": "timeout"}
+    assert plan.heard("b") == [] and plan.suspects() == {}
+    resumed = plan.took_over("b", 7)
+    assert any(isinstance(a, Resume) for a in resumed) and plan.failed is None
+
+
+def test_a_suspect_kept_as_the_last_holder_fails_the_graph_once_it_is_gone_for_sure() -> None:
+    plan = _one()
+    plan.suspected("p", "timeout")
+    assert plan.suspected("b", "timeout") == [Suspect("s", "b", "timeout")]
+    fail = plan.lost("b", "exit")[-1]
+    assert isinstance(fail, Fail) and "b was lost (exit) while taking over" in fail.reason
+
+
+def test_a_silent_primary_with_a_seeded_backup_still_fails_over() -> None:
+    """Issue 39's rule: a stalled primary past the heartbeat timeout is replaced."""
+    plan = _one()
+    assert plan.suspected("p", "timeout")[-1] == Promote("s", "b", "x")
+
+
+def test_a_silent_primary_whose_backup_holds_nothing_is_kept_and_goes_on() -> None:
+    """Kept while it is the only holder (a spare holds nothing: fenced on a timeout like
+    any member that holds no state); heard again, it goes on as the primary."""
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    plan.allowed("b")
+    assert plan.suspected("p", "timeout") == [Suspect("s", "p", "timeout")]
+    assert plan.suspected("x", "timeout") == [Fence("s", "x", "timeout"), Start("s")]
+    assert plan.heard("p") == [] and plan.suspects() == {}
+    assert plan.failed is None and plan.roles("s")[0] == "p"
+
+
+def test_of_two_kept_suspects_the_one_still_silent_goes_once_the_other_speaks() -> None:
+    """The primary, kept (its backup held nothing), sends its backup the base, and the
+    backup is then silent too: kept as well, neither has a fellow holder that speaks. Once
+    the backup speaks, the primary still silent is replaced (a stalled primary fails
+    over); once the primary speaks instead, the silent backup goes."""
+    def kept_both() -> RecoveryPlan:
+        plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+            epoch, ("s",), dict(resumed), ("s",), (), False))
+        for m in ("p", "b", "x"):
+            plan.ready(m)
+        plan.allowed("b")
+        assert plan.suspected("p", "timeout") == [Suspect("s", "p", "timeout")]
+        assert plan.seeded_at("b") == []  # (p's base: p is alive, heard soon)
+        assert plan.suspected("b", "timeout") == [Suspect("s", "b", "timeout")]
+        return plan
+    plan = kept_both()
+    assert plan.heard("b") == [Fence("s", "p", "timeout"), Pause(), Promote("s", "b", "x")]
+    plan = kept_both()
+    assert plan.heard("p")[0] == Fence("s", "b", "timeout")
+    assert plan.roles("s")[0] == "p" and plan.suspects() == {} and plan.failed is None
+
+
+def test_a_suspect_whose_fellow_holder_was_suspected_first_is_kept_then_heard() -> None:
+    """Both members silent: the backup first (the primary still holds: fenced), then the
+    primary, now the last holder: kept, and it goes on once it speaks."""
+    plan = _one()
+    assert plan.suspected("b", "timeout")[0] == Fence("s", "b", "timeout")
+    assert plan.suspected("p", "timeout") == [Suspect("s", "p", "timeout")]
+    assert plan.heard("p") == [] and plan.failed is None and plan.roles("s")[0] == "p"
