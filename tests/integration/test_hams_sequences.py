@@ -11,6 +11,8 @@ fresh LSTMs in this process. Nothing a client saw was lost or computed twice dif
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -18,6 +20,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -190,28 +193,68 @@ def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path
     """seq1's states reach its backup late, so seq2 runs ahead on seq1's speculation; then
     seq1's primary and seq2's backup die together. seq1's backup is promoted behind what
     seq2 executed, seq2 has no backup to promote, so its primary rolls back to the copy its
-    dead backup last applied, and both recompute. Every stream still equals its replay."""
-    running = start_server(config(), tmp_path)
+    dead backup last applied, and both recompute. Every stream still equals its replay.
+
+    Made exact rather than likely: seq1's backup is frozen (so what it applied is at most
+    what seq1 had been given then), one more request runs through seq1 and seq2 on that
+    speculation, and the frontend's own loop kills both members in one instant once its
+    planner says seq2 executed beyond that point, then lets the backup go. Before, the
+    test killed from its thread once the frontend's durable points lagged: under load (2
+    cores, load average 6-11) the backup had often applied all seq2 used by then, or the
+    two kills were seen apart (seq2's new backup seeded in between), and nothing rolled
+    back in place: ``[] == ['seq2']``."""
+    cfg = config()
+    cfg["graphs"][0]["heartbeat_timeout_ms"] = 60_000  # the frozen backup stays seq1's
+    running = start_server(cfg, tmp_path)
     try:
         url, data = running.url, series(2)
         admin = f"{url}/admin/graphs/stocks/faults"
+        runtime = running.system.graphs.get("stocks")  # type: ignore[union-attr]
+        loop = running._loop  # the frontend's own loop: the check and the kills, one instant
+        killed: list[int] = []
+
+        async def freeze_seq1_backup() -> tuple[int, int]:
+            backup = runtime.pairs["seq1"].backup
+            os.kill(backup.pid, signal.SIGSTOP)  # it applies nothing past this point
+            return backup.pid, runtime.router.managers["seq1"].last_seq
+
+        async def kill_if_ahead(frozen: int, point: int) -> bool:
+            plan = runtime._planner({"seq1": point}, runtime.router.epoch + 1)
+            if "seq2" not in plan.bounds:  # seq2 ran on nothing seq1's backup lacks yet
+                return False
+            members = [runtime.pairs["seq1"].primary, runtime.pairs["seq2"].backup]
+            for member in members:
+                member.popen.kill()
+            for member in members:  # dead (and reaped) before the frontend looks again
+                member.popen.wait(10)
+            os.kill(frozen, signal.SIGCONT)
+            killed.append(members[0].pid)
+            return True
+
+        def in_loop(coro: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
 
         def fig6() -> None:
             httpx.post(admin, json={"operator": "seq1", "state_delay_ms": 300}).raise_for_status()
-            # kill only once seq2 has run ahead of seq1's durable point (a fixed sleep could
-            # land between two requests, with nothing speculative anywhere)
-            deadline = time.monotonic() + 20
-            while not _ahead(ops := graph_state(url)["operators"]):
-                assert time.monotonic() < deadline, "seq2 never ran ahead of seq1"
-                time.sleep(0.005)
-            kill(ops["seq1"]["primary_pid"])
-            kill(ops["seq2"]["backup_pid"])
+            frozen, point = in_loop(freeze_seq1_backup())
+            try:  # one more request, on speculation past ``point`` (its reply is not checked)
+                extra = threading.Thread(target=lambda: httpx.post(
+                    f"{url}/stocks/predict", json={"input": [0.1] * 4, "ticker": "extra"},
+                    timeout=60), daemon=True)
+                extra.start()
+                deadline = time.monotonic() + 20
+                while not in_loop(kill_if_ahead(frozen, point)):
+                    assert time.monotonic() < deadline, "seq2 never ran ahead of seq1"
+                    time.sleep(0.005)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(frozen, signal.SIGCONT)
 
         replies = send_streams(url, data, {STEPS // 2: fig6})
         check_against_replay(replies, data)
         wait_until(lambda: synced(url), 60)
-        failovers = graph_state(url)["failovers"]
-        seq1 = next(f for f in failovers if f["op"] == "seq1")
+        failovers = graph_state(url)["failovers"]  # (a false suspicion may have come first)
+        seq1 = next(f for f in failovers if f["op"] == "seq1" and f["lost_pid"] == killed[0])
         assert seq1["rolled_back_in_place"] == ["seq2"] and set(seq1["bounds"]) == {"seq1",
                                                                                   "seq2"}
     finally:
