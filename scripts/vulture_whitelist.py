@@ -102,3 +102,24 @@ _.run_asgi
 # uvicorn asks its transport for these; the hot-cycle tests' recording transport answers them.
 _.get_extra_info
 _.get_write_buffer_size
+
+# pydantic field validators (config.py): run by decoration.
+_._check_datatype
+_._check_input_shape
+# A TallyStatistics record (core/edge_guards.py) read as a whole by the admin state.
+_.addresses
+_.busiest
+# A pytest fixture requested by parameter name (tests/e2e/test_plain_install.py).
+without_torch
+# hypothesis's RuleBasedStateMachine runs its @rule/@invariant methods and teardown by
+# decoration, and unittest collects the TestCase it makes (core/hams recovery plan test).
+_.lose_while_taking_over
+_.fails_only_with_no_holder
+_.teardown
+TestRecoveryPlan
+# Counters of the HAMS chaos checker (benchmarks/hams_chaos.py), written to its JSON as a whole.
+_.unchecked
+_.errors_after_applied
+_.diverged_streams
+# A field of a model the config-docs test defines, read only by the docs generator.
+spill_ms

@@ -184,11 +184,6 @@ def test_killing_both_adjacent_primaries_at_once_keeps_every_stream_exact(tmp_pa
         running.stop()
 
 
-def _ahead(ops: dict) -> bool:
-    """Both seq1 and seq2 hold executed requests that are not durable yet."""
-    return all(ops[o]["last_seq"] > ops[o]["durable"] for o in ("seq1", "seq2"))
-
-
 def test_the_fig6_case_rolls_the_downstream_primary_back_in_place(tmp_path: Path) -> None:
     """seq1's states reach its backup late, so seq2 runs ahead on seq1's speculation; then
     seq1's primary and seq2's backup die together. seq1's backup is promoted behind what
