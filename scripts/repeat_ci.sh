@@ -34,7 +34,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)"
 mkdir -p "$out"
 table="$out/runs.md"
 {
-  echo "# make test, $runs runs in a row from fresh clones of $commit"
+  echo "# make test, $runs runs in a row from fresh clones of this checkout (from $commit)"
   echo
   echo "| run | commit | CPU hog beside it | exit | minutes | pytest's summary |"
   echo "|---|---|---|---|---|---|"
@@ -49,6 +49,7 @@ for n in $(seq 1 "$runs"); do
   rm -rf "$work"
   mkdir -p "$work"
   git clone --quiet "$ROOT" "$work/main"
+  commit="$(git -C "$work/main" rev-parse --short HEAD)"  # this run's own: HEAD may move on
   with_hog="no"
   if [ "$n" = "$hog" ]; then
     python3 -c 'while True: pass' & hog_pid=$!
