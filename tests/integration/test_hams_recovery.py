@@ -385,6 +385,37 @@ def test_a_primary_killed_while_loading_does_not_stop_the_start(tmp_path: Path) 
         running.stop()  # type: ignore[attr-defined]
 
 
+def test_a_primary_lost_before_any_batch_is_taken_over_by_a_backup_holding_no_copy(
+        tmp_path: Path) -> None:
+    """CI's failure (issue 39): seq1's primary was killed at start, after it loaded but
+    before its backup applied the first copy, and the graph failed for good ('no member
+    holds seq1's state ... still receiving its first full state'): 503 to every request of
+    a server that had served none. Before the first batch the state is the one every
+    member loaded. Made certain here: the backup is killed, the primary's states are held
+    up 4 s (so the spare that becomes the backup gets no copy), then the primary is killed:
+    that backup takes over, and the graph answers."""
+    running = start_server(config(), tmp_path)
+    try:
+        url = running.url
+        wait_until(lambda: synced(url), 60)
+        first = seq1(url)
+        httpx.post(f"{url}/admin/graphs/stocks/faults", timeout=10, json={
+            "operator": "seq1", "state_delay_ms": 4000}).raise_for_status()
+        os.kill(first["backup_pid"], signal.SIGKILL)
+        poll(lambda: seq1(url), lambda s: s["backup_pid"] == first["spare_pid"])
+        os.kill(first["primary_pid"], signal.SIGKILL)
+        with Client(url) as client:
+            assert client.predict_graph("stocks", [0.1] * 4, stream="s",
+                                        stream_key="ticker")["durable"]
+        state = graph_state(url)
+        assert state["broken"] is None
+        assert state["failovers"][-1]["lost_pid"] == first["primary_pid"]
+        assert state["operators"]["seq1"]["primary_pid"] == first["spare_pid"]
+        wait_until(lambda: synced(url), 60)  # a new backup and spare, seeded
+    finally:
+        running.stop()
+
+
 def _start_or_error(tmp_path: Path) -> object:
     try:
         return start_server(config(), tmp_path)

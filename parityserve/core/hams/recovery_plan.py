@@ -21,7 +21,11 @@ operator with no holder, and fail the graph.
 Who holds an operator's state: its primary (the live state and the copy its backup last
 applied, H5), and its backup once it has applied a first full state (``seeded``). A
 member that is taking over (a backup being promoted, or a primary rolling back in place,
-Fig. 6) holds it too. A spare and a backup still being seeded hold nothing.
+Fig. 6) holds it too. A spare and a backup still being seeded hold nothing, except while
+the operator is *pristine*: until its first batch is sent (``dispatched``) its state is the
+one every member loads, so every loaded member holds it. A primary lost at start, before
+its backup applied the first copy, is then no loss of state: a loaded member takes over
+(before, the graph failed for good, answering 503 to a server that had served nothing).
 
 The order of one recovery: the lost primaries' backups are promoted; once every member that
 was asked has taken over, the planner (``plan_failover`` over the router's lineages) says
@@ -164,6 +168,7 @@ class _Op:
     starting: int = 0  # Start actions not answered yet
     taker: str | None = None  # the member taking over in the recovery under way
     rolling: bool = False  # the taker is the primary itself, rolling back in place
+    pristine: bool = True  # no batch sent yet: every loaded member holds its state
 
 
 @dataclass
@@ -204,11 +209,22 @@ class RecoveryPlan:
         found = self._members.get(member)
         return found is not None and found.seeded
 
+    def holds(self, member: str) -> bool:
+        """Could take over ``member``'s operator: it holds its state (seeded, or loaded
+        while the operator is pristine)."""
+        found = self._members.get(member)
+        return found is not None and self._has_state(found)
+
     def suspects(self) -> dict[str, str]:
         """The members kept though silent (member -> why), each its operator's last holder."""
         return dict(self._suspected)
 
     # ---- events ----------------------------------------------------------------------------
+    def dispatched(self, op: str) -> None:
+        """A batch is sent to ``op``'s primary: its state may change from now on, and only
+        a member given a copy of it holds it."""
+        self._ops[op].pristine = False
+
     def started(self, op: str, member: str) -> list[RecoveryAction]:
         """A process asked for with ``Start`` is launched (not loaded yet)."""
         o = self._ops[op]
@@ -271,6 +287,7 @@ class RecoveryPlan:
         if o.rolling and o.backup is not None:  # it may hold states of the discarded run:
             self._members[o.backup].allow_for = None  # attach it again, from a new base
         o.primary, o.taker, o.rolling = member, None, False
+        o.pristine = o.pristine and seq == 0  # (a state past 0 was changed by a batch)
         rec.resumed[found.op] = seq
         return actions + self._advance()
 
@@ -326,21 +343,39 @@ class RecoveryPlan:
             return actions
         if op in rec.resumed:  # took over in this recovery, and lost again before a backup
             rec.resumed.pop(op)
-        backup = o.backup
-        if backup is None or not self._members[backup].seeded:
+        promote = self._promote_successor(op)
+        if promote is None:
             return actions + self._fail(op, f"its primary {member} was lost ({why}) and "
                                         + self._no_backup(o))
-        o.backup, o.taker = None, backup
         rec.promoted.append(op)
-        return [*actions, Promote(op, backup, self._loaded_spare(o))]
+        return [*actions, promote]
+
+    def _promote_successor(self, op: str) -> Promote | None:
+        """The backup takes over if it holds the state; else a spare that does (one a
+        promotion seeded, or any loaded one while ``op`` is pristine)."""
+        o = self._ops[op]
+        for candidate in (o.backup, o.spare):
+            member = self._members.get(candidate) if candidate is not None else None
+            if candidate is None or member is None or not self._has_state(member):
+                continue
+            if candidate == o.spare:
+                o.spare = None
+            else:
+                o.backup = None
+            o.taker = candidate
+            return Promote(op, candidate, self._loaded_spare(o))
+        return None
+
+    def _has_state(self, member: _Member) -> bool:
+        return member.seeded or (member.ready and self._ops[member.op].pristine)
 
     def _taker_lost(self, op: str, member: str, why: str) -> list[RecoveryAction]:
         o = self._ops[op]
         o.taker = None
-        spare = o.spare
-        if not o.rolling and spare is not None and self._members[spare].seeded:
-            o.spare, o.taker = None, spare  # it holds the state the lost member took over
-            return [Promote(op, spare)]     # with (Promote.attach): it takes over instead
+        if not o.rolling:  # a spare the lost member seeded (Promote.attach) holds the state
+            promote = self._promote_successor(op)  # it took over with: it takes over instead
+            if promote is not None:
+                return [promote]
         if o.rolling or o.primary is None:
             o.rolling = False
             if o.primary == member:
@@ -370,7 +405,7 @@ class RecoveryPlan:
         is fenced once it has), else its primary rolls back in place."""
         o = self._ops[op]
         backup = o.backup
-        if backup is not None and self._members[backup].seeded:
+        if backup is not None and self._has_state(self._members[backup]):
             o.backup, o.taker = None, backup
             assert self._recovery is not None
             self._recovery.promoted.append(op)
@@ -432,7 +467,7 @@ class RecoveryPlan:
         found = {m for m in (o.primary, o.taker) if m is not None}
         for m in (o.backup, o.spare):
             member = self._members.get(m) if m is not None else None
-            if m is not None and member is not None and member.seeded:
+            if m is not None and member is not None and self._has_state(member):
                 found.add(m)
         return found
 

@@ -379,6 +379,8 @@ class GraphRuntime:
         manager, out = self.router.managers[pair.op], self.inflight[pair.op]
         while len(out) < _IN_FLIGHT and manager.queued():
             batch = self.router.batch(pair.op, self.graph.max_batch, np.shape)
+            if self.plan is not None:  # its state may change from now: only copies hold it
+                self.plan.dispatched(pair.op)
             self._send_batch(pair.op, primary, next(self._bids), batch)
 
     def _send_batch(self, op: str, primary: Member, bid: int, batch: Batch) -> None:

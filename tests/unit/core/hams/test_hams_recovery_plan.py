@@ -53,7 +53,7 @@ from parityserve.core.hams.recovery_plan import (
     Start,
     Suspect,
 )
-from tests.unit.core.hams.hams_sim import Backup, Msg, Primary, Sim
+from tests.unit.core.hams.hams_sim import Backup, Msg, Primary, Sim, Snapshot
 from tests.unit.core.hams.test_hams_protocol import ADJACENT, CHAIN, THREE
 
 MAX_LOSSES = 4
@@ -75,6 +75,8 @@ class PlanSim(Sim):
         self.early: dict[int, dict[str, int]] = {}  # notices a backup heard before its base
         self.attached: dict[int, int] = {}  # primary -> the backup it sent its base to
         self.suspects: set[int] = set()  # kept by the plan though silent: stalled, alive
+        self.loaded: set[int] = set()  # members that said hello (their model is loaded)
+        self.pristine = set(self.topology.stateful)  # no batch run yet: initial state
         trios = {}
         for op in sorted(self.topology.stateful):
             self.backups[op] = None  # attached through the plan, as at a real start
@@ -82,6 +84,7 @@ class PlanSim(Sim):
         self.plan = RecoveryPlan(trios, self._planner)
         for trio in trios.values():
             for member in trio:
+                self.loaded.add(int(member))
                 self.perform(self.plan.ready(member))
 
     def _planner(self, resumed: Mapping[str, int], epoch: int) -> Failover:
@@ -107,6 +110,7 @@ class PlanSim(Sim):
             elif isinstance(action, Inform):
                 self._inform(action.op, int(action.backup))
             elif isinstance(action, Promote):
+                self._pristine_taker(action.op, action.member)
                 self.pending.append(("promote", action.op, action.member, action.attach))
             elif isinstance(action, RollBack):
                 self.pending.append(("take", action.op, action.member, True, None))
@@ -144,12 +148,22 @@ class PlanSim(Sim):
             self.router.commit.durable.reset(o, seq)
         self.paused = False
 
+    def run_batch(self, op: str) -> None:
+        """The runtime's ``_pump_stateful``: the plan hears of the first batch."""
+        if op in self.primaries:
+            self.pristine.discard(op)
+            self.plan.dispatched(op)
+        super().run_batch(op)
+
     def holders(self, op: str) -> set[int]:
-        """Live processes holding ``op``'s state: its primary, and its backup once seeded."""
+        """Live processes holding ``op``'s state: its primary, and its backup once seeded;
+        while ``op`` has run nothing, every loaded member of it (all hold the initial state)."""
         found = {self.primaries[op].pid}
         for backup in (self.backups[op], self.seeded_spares.get(op)):
             if backup is not None:
                 found.add(backup.pid)
+        if op in self.pristine:
+            found |= {int(m) for m in self.plan.roles(op) if m is not None} & self.loaded
         return found - self.dead
 
     # ---- the processes' side: the plan's round trips, one at a time ---------------------
@@ -182,6 +196,7 @@ class PlanSim(Sim):
         elif int(event[-1] if kind in ("ready", "allowed") else event[2]) in self.dead:
             return  # a dead process answers nothing
         elif kind == "ready":
+            self.loaded.add(int(event[1]))
             self.perform(self.plan.ready(event[1]))
         elif kind == "allowed":
             self.perform(self.plan.allowed(event[1]))
@@ -216,6 +231,24 @@ class PlanSim(Sim):
         spare = self.seeded_spares.pop(op)
         assert spare.pid == pid
         return spare
+
+    def _pristine_taker(self, op: str, member: str) -> None:
+        """A member promoted without a copy (the operator ran nothing yet) takes over
+        with the state it loaded: the initial one."""
+        pid = int(member)
+        held = [b for b in (self.backups[op], self.seeded_spares.get(op)) if b is not None]
+        if any(b.pid == pid for b in held):
+            return
+        assert op in self.pristine and pid in self.loaded, f"{pid} holds no {op} state"
+        pfm = self.topology.prev_stateful(op)
+        early = self.early.pop(pid, {})
+        seed = {m: max(self.known_durable(m), early.get(m, 0)) for m in pfm}
+        taker = Backup(pid, Snapshot(0, ()), BackupApplier(op, pfm, 0, seed))
+        if self.backups[op] is None:
+            self.backups[op] = taker
+        else:
+            assert op not in self.seeded_spares
+            self.seeded_spares[op] = taker
 
     def _seed_spare(self, op: str, pid: int, spare: str | None) -> None:
         """PROMOTE with a spare to attach: the member sends it the state it takes over
@@ -335,11 +368,16 @@ class RecoveryMachine(RuleBasedStateMachine):
     sim: PlanSim
     losses: int
 
-    @initialize(graph=st.sampled_from([ADJACENT, CHAIN, THREE]), seed=st.integers(0, 2**16))
-    def start(self, graph: Topology, seed: int) -> None:
+    @initialize(graph=st.sampled_from([ADJACENT, CHAIN, THREE]), seed=st.integers(0, 2**16),
+                settled=st.booleans())
+    def start(self, graph: Topology, seed: int, settled: bool) -> None:
+        """Half the runs start whole (every backup attached and seeded); the rest start
+        as a server does, every member loaded and the first copies not yet asked for or
+        sent, so that losses strike before any backup holds a copy."""
         self.sim = PlanSim(graph, random.Random(seed))
         self.losses = self.suspicions = 0
-        self.sim.settle()  # every backup attached and seeded, every spare loaded
+        if settled:
+            self.sim.settle()
 
     @precondition(lambda self: len(self.sim.submitted) < CLIENTS)
     @rule()
@@ -448,6 +486,58 @@ def test_a_promoted_primary_lost_before_its_backup_is_seeded_fails_with_the_reas
     assert "x was still receiving its first full state" in fail.reason
 
 
+def _started() -> RecoveryPlan:
+    """One operator as a server starts it: p, b and x loaded, b not yet attached, and no
+    batch sent yet (pristine: all three hold the initial state)."""
+    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
+        epoch, ("s",), dict(resumed), ("s",), (), False))
+    for m in ("p", "b", "x"):
+        plan.ready(m)
+    return plan
+
+
+def test_a_primary_lost_at_start_before_its_backup_holds_a_copy_is_taken_over() -> None:
+    """CI's failure: the primary was killed after it loaded but before its backup applied
+    the first copy; the graph failed for good ('still receiving its first full state') and
+    answered 503 to a server that had served nothing. The state is the initial one, which
+    the backup loaded too: it takes over, and the spare becomes the backup."""
+    plan = _started()
+    assert plan.allowed("b") == [Attach("s", "p", "b")]  # the base is on its way
+    actions = plan.lost("p", "exit")
+    assert actions[-1] == Promote("s", "b", "x") and plan.failed is None
+    resumed = plan.took_over("b", 0, seeded="x")
+    assert isinstance(resumed[0], Resume) and plan.roles("s") == ("b", "x", None)
+    assert resumed[1:] == [Start("s"), Inform("s", "x")]
+
+
+def test_a_pristine_operator_whose_backup_is_still_loading_promotes_its_spare() -> None:
+    """Its backup was lost at start and the one started for it still loads, then the
+    primary goes: the loaded spare holds the initial state and takes over."""
+    plan = _started()
+    assert Start("s") in plan.lost("b", "exit")  # x is the backup, n1 its spare
+    plan.started("s", "n1")
+    assert Start("s") in plan.lost("x", "exit")  # n1, still loading, is the backup
+    plan.started("s", "n2")  # and n2 the spare, which loads first
+    plan.ready("n2")
+    assert plan.roles("s") == ("p", "n1", "n2")
+    assert plan.lost("p", "exit")[-1] == Promote("s", "n2", None)
+    resumed = plan.took_over("n2", 0)
+    assert plan.failed is None and plan.roles("s")[0] == "n2"
+    assert Start("s") in resumed  # a spare again
+    plan.ready("n1")  # the backup, once loaded, is attached to the new primary
+    assert plan.allowed("n1") == [Attach("s", "n2", "n1")]
+
+
+def test_once_a_batch_is_sent_an_unseeded_backup_holds_nothing() -> None:
+    """Pristine ends with the first batch: then a primary lost before its backup applied
+    a copy is a real loss of state, and the graph fails with the reason."""
+    plan = _started()
+    plan.allowed("b")
+    plan.dispatched("s")
+    fail = plan.lost("p", "exit")[-1]
+    assert isinstance(fail, Fail) and "b was still receiving its first full state" in fail.reason
+
+
 def test_a_lost_spare_during_a_promotion_is_replaced_and_the_promotion_goes_on() -> None:
     plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
         epoch, ("s",), dict(resumed), ("s",), (), False))
@@ -472,6 +562,8 @@ def _two(plan_bounds: dict[str, int]) -> RecoveryPlan:
     for b in ("ba", "bb"):
         plan.allowed(b)
         plan.seeded_at(b)
+    plan.dispatched("a")  # both have run batches: only copies hold their states
+    plan.dispatched("b")
     return plan
 
 
@@ -579,6 +671,7 @@ def _one() -> RecoveryPlan:
         plan.ready(m)
     plan.allowed("b")
     plan.seeded_at("b")
+    plan.dispatched("s")  # it has run batches: only copies hold its state
     return plan
 
 
@@ -619,6 +712,7 @@ def test_a_silent_primary_whose_backup_holds_nothing_is_kept_and_goes_on() -> No
     for m in ("p", "b", "x"):
         plan.ready(m)
     plan.allowed("b")
+    plan.dispatched("s")  # (before its first batch the backup would hold the state too)
     assert plan.suspected("p", "timeout") == [Suspect("s", "p", "timeout")]
     assert plan.suspected("x", "timeout") == [Fence("s", "x", "timeout"), Start("s")]
     assert plan.heard("p") == [] and plan.suspects() == {}
@@ -636,6 +730,7 @@ def test_of_two_kept_suspects_the_one_still_silent_goes_once_the_other_speaks() 
         for m in ("p", "b", "x"):
             plan.ready(m)
         plan.allowed("b")
+        plan.dispatched("s")
         assert plan.suspected("p", "timeout") == [Suspect("s", "p", "timeout")]
         assert plan.seeded_at("b") == []  # (p's base: p is alive, heard soon)
         assert plan.suspected("b", "timeout") == [Suspect("s", "b", "timeout")]
