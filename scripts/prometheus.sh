@@ -24,8 +24,9 @@ PIDFILE="$DIR/prometheus.pid"
 LOGFILE="$DIR/prometheus.log"
 CONFIG="$DIR/prometheus.yml"
 
-die() { echo "scripts/prometheus.sh: $*" >&2; exit 1; }
-say() { echo "scripts/prometheus.sh: $*" >&2; }
+SCRIPT="scripts/prometheus.sh"
+# shellcheck source=scripts/lib/services.sh
+source "$ROOT/scripts/lib/services.sh"
 
 answers() {
   python3 - "$PORT" <<'EOF' >/dev/null 2>&1
@@ -35,42 +36,7 @@ EOF
 }
 
 ensure() {
-  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
-    return 0
-  fi
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 \
-      || die "prometheus is not installed and installing it needs root (or sudo); \
-install the Debian package 'prometheus' yourself, then rerun"
-    sudo="sudo -n"
-  fi
-  command -v apt-get >/dev/null 2>&1 \
-    || die "prometheus is not installed and apt-get is missing; install Prometheus >= 2.30 by hand"
-  say "installing prometheus with apt-get (once per machine)"
-  # The package must not start a system-wide Prometheus on 9090: a policy-rc.d that answers 101
-  # tells the maintainer scripts not to start services.
-  local policy=/usr/sbin/policy-rc.d added_policy=""
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null && $sudo chmod 755 "$policy"
-    added_policy=1
-  fi
-  local log status=0
-  log="$(mktemp)"
-  {
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends prometheus
-  } >"$log" 2>&1 || status=$?
-  if [ -n "$added_policy" ]; then $sudo rm -f "$policy"; fi
-  if [ "$status" -ne 0 ]; then
-    tail -n 20 "$log" >&2
-    rm -f "$log"
-    die "apt-get could not install prometheus (exit $status; output above)"
-  fi
-  rm -f "$log"
-  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
-    || die "apt-get finished but prometheus or promtool is still not on PATH"
+  apt_install prometheus "Prometheus >= 2.30" prometheus promtool
 }
 
 write_config() {
@@ -120,22 +86,7 @@ start() {
 }
 
 stop() {
-  [ -f "$PIDFILE" ] || return 0
-  local pid i
-  pid="$(cat "$PIDFILE")"
-  # Only a live prometheus: a stale pidfile may name a pid that now belongs to another process.
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
-      && grep -q '^prometheus' "/proc/$pid/comm" 2>/dev/null; then
-    kill "$pid"
-    for i in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$PIDFILE"
+  stop_pidfile "$PIDFILE" prometheus 100
 }
 
 case "${1:-}" in

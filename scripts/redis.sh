@@ -17,8 +17,9 @@ DIR="$ROOT/.cache/redis/$PORT"
 PIDFILE="$DIR/redis.pid"
 LOGFILE="$DIR/redis.log"
 
-die() { echo "scripts/redis.sh: $*" >&2; exit 1; }
-say() { echo "scripts/redis.sh: $*" >&2; }
+SCRIPT="scripts/redis.sh"
+# shellcheck source=scripts/lib/services.sh
+source "$ROOT/scripts/lib/services.sh"
 
 answers() {
   command -v redis-cli >/dev/null 2>&1 || return 1
@@ -26,42 +27,7 @@ answers() {
 }
 
 ensure() {
-  if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
-    return 0
-  fi
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 \
-      || die "redis-server is not installed and installing it needs root (or sudo); \
-install the Debian package 'redis-server' yourself, then rerun"
-    sudo="sudo -n"
-  fi
-  command -v apt-get >/dev/null 2>&1 \
-    || die "redis-server is not installed and apt-get is missing; install Redis >= 6 by hand"
-  say "installing redis-server with apt-get (once per machine)"
-  # The package must not start a system-wide Redis on 6379: a policy-rc.d that answers 101
-  # tells the maintainer scripts not to start services. Docker images usually have one.
-  local policy=/usr/sbin/policy-rc.d added_policy=""
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null && $sudo chmod 755 "$policy"
-    added_policy=1
-  fi
-  local log status=0
-  log="$(mktemp)"
-  {
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends redis-server
-  } >"$log" 2>&1 || status=$?
-  if [ -n "$added_policy" ]; then $sudo rm -f "$policy"; fi
-  if [ "$status" -ne 0 ]; then
-    tail -n 20 "$log" >&2
-    rm -f "$log"
-    die "apt-get could not install redis-server (exit $status; output above)"
-  fi
-  rm -f "$log"
-  command -v redis-server >/dev/null 2>&1 \
-    || die "apt-get finished but redis-server is still not on PATH"
+  apt_install redis-server "Redis >= 6" redis-server redis-cli
 }
 
 start() {
@@ -87,22 +53,7 @@ start() {
 }
 
 stop() {
-  [ -f "$PIDFILE" ] || return 0
-  local pid i
-  pid="$(cat "$PIDFILE")"
-  # Only a live redis-server: a stale pidfile may name a pid that now belongs to another process.
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
-      && grep -q '^redis' "/proc/$pid/comm" 2>/dev/null; then
-    kill "$pid"
-    for i in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$PIDFILE"
+  stop_pidfile "$PIDFILE" redis 50
 }
 
 case "${1:-}" in
