@@ -30,7 +30,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ import numpy as np
 
 from benchmarks._cli import build_parser, examples, main
 from benchmarks.figures import save_figure
+from benchmarks.observability_setup import observed_config, provoke_frontend_refusals
 from parityserve.bench.ports import free_port
 from parityserve.bench.serverproc import ServerProcess, write_config
 from parityserve.client import Client
@@ -54,42 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "parityserve.json"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 PROMETHEUS = ROOT / "scripts" / "prometheus.sh"
-VECTOR = {"name": "x", "datatype": "FP32", "shape": [4]}
 STEP_S = 5
 # fractions of the run
 SLOW_AT, KILL_AT, CAPTURE_AT, HEAL_AT = 0.15, 0.55, 0.60, 0.80
-
-
-def _config(folder: Path, token: str) -> dict[str, Any]:
-    profile = {"schema": "parityserve.profile/1", "model": "ctl", "cores": 2,
-               "oversubscribe": False, "elapsed_s": 1.0, "measurements": [],
-               "profiles": {"1": [50.0, 45.0], "2": [80.0]}}
-    (folder / "ctl.json").write_text(json.dumps(profile))
-    echo = {"source": "zoo:echo", "input": VECTOR}
-    return {
-        "server": {"http_port": 0, "grpc_port": 0, "admin_token": token, "max_queue": 2,
-                   "model_roots": [str(folder)]},
-        "models": [
-            {**echo, "name": "sick", "replicas": 2, "parity": {"k": 2},
-             "batching": {"max_batch_size": 1},
-             "reconstruction": {"expected_accuracy": {"parm-subtraction": 0.9},
-                                "source": "benchmarks/observability_run.py (stated)"}},
-            {**echo, "name": "slow", "replicas": 1, "batching": {"max_batch_size": 1},
-             "faults": {"all": {"delay_ms": 300}}},
-            {**echo, "name": "ctl", "replicas": 1, "parallelism": 1, "threads_per_replica": 1,
-             "scheduler": {"policy": "serf", "profile": str(folder / "ctl.json"),
-                           "period_s": 0.5, "window_s": 5.0}},
-            {"name": "means", "source": "zoo:stream-mean", "options": {"features": 4}}],
-        "applications": [
-            {"name": "sick", "models": ["sick"], "slo_ms": 10_000, "default_output": "D"},
-            {"name": "slow", "models": ["slow"], "slo_ms": 50, "default_output": "D"},
-            {"name": "ctl", "models": ["ctl"], "slo_ms": 10_000, "default_output": "D"}],
-        "graphs": [{"name": "stocks", "stream_key": "ticker", "max_batch": 8,
-                    "fault_tolerance": "hams",
-                    "operators": [{"name": "mean", "model": "means", "inputs": ["frontend"],
-                                   "stateful": True}],
-                    "output": "mean"}],
-    }
 
 
 def _load(url: str, stop: threading.Event) -> None:
@@ -167,7 +134,7 @@ def _timeline(url: str, token: str, duration_s: float, out: Path) -> dict[str, f
                 if what.startswith("slow replica 0"):
                     client.set_faults("sick", "0", delay_ms=400)
                 elif what.startswith("a bad request"):
-                    _provoke_frontend_refusals(url)
+                    provoke_frontend_refusals(url)
                 elif what == "replica of slow killed":
                     _kill_replica(client, "slow")
                 elif what == "top started":
@@ -184,15 +151,6 @@ def _timeline(url: str, token: str, duration_s: float, out: Path) -> dict[str, f
         loader.join(60)
     events["end"] = time.time()
     return events
-
-
-def _provoke_frontend_refusals(url: str) -> None:
-    httpx.post(f"{url}/sick/predict", content=b"{not json", timeout=10)
-    target = httpx.URL(url)
-    with socket.create_connection((target.host, target.port), timeout=10) as s:
-        s.sendall(b"\x00\x01 NOT HTTP\r\n\r\n")
-        with contextlib.suppress(OSError):
-            s.recv(1024)
 
 
 def _kill_replica(client: Client, model: str) -> None:
@@ -357,7 +315,9 @@ def run(args: argparse.Namespace) -> int:
     work = out / "work"
     work.mkdir(exist_ok=True)
     token = secrets.token_hex(24)
-    config = write_config(_config(work.resolve(), token), work / "serving.yaml")
+    config = write_config(observed_config(
+        work.resolve(), {"admin_token": token},
+        source="benchmarks/observability_run.py (stated)"), work / "serving.yaml")
     with ServerProcess(config, log_dir=work / "logs") as server:
         host_port = httpx.URL(server.url)
         with _prometheus(f"{host_port.host}:{host_port.port}") as prometheus:

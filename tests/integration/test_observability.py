@@ -11,7 +11,6 @@ test then runs each dashboard and rule expression through the HTTP query API.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ import numpy as np
 import pytest
 import yaml
 
+from benchmarks.observability_setup import observed_config, provoke_frontend_refusals
 from parityserve.client import Client
 from parityserve.errors import ParityServeError
 from parityserve.runtime.server import RunningServer
@@ -38,7 +38,6 @@ from tests.unit.deploy.promql_exprs import RULES, dashboard_exprs, rules, runnab
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prometheus.sh"
-VECTOR = {"name": "x", "datatype": "FP32", "shape": [4]}
 
 # What this test cannot provoke in a minute, and why; everything else must return data.
 NOT_PROVOKED = {
@@ -54,39 +53,6 @@ def _prometheus_missing() -> str | None:
         return None
     return ("prometheus/promtool not on PATH: run scripts/prometheus.sh ensure (installs "
             "Debian's 'prometheus' package with apt-get)")
-
-
-def _config(folder: Path) -> dict[str, Any]:
-    profile = {"schema": "parityserve.profile/1", "model": "ctl", "cores": 2,
-               "oversubscribe": False, "elapsed_s": 1.0, "measurements": [],
-               "profiles": {"1": [50.0, 45.0], "2": [80.0]}}
-    (folder / "ctl.json").write_text(json.dumps(profile))
-    echo = {"source": "zoo:echo", "input": VECTOR}
-    return {
-        "server": {"http_port": 0, "grpc_port": 0, "require_admin_token": False,
-                   "max_queue": 2, "heartbeat_timeout_ms": 5000,
-                   "model_roots": [str(folder)]},
-        "models": [
-            {**echo, "name": "sick", "replicas": 2, "parity": {"k": 2},
-             "batching": {"max_batch_size": 1}, "faults": {"0": {"delay_ms": 400}},
-             "reconstruction": {"expected_accuracy": {"parm-subtraction": 0.9},
-                                "source": "a test"}},
-            {**echo, "name": "slow", "replicas": 1, "batching": {"max_batch_size": 1},
-             "faults": {"all": {"delay_ms": 300}}},
-            {**echo, "name": "ctl", "replicas": 1, "parallelism": 1, "threads_per_replica": 1,
-             "scheduler": {"policy": "serf", "profile": str(folder / "ctl.json"),
-                           "period_s": 0.2, "window_s": 2.0}},
-            {"name": "means", "source": "zoo:stream-mean", "options": {"features": 4}}],
-        "applications": [
-            {"name": "sick", "models": ["sick"], "slo_ms": 10_000, "default_output": "D"},
-            {"name": "slow", "models": ["slow"], "slo_ms": 50, "default_output": "D"},
-            {"name": "ctl", "models": ["ctl"], "slo_ms": 10_000, "default_output": "D"}],
-        "graphs": [{"name": "stocks", "stream_key": "ticker", "max_batch": 8,
-                    "fault_tolerance": "hams",
-                    "operators": [{"name": "mean", "model": "means", "inputs": ["frontend"],
-                                   "stateful": True}],
-                    "output": "mean"}],
-    }
 
 
 def _test_rules(folder: Path) -> Path:
@@ -106,7 +72,10 @@ def _test_rules(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder = tmp_path_factory.mktemp("observability")
-    server = start_server(_config(folder), folder)
+    server = start_server(observed_config(
+        folder, {"require_admin_token": False, "heartbeat_timeout_ms": 5000},
+        source="a test", sick_faults={"0": {"delay_ms": 400}}, serf_period_s=0.2,
+        serf_window_s=2.0), folder)
     yield server
     server.stop()
 
@@ -167,16 +136,6 @@ def _load(url: str, stop: threading.Event) -> None:
             time.sleep(0.05)
 
 
-def _provoke_frontend_refusals(url: str) -> None:
-    """A malformed body (a bad request) and bytes that are not HTTP (a refused connection)."""
-    httpx.post(f"{url}/sick/predict", content=b"{not json", timeout=10)
-    target = httpx.URL(url)
-    with socket.create_connection((target.host, target.port), timeout=10) as s:
-        s.sendall(b"\x00\x01 NOT HTTP\r\n\r\n")
-        with contextlib.suppress(OSError):
-            s.recv(1024)
-
-
 def _kill_primary(url: str) -> int:
     with Client(url) as client:
         wait_until(lambda: client.state()["graphs"]["stocks"]["operators"]["mean"]
@@ -205,7 +164,7 @@ def test_every_panel_and_rule_returns_data_and_the_alerts_fire(served: RunningSe
     loader = threading.Thread(target=_load, args=(served.url, stop), daemon=True)
     loader.start()
     try:
-        _provoke_frontend_refusals(served.url)
+        provoke_frontend_refusals(served.url)
         # increase() needs a sample before the failover: a counter first seen at 1 has not
         # increased (a server in production scrapes at 0 long before its first failover)
         wait_until(lambda: bool(_query(prometheus, "parityserve_graph_failovers_total")), 60)
