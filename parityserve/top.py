@@ -139,10 +139,19 @@ def _models_table(rows: Sequence[ModelRow]) -> Table:
     for r in rows:
         table.add_row(r.model, _rate(r.rate), _ms(r.p50_s),
                       Text(_ms(r.p99_s), style=_p99_style(r.p99_s, r.slo_s)), _ms(r.slo_s),
-                      Text(f"{r.replicas_up}/{r.replicas}",
-                           style="bold red" if r.replicas_up < r.replicas else ""),
+                      _replicas(r),
                       _rate(r.defaults_per_s), _rate(r.rebuilt_per_s), r.parallelism)
     return table
+
+
+def _replicas(r: ModelRow) -> Text:
+    """Ready of the model's own replicas, then its parity replicas (ParM) as ``+ready/n p``:
+    a ParM model configured with 2 replicas reads 2/2, not 3/3."""
+    text = f"{r.replicas_up}/{r.replicas}"
+    if r.parity:
+        text += f" +{r.parity_up}/{r.parity}p"
+    short = r.replicas_up < r.replicas or r.parity_up < r.parity
+    return Text(text, style="bold red" if short else "")
 
 
 def _graphs_table(rows: Sequence[GraphRow]) -> Table:

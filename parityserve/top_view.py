@@ -16,6 +16,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from parityserve.core.scheduling.pools import DATA_POOL
+
 __all__ = ["GraphRow", "ModelRow", "Scrape", "graph_rows", "increase", "model_rows", "parse",
            "quantile", "window_base"]
 
@@ -52,11 +54,13 @@ class ModelRow:
     p50_s: float | None  # of the window between the scrapes; NaN when nothing was answered
     p99_s: float | None
     slo_s: float
-    replicas_up: int
+    replicas_up: int  # the model's own replicas (pool "data"), as configured
     replicas: int
     defaults_per_s: float | None
     rebuilt_per_s: float | None
     parallelism: str
+    parity_up: int = 0  # its parity models' replicas (ParM), shown apart: not "replicas"
+    parity: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,15 +131,20 @@ def model_rows(before: Scrape | None, after: Scrape, seconds: float,
         p50, p99 = _window(before, after, "parityserve_model_latency_seconds_bucket",
                            model=name)
         replicas = model.get("replicas", [])
+        data = [r for r in replicas if r.get("pool", DATA_POOL) == DATA_POOL]
+        parity = [r for r in replicas if r.get("pool", DATA_POOL) != DATA_POOL]
         rows.append(ModelRow(
             name, _rate(before, after, seconds, "parityserve_queue_time_seconds_count",
                         model=name),
-            p50, p99, float(model["slo_ms"]) / 1000,
-            sum(1 for r in replicas if r.get("state") == "ready"), len(replicas),
+            p50, p99, float(model["slo_ms"]) / 1000, _ready(data), len(data),
             defaults.get(name) if before is not None else None,
             _rate(before, after, seconds, "parityserve_reconstructed_total", model=name),
-            _parallelism(after, name)))
+            _parallelism(after, name), _ready(parity), len(parity)))
     return rows
+
+
+def _ready(replicas: list[Mapping[str, Any]]) -> int:
+    return sum(1 for r in replicas if r.get("state") == "ready")
 
 
 def _defaults_by_model(before: Scrape | None, after: Scrape, seconds: float,

@@ -113,3 +113,13 @@ def test_window_base_is_the_newest_scrape_a_minute_old_else_the_oldest():
     assert window_base([(0.0, a), (2.0, b)], now=2.0) is a  # top ran 2 s: since it started
     assert window_base([(0.0, a), (30.0, b), (70.0, c), (95.0, d)], now=95.0) is b
     assert window_base([(0.0, a), (30.0, b), (90.0, c)], now=90.0, window_s=60.0) is b
+
+
+def test_parity_replicas_are_counted_apart_from_the_models_own():
+    """A ParM model configured with 2 replicas and k=2 has a third, parity, replica: the
+    replicas column reads 2/2 (as configured), the parity one apart (before: 3/3)."""
+    state = {"models": [{"name": "m", "slo_ms": 50.0, "replicas": [
+        {"state": "ready", "pool": "data"}, {"state": "ready", "pool": "data"},
+        {"state": "starting", "pool": "parity0"}]}]}
+    (row,) = model_rows(None, parse(AFTER), 0.0, state)
+    assert (row.replicas_up, row.replicas, row.parity_up, row.parity) == (2, 2, 0, 1)
