@@ -226,7 +226,7 @@ def test_a_promoted_backup_stalled_past_the_timeout_is_waited_for_not_fenced(
 def test_timed_out_requests_leave_the_waiting_list(tmp_path: Path) -> None:
     """Case 5: a request that timed out is no longer waited for (before: 'waiting' kept
     each until the graph's next answer or failure). seq1's backup is frozen and its primary
-    killed, so the promotion waits (for heartbeats, then the promote's own 5 s limit) while
+    killed, so the promotion waits (for heartbeats, then the promote's own 8 s limit) while
     the graph's short timeout_ms passes for the requests queued meanwhile."""
     cfg = config()
     cfg["graphs"][0].update(timeout_ms=300, heartbeat_timeout_ms=60_000)
