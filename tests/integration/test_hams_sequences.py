@@ -358,8 +358,14 @@ def test_a_primary_killed_between_storing_a_checkpoint_and_announcing_it_loses_n
     frontend was told of, and the batches after it run again. Set up for real: each
     announcement is held back (the fault API's state delay), the primary is frozen the
     moment a checkpoint file appears, and killed once the frontend is seen not to know of
-    it. Without noise the replays are deterministic, so every stream equals its replay."""
-    running = start_server(config(mode="checkpoint-replay"), tmp_path)
+    it. Without noise the replays are deterministic, so every stream equals its replay.
+    The frozen primary must not be declared lost by missed heartbeats meanwhile (200 ms; a
+    loaded machine's state read can take longer): the watchdog would kill it, and the
+    test's own SIGCONT or kill found no process (ProcessLookupError, seen once under load).
+    Its real loss, the kill, is seen by its exit."""
+    cfg = config(mode="checkpoint-replay")
+    cfg["graphs"][0]["heartbeat_timeout_ms"] = 60_000
+    running = start_server(cfg, tmp_path)
     try:
         url, data = running.url, series(4)
         pid = graph_state(url)["operators"]["seq1"]["primary_pid"]
