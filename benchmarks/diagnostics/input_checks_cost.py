@@ -28,19 +28,23 @@ try:
     LIMITS = Limits()
 except ImportError:  # before the limits existed
     LIMITS = None
-NEW_HTTP = "limits" in inspect.signature(http._predict_items).parameters
+try:  # the Clipper codec's public names
+    from parityserve.runtime.frontend.clipper import json_object, predict_items
+except ImportError:  # a checkout from before runtime/frontend/clipper.py: http.py's own
+    json_object, predict_items = http._object, http._predict_items  # type: ignore[attr-defined]
+NEW_HTTP = "limits" in inspect.signature(predict_items).parameters
 NEW_V2 = "limits" in inspect.signature(v2.decode_infer_request).parameters
 
 
 def _clipper(body: bytes) -> None:
     if NEW_HTTP:  # the limits and the signature check share one scan, as the system does
         from parityserve.core.inputs import scan
-        items, _ = http._predict_items(http._object(body, LIMITS), LIMITS)
+        items, _ = predict_items(json_object(body, LIMITS), LIMITS)
         leaves = scan(items[0], max_depth=LIMITS.max_json_depth,
                       max_elements=LIMITS.max_input_elements, depth=3)
         tensors.coerce_item(items[0], SPEC, where="m", leaves=leaves)
     else:
-        items, _ = http._predict_items(http._object(body))
+        items, _ = predict_items(json_object(body))
         tensors.coerce_item(items[0], SPEC, where="m")
 
 

@@ -13,12 +13,13 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from parityserve import errors
 from parityserve.client import Client
-from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+from parityserve.config import Application, Deployment, FaultConfig, Limits, TensorSpec
 from parityserve.runtime.frontend.auth import AuthPolicy
 from parityserve.runtime.frontend.http import create_app
 from parityserve.runtime.modelpath.edge_array import json_value
 from parityserve.runtime.modelpath.metrics import Metrics
-from parityserve.runtime.serving.api import ModelMetadata, Prediction
+from parityserve.runtime.serving.api import Answer, InferenceRequest, ModelMetadata, Prediction
+from parityserve.runtime.serving.face import serve
 
 with warnings.catch_warnings():
     # Starlette 1.x nudges its TestClient towards httpx2; on plain httpx it works the same,
@@ -36,6 +37,7 @@ class FakeSystem:
 
     def __init__(self) -> None:
         self.ready = True
+        self.limits = Limits()
         self.uids: list[str | None] = []
         self.apps: dict[str, Application] = {"calc": Application(name="calc", models=("double",))}
         self.models = {
@@ -66,13 +68,13 @@ class FakeSystem:
         self.calls.append(("update", app, uid, item, label))
         return {"uid": uid}
 
+    async def infer(self, request: InferenceRequest) -> Answer:
+        return await serve(self, request)  # the real face, over this fake's parts
+
     async def infer_detailed(self, model: str, version: int | None,
                              batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
-        return await self.infer(model, version, batch), {}
-
-    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         self.calls.append(("infer", model, version))
-        return batch * 2 if model == "double" else batch
+        return (batch * 2 if model == "double" else batch), {}
 
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         if model not in self.models or (version and str(version) not in self.models[model]

@@ -2,9 +2,14 @@
 
 The service runs on the frontend's own event loop (``grpc.aio``) and answers from the same
 ``ServingSystem`` the HTTP routes use, so a query costs the same whichever protocol carries
-it: one decode at the edge, the model path, one encode. Stubs and messages come from
-``tritonclient[grpc]`` (``service_pb2``/``service_pb2_grpc``), the package that V2 clients
-install anyway, rather than protos vendored here.
+it: one decode at the edge into the same ``InferenceRequest`` V2 REST makes, one call of
+``ServingSystem.infer`` (which decides model or graph, and what is refused), one encode. A
+stateful graph is served as V2 REST serves it: one input tensor, a row per query, ``streams``
+and ``labels`` in the request's parameters (a JSON list in a string parameter, or for one row
+a bare stream key or int64 label), ``seqs`` (JSON) and ``durable`` in the reply's.
+
+Stubs and messages come from ``tritonclient[grpc]`` (``service_pb2``/``service_pb2_grpc``),
+the package that V2 clients install anyway, rather than protos vendored here.
 
 Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
 ModelStatistics and ModelInfer (``raw_input_contents`` or typed ``contents`` in; outputs always
@@ -41,6 +46,7 @@ from parityserve.errors import (
     PayloadTooLarge,
     QueueFull,
     RequestError,
+    ServiceError,
     TooManyStreams,
     Unauthorized,
     Unavailable,
@@ -48,12 +54,16 @@ from parityserve.errors import (
 )
 from parityserve.runtime.frontend import v2
 from parityserve.runtime.frontend.auth import AuthPolicy, authorized
-from parityserve.runtime.serving.api import ModelMetadata, ServingSystem
+from parityserve.runtime.serving.api import (
+    Answer,
+    InferenceRequest,
+    ModelMetadata,
+    ServingSystem,
+)
 
 __all__ = ["GrpcFrontend", "bind_grpc", "status_for"]
 
 _R = TypeVar("_R")
-_Metadata = ModelMetadata  # GrpcFrontend's method of the same name hides it there
 logger = logging.getLogger(__name__)
 
 # Which typed ``contents`` field carries each V2 datatype (FP16 and BF16 have none: raw only).
@@ -75,6 +85,7 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (UnknownModel, grpc.StatusCode.NOT_FOUND),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (ServiceError, grpc.StatusCode.UNAVAILABLE),  # HTTP's 503
     (MalformedRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -150,38 +161,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         async def infer() -> Any:
             if isinstance(request, _Unparsed):  # what the bounded deserializer left unparsed
                 raise PayloadTooLarge(request.reason)
-            version = _version(request.model_version)
-            meta = self.system.model_metadata(request.model_name, version)
-            if self.system.has_graph(request.model_name):
-                return await self._infer_graph(request, meta)
-            batch = _the_input(request, meta, self.limits)
-            name = _output_name(request, meta)
-            result, rebuilt = await self.system.infer_detailed(request.model_name, version,
-                                                               batch)
-            expected = {m: self.system.expected_accuracy(request.model_name, version, m)
-                        for m in set(rebuilt.values())}
-            return _response(request, meta, name, np.asarray(result), rebuilt, expected)
+            answer = await self.system.infer(_decoded(request, self.limits))
+            return _response(request, answer)
         return await self._answer(context, infer)
-
-    async def _infer_graph(self, request: Any, meta: _Metadata) -> Any:
-        """A stateful graph's entry, as the V2 HTTP route serves it: one input tensor, a row
-        per query; ``streams`` and ``labels`` ride in the request's parameters (a JSON list
-        in a string parameter, or for one row a bare stream key / an int64 label). The
-        reply's parameters carry ``seqs`` (JSON) and ``durable``, as over HTTP."""
-        rows = _the_input(request, meta, self.limits)
-        if rows.ndim < 2:
-            raise InvalidInput(f"graph {meta.name!r}: the input's first dimension counts the "
-                               f"rows, so send shape [1, {rows.size}] for one row")
-        name = _output_name(request, meta)
-        query: dict[str, Any] = {"input_batch": list(rows)}
-        query.update(_graph_parameters(request.parameters, len(rows)))
-        answers = await self.system.predict_graph(request.model_name, query)
-        result = np.stack([np.asarray(a["output"], dtype=np.float32) for a in answers])
-        response = _response(request, meta, name, result, {}, {})
-        response.parameters["seqs"].string_param = orjson.dumps(
-            [a["seqs"] for a in answers]).decode()
-        response.parameters["durable"].bool_param = bool(answers[0]["durable"])
-        return response
 
     async def _answer(self, context: Any, work: Callable[[], Awaitable[_R]], *,
                       guarded: bool = True) -> _R:
@@ -356,58 +338,47 @@ def _version(raw: str) -> int | None:
     return int(raw)
 
 
-def _the_input(request: Any, meta: ModelMetadata, limits: Limits) -> np.ndarray:
-    if len(request.inputs) != 1:
-        names = [t.name for t in request.inputs]
-        raise InvalidInput(f"model {meta.name!r} takes exactly one input tensor, got "
-                           f"{len(names)}: {names}")
+def _decoded(request: Any, limits: Limits) -> InferenceRequest:
+    """The serving system's request for a ModelInferRequest: its tensors decoded (each shape
+    within ``limits`` before anything is sized by it), its parameters as plain values."""
+    version = _version(request.model_version)
     raws = request.raw_input_contents
     if raws and len(raws) != len(request.inputs):
         raise InvalidInput(f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs: "
                            "send one raw buffer per input, or typed contents for all")
-    tensor = request.inputs[0]
+    tensors, taken = [], 0
+    for i, tensor in enumerate(request.inputs):
+        array, taken = _tensor(tensor, raws[i] if raws else None, limits, taken)
+        tensors.append((tensor.name, array))
+    return InferenceRequest(
+        "v2", request.model_name, version, tensors=tuple(tensors),
+        outputs=tuple(o.name for o in request.outputs),
+        parameters=_plain(request.parameters), request_id=request.id or None)
+
+
+def _tensor(tensor: Any, raw: bytes | None, limits: Limits, taken: int
+            ) -> tuple[np.ndarray, int]:
+    """One input tensor, and the request's values decoded one by one with it (``taken``
+    before it), counted from its shape as V2 REST counts them."""
     if "shared_memory_region" in tensor.parameters:
         raise InvalidInput(f"input {tensor.name!r}: shared-memory tensors are not supported")
     count = v2.tensor_count(tensor.name, tensor.shape, limits)  # before anything is sized
-    if decoded_one_by_one(tensor.datatype, raw=bool(raws)):  # typed contents, raw BYTES
-        take_elements(0, count, limit=limits.max_request_elements,
-                      what=f"tensor {tensor.name!r}")
+    if decoded_one_by_one(tensor.datatype, raw=raw is not None):  # typed contents, raw BYTES
+        taken = take_elements(taken, count, limit=limits.max_request_elements,
+                              what=f"tensor {tensor.name!r}")
     shape = tuple(tensor.shape)
-    if raws:
-        array = v2.array_from_raw(tensor.name, tensor.datatype, shape, raws[0])
-    else:
-        array = _from_contents(tensor, shape, count)
-    if meta.inputs:
-        v2.check_against_spec(array, meta.inputs[0])
-    return array
+    if raw is not None:
+        return v2.array_from_raw(tensor.name, tensor.datatype, shape, raw), taken
+    return _from_contents(tensor, shape, count), taken
 
 
-def _graph_parameters(params: Any, rows: int) -> dict[str, list[Any]]:
-    """``streams`` and ``labels`` from a gRPC request's parameters: a string holding a JSON
-    list (one per row), or, for a one-row request, a bare key (string) or label (int64)."""
-    out: dict[str, list[Any]] = {}
-    for key, kind in (("streams", str), ("labels", int)):
-        if key not in params:
-            continue
-        param = params[key]
+def _plain(params: Any) -> dict[str, Any]:
+    """A request's parameters as plain values (a graph's ``streams`` and ``labels`` among
+    them: ``runtime/serving/face.py`` reads them)."""
+    out: dict[str, Any] = {}
+    for key, param in params.items():
         which = param.WhichOneof("parameter_choice")
-        value: Any = getattr(param, which) if which else None
-        if which == "string_param":
-            if value[:1] == "[":
-                try:
-                    value = orjson.loads(value)
-                except orjson.JSONDecodeError as exc:
-                    raise InvalidInput(f"parameter {key!r}: not a JSON list: {exc}") from None
-            elif kind is str and rows == 1:
-                value = [value]
-        elif which == "int64_param" and kind is int and rows == 1:
-            value = [value]
-        if not isinstance(value, list):
-            raise InvalidInput(f"parameter {key!r}: send a JSON list of {rows} "
-                               f"{kind.__name__} values in a string parameter"
-                               + (" (or one bare value for a one-row request)"
-                                  if rows == 1 else ""))
-        out[key] = value
+        out[key] = getattr(param, which) if which else None
     return out
 
 
@@ -437,41 +408,33 @@ def _check_range(name: str, datatype: str, values: Sequence[int], dtype: np.dtyp
                            f"[{info.min}, {info.max}], got {low}..{high}")
 
 
-def _output_name(request: Any, meta: ModelMetadata) -> str:
-    name = meta.outputs[0].name if meta.outputs else "output"
-    unknown = [o.name for o in request.outputs if o.name != name]
-    if unknown:
-        raise InvalidInput(f"model {meta.name!r} has no output {unknown[0]!r}; its output "
-                           f"is {name!r}")
-    return name
-
-
 # ---- encoding ----------------------------------------------------------------------------
 
 
-def _response(request: Any, meta: ModelMetadata, name: str, result: np.ndarray,
-              rebuilt: dict[int, str], expected: dict[str, float | None]) -> Any:
+def _response(request: Any, answer: Answer) -> Any:
+    assert answer.output is not None
+    result = np.asarray(answer.output)
     datatype = v2.dtype_to_datatype(result.dtype)
     response = pb.ModelInferResponse(
-        model_name=meta.name, model_version=request.model_version or _latest(meta),
+        model_name=answer.target, model_version=request.model_version or answer.version or "",
         id=request.id,
-        outputs=[pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype,
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name=answer.output_name,
+                                                         datatype=datatype,
                                                          shape=list(result.shape))],
         raw_output_contents=[v2.array_to_raw(result, datatype)])
-    if rebuilt:  # rows answered by decoding (ParM or Berrut), as the HTTP route reports them
+    if answer.rebuilt:  # rows answered by decoding (ParM or Berrut), as V2 REST reports them
         response.parameters["reconstructed_rows"].string_param = ",".join(
-            str(r) for r in sorted(rebuilt))
-        methods = sorted(set(rebuilt.values()))
+            str(r) for r in sorted(answer.rebuilt))
+        methods = sorted(set(answer.rebuilt.values()))
         response.parameters["reconstruction"].string_param = ",".join(methods)
         # One per method, in the same order; "unmeasured" where nobody measured it.
         response.parameters["reconstruction_expected_accuracy"].string_param = ",".join(
-            "unmeasured" if (a := expected.get(m)) is None else f"{a:g}" for m in methods)
+            "unmeasured" if (a := answer.expected.get(m)) is None else f"{a:g}"
+            for m in methods)
+    if answer.seqs is not None:  # a graph's: where each row passed, as JSON, and durable
+        response.parameters["seqs"].string_param = orjson.dumps(answer.seqs).decode()
+        response.parameters["durable"].bool_param = bool(answer.durable)
     return response
-
-
-def _latest(meta: ModelMetadata) -> str:
-    numeric = [v for v in meta.versions if v.isascii() and v.isdigit()]
-    return max(numeric, key=int) if numeric else ""
 
 
 def _tensor_metadata(spec: TensorSpec) -> Any:

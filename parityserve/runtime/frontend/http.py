@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from time import perf_counter
@@ -39,12 +38,10 @@ from parityserve.config import (
     TensorSpec,
 )
 from parityserve.core.edge_guards import same_origin
-from parityserve.core.inputs import depth_error, scan, take_elements
 from parityserve.core.scheduling import is_parity_slot
 from parityserve.errors import (
     CrossOrigin,
     InvalidInput,
-    LimitExceeded,
     MalformedRequest,
     Overloaded,
     ParityServeError,
@@ -59,12 +56,17 @@ from parityserve.errors import (
     UnsupportedMediaType,
 )
 from parityserve.models.sources import SourcePolicy
-from parityserve.runtime.frontend import v2
+from parityserve.runtime.frontend import clipper, v2
 from parityserve.runtime.frontend.auth import AuthPolicy, authorized
-from parityserve.runtime.frontend.edge_json import decode_predict
 from parityserve.runtime.frontend.openapi import build_openapi
 from parityserve.runtime.modelpath.metrics import Metrics
-from parityserve.runtime.serving.api import ModelMetadata, Prediction, ServingSystem
+from parityserve.runtime.serving.api import (
+    Answer,
+    InferenceRequest,
+    ModelMetadata,
+    Prediction,
+    ServingSystem,
+)
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_admin_app", "create_app"]
 
@@ -191,22 +193,6 @@ def _error(status: int, code: str, message: str,
            headers: Mapping[str, str] | None = None) -> Response:
     body = orjson.dumps({"error": message, "code": code})
     return Response(body, status, headers=headers, media_type=_JSON)
-
-
-def _loads(body: bytes, limits: Limits | None = None) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        if limits is not None and str(exc).startswith("depth limit exceeded"):
-            raise depth_error(limits.max_json_depth) from exc  # orjson's own cap, 1024
-        raise MalformedRequest(f"invalid JSON body: {exc}") from exc
-
-
-def _object(body: bytes, limits: Limits | None = None) -> dict[str, Any]:
-    data = _loads(body, limits)
-    if not isinstance(data, dict):
-        raise MalformedRequest(f"the body must be a JSON object, got {type(data).__name__}")
-    return data
 
 
 async def _read_body(request: Request, limit: int, name: str = "server.max_body_bytes"
@@ -340,7 +326,7 @@ _ADMIN_BODIES: dict[str, type[BaseModel]] = {
 
 def _validate(model: type[_M], body: bytes, what: str) -> _M:
     try:
-        return model.model_validate(_object(body))
+        return model.model_validate(clipper.json_object(body))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(body)'}: {e['msg']}"
                              for e in exc.errors())
@@ -365,98 +351,24 @@ def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape)}
 
 
+def _v2_parameters(answer: Answer) -> dict[str, Any] | None:
+    """The response's parameters: the rows rebuilt by decoding, with each method's measured
+    accuracy (a model), or where each row passed and whether it is durable (a graph)."""
+    if answer.seqs is not None:
+        return {"seqs": answer.seqs, "durable": answer.durable}
+    if not answer.rebuilt:
+        return None
+    methods = sorted(set(answer.rebuilt.values()))
+    return {"reconstructed_rows": sorted(answer.rebuilt), "reconstruction": methods,
+            "reconstruction_expected_accuracy": [answer.expected.get(m) for m in methods]}
+
+
 def _config_json(meta: ModelMetadata) -> dict[str, Any]:
     """A minimal Triton model config: dims exclude the batch axis, as with max_batch_size > 0."""
     return {"name": meta.name, "platform": meta.platform, "backend": "parityserve",
             "max_batch_size": _CONFIG_MAX_BATCH,
             "input": [_config_tensor(s) for s in meta.inputs],
             "output": [_config_tensor(s) for s in meta.outputs]}
-
-
-def _latest(meta: ModelMetadata) -> str | None:
-    numeric = [v for v in meta.versions if v.isascii() and v.isdigit()]
-    return max(numeric, key=int) if numeric else None
-
-
-def _the_input(request: v2.InferRequest, meta: ModelMetadata) -> np.ndarray:
-    if len(request.inputs) != 1:
-        names = [t.name for t in request.inputs]
-        raise InvalidInput(f"model {meta.name!r} takes exactly one input tensor, got "
-                           f"{len(names)}: {names}")
-    array = request.inputs[0].array
-    if meta.inputs:
-        v2.check_against_spec(array, meta.inputs[0])
-    return array
-
-
-def _output_name(request: v2.InferRequest, meta: ModelMetadata) -> str:
-    name = meta.outputs[0].name if meta.outputs else "output"
-    unknown = [o.name for o in request.outputs if o.name != name]
-    if unknown:
-        raise InvalidInput(f"model {meta.name!r} has no output {unknown[0]!r}; its output "
-                           f"is {name!r}")
-    return name
-
-
-# ---------------------------------------------------------------- Clipper documents
-
-
-def _predict_items(body: dict[str, Any], limits: Limits, size: int | None = None
-                   ) -> tuple[list[Any], bool]:
-    """The queries in a predict body of ``size`` bytes, and whether it was a batch (limits
-    checked)."""
-    has_one, has_batch = "input" in body, "input_batch" in body
-    if has_one == has_batch:
-        raise MalformedRequest("the body must have exactly one of 'input' and 'input_batch'")
-    _check_body(body, limits, size)
-    if has_one:
-        return [body["input"]], False
-    batch = body["input_batch"]
-    if not isinstance(batch, list) or not batch:
-        raise MalformedRequest("'input_batch' must be a non-empty list")
-    if len(batch) > limits.max_batch_items:
-        raise LimitExceeded(f"'input_batch' has {len(batch)} queries, more than "
-                            f"max_batch_items = {limits.max_batch_items}")
-    return batch, True
-
-
-_INPUTS = ("input", "input_batch")
-
-
-def _check_body(body: dict[str, Any], limits: Limits, size: int | None = None) -> None:
-    """Depth and element limits over a body's other values (a label, unknown keys), and
-    ``max_request_elements`` over all its values (lists and objects included) when its
-    ``size`` (bytes) could hold more.
-
-    Inputs are scanned once more, by the system, where the same pass checks them against the
-    model's signature (runtime/serving/system.py ``_coerce_for``): this pass is skipped for a body
-    too short to hold more than the limit (n values take at least 2n - 1 bytes), most of them.
-    """
-    for key, value in body.items():
-        if key not in _INPUTS:
-            scan(value, max_depth=limits.max_json_depth,
-                 max_elements=limits.max_input_elements, depth=2)
-    if size is None or size >= 2 * limits.max_request_elements:
-        leaves = scan(body, max_depth=limits.max_json_depth, max_elements=sys.maxsize)
-        take_elements(0, leaves.count + leaves.containers, limit=limits.max_request_elements,
-                      what="the body")
-
-
-def _optional_str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise MalformedRequest(f"{key!r} must be a non-empty string")
-    return value
-
-
-def _update_fields(body: dict[str, Any]) -> tuple[str, Any, Any]:
-    missing = [k for k in ("uid", "input", "label") if k not in body]
-    if missing:
-        raise MalformedRequest(f"update body is missing {missing}")
-    uid = body["uid"]
-    if not isinstance(uid, str) or not uid:
-        raise MalformedRequest("'uid' must be a non-empty string")
-    return uid, body["input"], body["label"]
 
 
 # ---------------------------------------------------------------- browser-borne requests
@@ -470,8 +382,10 @@ def _failure_outcome(exc: Exception) -> Outcome:
     return "bad_request" if isinstance(exc, RequestError) else "error"
 
 
-def _predict_outcome(predictions: Sequence[Prediction]) -> Outcome:
-    """A default anywhere in the request wins, then a rebuilt answer, then "ok"."""
+def _predict_outcome(answer: Answer) -> Outcome:
+    """A default anywhere in the request wins, then a rebuilt answer, then "ok" (a graph's
+    answers are neither)."""
+    predictions = [p for p in answer.answers if isinstance(p, Prediction)]
     if any(p.default for p in predictions):
         return "default"
     return "reconstructed" if any("reconstructed" in p.extra for p in predictions) else "ok"
@@ -705,82 +619,37 @@ class _Frontend:
         binary = _header(request, _HEADER_LENGTH_KEY) is not None  # its JSON header: v2 checks
         body = await (_read_body(request, self.limit) if binary
                       else _read_body(request, *self.json_limit))
-        if self.system.has_graph(model):
-            return await self._infer_graph(model, request, body)
-        meta = self.system.model_metadata(model, version)
         decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
-        name = _output_name(decoded, meta)
-        result, rebuilt = await self.system.infer_detailed(model, version,
-                                                           _the_input(decoded, meta))
-        methods = sorted(set(rebuilt.values()))
-        params = ({"reconstructed_rows": sorted(rebuilt), "reconstruction": methods,
-                   "reconstruction_expected_accuracy": [
-                       self.system.expected_accuracy(model, version, m) for m in methods]}
-                  if rebuilt else None)
+        answer = await self.system.infer(InferenceRequest(
+            "v2", model, version, tensors=tuple((t.name, t.array) for t in decoded.inputs),
+            outputs=tuple(o.name for o in decoded.outputs),
+            parameters=decoded.parameters or {}, request_id=decoded.id))
+        assert answer.output is not None
+        name = answer.output_name
         out, headers = v2.encode_infer_response(
-            model, str(version) if version else _latest(meta), decoded.id,
-            [(name, result)], {name: decoded.wants_binary(name)}, params)
-        return Response(out, headers=headers), "reconstructed" if rebuilt else "ok"
-
-    async def _infer_graph(self, graph: str, request: Request, body: bytes
-                           ) -> tuple[Response, Outcome]:
-        """V2 inference on a stateful graph's entry: one input tensor, one row per request;
-        the request's parameters may carry ``streams`` and ``labels`` (one per row)."""
-        decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
-        if len(decoded.inputs) != 1:
-            raise InvalidInput(f"graph {graph!r} takes exactly one input tensor, got "
-                               f"{[t.name for t in decoded.inputs]}")
-        rows = decoded.inputs[0].array
-        params = decoded.parameters or {}
-        query: dict[str, Any] = {"input_batch": list(rows)}
-        query.update({k: params[k] for k in ("streams", "labels") if k in params})
-        answers = await self.system.predict_graph(graph, query)
-        result = np.stack([np.asarray(a["output"], dtype=np.float32) for a in answers])
-        out, headers = v2.encode_infer_response(
-            graph, "1", decoded.id, [("output", result)],
-            {"output": decoded.wants_binary("output")},
-            {"seqs": [a["seqs"] for a in answers], "durable": answers[0]["durable"]})
-        return Response(out, headers=headers), "ok"
+            model, answer.version, decoded.id, [(name, answer.output)],
+            {name: decoded.wants_binary(name)}, _v2_parameters(answer))
+        return Response(out, headers=headers), "reconstructed" if answer.rebuilt else "ok"
 
     # ------------------------------------------------------------ Clipper handlers
 
     async def predict(self, request: Request) -> tuple[Response, Outcome]:
+        """An application's queries, or a stateful graph's rows: a graph's reply leaves once
+        every state it depends on is durable (HAMS output commit); ``seqs`` says where it
+        passed."""
         raw = await _read_body(request, *self.json_limit)
-        app = request.path_params["app"]
-        if self.system.has_graph(app):
-            return await self._predict_graph(app, _object(raw, self.limits), len(raw))
-        items, batched, uid = self._predict_request(raw)
-        predictions = await self.system.predict(app, items, uid)
-        outcome = _predict_outcome(predictions)
-        if batched:
-            return _json([p.to_json() for p in predictions]), outcome
-        return _json(predictions[0].to_json()), outcome
-
-    def _predict_request(self, raw: bytes) -> tuple[list[Any], bool, str | None]:
-        """The queries, whether it was a batch, and the uid. Numbers go straight to arrays
-        where that gives what the general path would (runtime/frontend/edge_json.py)."""
-        fast = decode_predict(raw, self.limits)
-        if fast is not None:
-            return list(fast.items), fast.batched, fast.uid
-        body = _object(raw, self.limits)
-        items, batched = _predict_items(body, self.limits, len(raw))
-        return items, batched, _optional_str(body, "uid")
-
-    async def _predict_graph(self, name: str, body: dict[str, Any], size: int
-                             ) -> tuple[Response, Outcome]:
-        """A stateful service graph: the reply leaves once every state it depends on is
-        durable (HAMS output commit); ``seqs`` says where it passed."""
-        _check_body(body, self.limits, size)
-        answers = await self.system.predict_graph(name, body)
-        return _json(answers if "input_batch" in body else answers[0]), "ok"
+        decoded = clipper.predict_request(raw, request.path_params["app"], self.limits)
+        answer = await self.system.infer(decoded)
+        bodies = answer.clipper_json()
+        return _json(bodies if decoded.batched else bodies[0]), _predict_outcome(answer)
 
     async def update(self, request: Request) -> tuple[Response, Outcome]:
         raw = await _read_body(request, *self.json_limit)
-        body = _object(raw, self.limits)
-        _check_body(body, self.limits, len(raw))
-        uid, item, label = _update_fields(body)
+        body = clipper.json_object(raw, self.limits)
+        clipper.check_body(body, self.limits, len(raw))
+        uid, item, label = clipper.update_fields(body)
         result = await self.system.update(request.path_params["app"], uid, item, label,
-                                          _optional_str(body, "query_id"))
+                                          clipper.optional_str(body, "query_id"))
         return _json(result), "ok"
 
     # ------------------------------------------------------------ admin handlers

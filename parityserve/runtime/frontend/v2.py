@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from parityserve.config import Limits, TensorSpec
+from parityserve.config import Limits
 from parityserve.core.inputs import (
     Leaves,
     check_leaves,
@@ -35,6 +35,7 @@ from parityserve.core.inputs import (
 )
 from parityserve.datatypes import DATATYPES, datatype_to_dtype, dtype_to_datatype  # re-exported
 from parityserve.errors import InvalidInput, MalformedRequest, PayloadTooLarge
+from parityserve.runtime.serving.face import check_against_spec  # re-exported
 from parityserve.runtime.workers.wire import MAX_DIMS
 
 __all__ = [
@@ -87,19 +88,6 @@ class InferRequest:
             if requested.name == output and requested.binary is not None:
                 return requested.binary
         return self.binary_data_output
-
-
-def check_against_spec(array: np.ndarray, spec: TensorSpec) -> None:
-    """Raise InvalidInput unless ``array`` (batch first) fits ``spec`` (batch excluded)."""
-    got = dtype_to_datatype(array.dtype)
-    if got != spec.datatype:
-        raise InvalidInput(f"input {spec.name!r}: expected datatype {spec.datatype}, got {got}")
-    want = (-1, *spec.shape)
-    if len(array.shape) != len(want) or any(
-            w != -1 and s != w for s, w in zip(array.shape, want, strict=True)):
-        raise InvalidInput(f"input {spec.name!r}: expected shape {list(want)} "
-                           f"(-1 is any size; the first axis is the batch), "
-                           f"got {list(array.shape)}")
 
 
 # ---------------------------------------------------------------- decoding

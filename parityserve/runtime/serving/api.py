@@ -1,15 +1,18 @@
-"""The contract between the HTTP layer and the serving system.
+"""The contract between the edges and the serving system.
 
-The HTTP frontend (``runtime/frontend/http.py``) only talks to an object that satisfies
-``ServingSystem``. Unit tests hand it a fake; ``runtime/serving/system.py`` is the real one (queues,
-workers, cache).
+The HTTP and gRPC frontends (``runtime/frontend/``) only talk to an object that satisfies
+``ServingSystem``. Every inference request, whichever edge and route it came by, reaches it as
+one record, ``InferenceRequest``, and leaves as one ``Answer``: the edge decodes its wire
+format into the first and encodes the second, and ``ServingSystem.infer`` decides the rest
+(``runtime/serving/face.py``). Unit tests hand the edges a fake; ``runtime/serving/system.py`` is
+the real one (queues, workers, cache).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -23,7 +26,9 @@ from parityserve.config import (
     TensorSpec,
 )
 
-__all__ = ["ModelMetadata", "Prediction", "ServingSystem"]
+__all__ = ["Answer", "InferenceRequest", "ModelMetadata", "Prediction", "ServingSystem"]
+
+Api = Literal["clipper", "v2"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +68,73 @@ class ModelMetadata:
     outputs: tuple[TensorSpec, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """One inference request, its wire format decoded, as every edge hands it over.
+
+    ``api`` says which face of the target was asked: ``clipper`` (``POST /{name}/predict``: an
+    application's queries, or a graph's rows) or ``v2`` (KServe V2 over HTTP or gRPC: a model,
+    or a graph served as one). Which of those ``target`` is, and what follows from it (limits,
+    checks, errors), is the serving system's to decide, once, for every edge.
+    """
+
+    api: Api
+    target: str  # the application, graph or model the URL or the RPC names
+    version: int | None = None  # V2: the version asked for; None: the one served
+    # Clipper: one query per item, a decoded JSON value or an ``edge_array.EdgeArray`` where
+    # the edge decoded plain numbers straight to an array (its ``as_decoded()`` is the value).
+    queries: Sequence[Any] = ()
+    batched: bool = False  # Clipper: sent as ``input_batch`` (answered with a list)
+    # V2: the input tensors by name, in request order, each batch first (a row per query).
+    tensors: tuple[tuple[str, np.ndarray], ...] = ()
+    outputs: tuple[str, ...] = ()  # V2: the output names asked for (none: every output)
+    # Clipper: the body's other keys (``uid``, a graph's stream key, ``label``, ``streams``,
+    # ``labels``...); V2: the request's parameters, as plain values.
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    request_id: str | None = None  # V2: echoed in the answer
+
+    @property
+    def uid(self) -> str | None:
+        """Clipper: the user context an application's policy reads (None: the global one);
+        the edge has checked that it is a non-empty string when present."""
+        uid = self.parameters.get("uid")
+        return uid if isinstance(uid, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer to one ``InferenceRequest``, for its edge to encode.
+
+    Clipper: ``answers``, one per query in order (a ``Prediction`` for an application, the
+    JSON object of a graph's answer). V2: ``output`` named ``output_name`` (rows stacked, one
+    per input row) from ``version``; ``rebuilt`` names the rows answered by decoding (row ->
+    method) and ``expected`` each method's measured accuracy; a graph's answer has ``seqs``
+    (where each row passed each stateful operator) and ``durable``.
+    """
+
+    target: str
+    answers: Sequence[Prediction | dict[str, Any]] = ()
+    version: str | None = None
+    output_name: str = "output"
+    output: np.ndarray | None = None
+    rebuilt: Mapping[int, str] = field(default_factory=dict)
+    expected: Mapping[str, float | None] = field(default_factory=dict)
+    seqs: list[Any] | None = None
+    durable: bool | None = None
+
+    def clipper_json(self) -> list[dict[str, Any]]:
+        """The Clipper-style response body of each query."""
+        return [a.to_json() if isinstance(a, Prediction) else a for a in self.answers]
+
+
 class ServingSystem(Protocol):
-    """What the HTTP layer needs. Every method raises ``parityserve.errors`` types only."""
+    """What the edges need. Every method raises ``parityserve.errors`` types only."""
 
-    async def predict(self, app: str, items: Sequence[Any],
-                      uid: str | None = None) -> list[Prediction]:
-        """Answer each item (one query each) in context ``uid`` (None: the global context).
-        Validates items; never returns fewer answers. An item is a decoded JSON value, or an
-        ``edge_array.EdgeArray`` where the HTTP layer decoded plain numbers straight to an
-        array (its ``as_decoded()`` is the JSON value)."""
+    async def infer(self, request: InferenceRequest) -> Answer:
+        """Answer one inference request from any edge: an application's queries, a graph's
+        rows, or a model's batch, as ``request.target`` names. Never fewer answers than
+        queries or rows; anything refused raises, whichever edge asked, the same error."""
         ...
-
-    def has_graph(self, name: str) -> bool: ...
-
-    async def predict_graph(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]: ...
 
     def set_graph_fault(self, graph: str, operator: str, state_delay_ms: float) -> None: ...
 
@@ -84,17 +142,6 @@ class ServingSystem(Protocol):
 
     async def update(self, app: str, uid: str, item: Any, label: Any,
                      query_id: str | None = None) -> dict[str, Any]: ...
-
-    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
-                             ) -> tuple[np.ndarray, dict[int, str]]:
-        """Run a V2 batch (first axis = queries) through the model path: the stacked outputs,
-        and which rows were rebuilt by decoding (row -> method)."""
-        ...
-
-    def expected_accuracy(self, model: str, version: int | None, method: str) -> float | None:
-        """How often an answer of ``model`` rebuilt by ``method`` is right, as measured
-        (``core/reconstruction.py``); None when nobody measured it."""
-        ...
 
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata: ...
 

@@ -1,5 +1,7 @@
-"""The serving system: the one object the HTTP layer talks to, composed of one part per job.
+"""The serving system: the one object the edges talk to, composed of one part per job.
 
+- ``face.py``: every inference request from every edge (``infer``): application, graph or
+  model, decided once;
 - ``router.py``: application queries and feedback (application → policy → model paths);
 - ``model_infer.py``: V2 requests straight to one model;
 - ``supervisor.py``: launching, watching, restarting and reconciling replicas;
@@ -27,6 +29,7 @@ from parityserve.config import (
     Application,
     Deployment,
     FaultConfig,
+    Limits,
     ParityConfig,
     RedundancyConfig,
     SchedulerConfig,
@@ -56,9 +59,10 @@ from parityserve.runtime.serving.admin_ops import (
     revalidated,
     slo_for,
 )
-from parityserve.runtime.serving.api import ModelMetadata, Prediction
+from parityserve.runtime.serving.api import Answer, InferenceRequest, ModelMetadata, Prediction
 from parityserve.runtime.serving.applications import AppRuntime
 from parityserve.runtime.serving.expected import expected_accuracy
+from parityserve.runtime.serving.face import serve
 from parityserve.runtime.serving.lookup import find_model
 from parityserve.runtime.serving.model_infer import infer_rows
 from parityserve.runtime.serving.router import QueryRouter
@@ -257,6 +261,14 @@ class ServingSystem:
         self.store.close()
 
     # ---- queries ---------------------------------------------------------------------------
+    @property
+    def limits(self) -> Limits:
+        return self.config.server.limits
+
+    async def infer(self, request: InferenceRequest) -> Answer:
+        """Every edge's inference request: application, graph or model (``face.py``)."""
+        return await serve(self, request)
+
     async def predict(self, app: str, items: Sequence[Any],
                       uid: str | None = None) -> list[Prediction]:
         return await self.router.predict(app, items, uid)

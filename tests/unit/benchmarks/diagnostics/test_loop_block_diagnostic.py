@@ -11,8 +11,7 @@ from tritonclient.grpc import service_pb2 as pb
 from benchmarks.diagnostics import loop_block as diagnostic
 from parityserve.config import Limits, Server
 from parityserve.core.inputs import scan
-from parityserve.runtime.frontend import grpc_v2, http, v2
-from parityserve.runtime.serving.api import ModelMetadata
+from parityserve.runtime.frontend import clipper, grpc_v2, v2
 
 LIMITS, MAX_BODY = Limits(), Server().max_body_bytes
 LARGEST = diagnostic.largest_accepted(LIMITS, MAX_BODY)
@@ -30,8 +29,7 @@ def test_the_largest_requests_are_within_the_limits(route: str) -> None:
     if request.path == "grpc":
         parsed = grpc_v2._bounded_parse(LIMITS.max_json_bytes)(request.body)
         assert isinstance(parsed, pb.ModelInferRequest), parsed
-        free = ModelMetadata("noop", ("1",), "python", (), ())
-        assert grpc_v2._the_input(parsed, free, LIMITS).size == LARGEST[route]
+        assert grpc_v2._decoded(parsed, LIMITS).tensors[0][1].size == LARGEST[route]
     elif request.path.startswith("/v2/"):
         length = request.headers.get(v2.HEADER_LENGTH)
         decoded = v2.decode_infer_request(request.body, None if length is None else int(length),
@@ -39,7 +37,7 @@ def test_the_largest_requests_are_within_the_limits(route: str) -> None:
         assert decoded.inputs[0].array.size == LARGEST[route]
     else:  # a Clipper or graph body: every JSON value counts
         assert len(request.body) <= LIMITS.max_json_bytes
-        http._check_body(orjson.loads(request.body), LIMITS)
+        clipper.check_body(orjson.loads(request.body), LIMITS)
         assert _values(request.body) <= LIMITS.max_request_elements
 
 

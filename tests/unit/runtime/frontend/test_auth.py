@@ -188,9 +188,6 @@ class FakeSystem:
     def __init__(self) -> None:
         self.replica_calls: list[tuple[str, int]] = []
 
-    def has_graph(self, name: str) -> bool:  # no stateful graphs here
-        return False
-
     def is_ready(self) -> bool:
         return True
 

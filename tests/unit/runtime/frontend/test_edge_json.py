@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from parityserve.config import Limits, TensorSpec
 from parityserve.core.inputs import scan
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest
+from parityserve.runtime.frontend.clipper import json_object, optional_str, predict_items
 from parityserve.runtime.frontend.edge_json import decode_predict
-from parityserve.runtime.frontend.http import _object, _optional_str, _predict_items
 from parityserve.runtime.modelpath.edge_array import EdgeArray
 from parityserve.runtime.modelpath.tensors import coerce_item
+from parityserve.runtime.serving.face import check_queries
 
 LIMITS = Limits()
 SPECS: list[tuple[TensorSpec | None, bool]] = [
@@ -40,12 +41,13 @@ SPECS: list[tuple[TensorSpec | None, bool]] = [
 
 
 def _general(body: bytes, limits: Limits = LIMITS) -> tuple[list[Any], bool, str | None]:
-    doc = _object(body, limits)
-    items, batched = _predict_items(doc, limits)
+    doc = json_object(body, limits)
+    items, batched = predict_items(doc, limits)
+    check_queries(len(items), limits)  # what the serving face counts for an application
     for item in items:  # what the router's scan enforces for each query
         scan(item, max_depth=limits.max_json_depth, max_elements=limits.max_input_elements,
              depth=3)
-    return items, batched, _optional_str(doc, "uid")
+    return items, batched, optional_str(doc, "uid")
 
 
 def _coerced(item: Any, spec: TensorSpec | None, json_arrays: bool) -> Any:

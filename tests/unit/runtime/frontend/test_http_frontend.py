@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as triton
 from starlette.exceptions import StarletteDeprecationWarning
 
-from parityserve.config import Application, Deployment, FaultConfig, TensorSpec
+from parityserve.config import Application, Deployment, FaultConfig, Limits, TensorSpec
 from parityserve.errors import Conflict, InvalidInput, UnknownApplication, UnknownModel
 from parityserve.runtime.frontend import http as http_module
 from parityserve.runtime.frontend import v2
@@ -23,7 +23,8 @@ from parityserve.runtime.frontend.auth import AuthPolicy
 from parityserve.runtime.frontend.http import create_app
 from parityserve.runtime.modelpath.edge_array import json_value
 from parityserve.runtime.modelpath.metrics import Metrics
-from parityserve.runtime.serving.api import ModelMetadata, Prediction
+from parityserve.runtime.serving.api import Answer, InferenceRequest, ModelMetadata, Prediction
+from parityserve.runtime.serving.face import serve
 
 with warnings.catch_warnings():
     # Starlette 1.x nudges its TestClient towards httpx2; on plain httpx it works the same,
@@ -42,6 +43,7 @@ class FakeSystem:
 
     def __init__(self) -> None:
         self.ready = True
+        self.limits = Limits()
         self.uids: list[str | None] = []
         self.apps = {"calc": Application(name="calc", models=("double",))}
         self.models = {
@@ -90,14 +92,14 @@ class FakeSystem:
         self.updates.append((app, uid, item, label))
         return {"uid": uid, "updated": True}
 
+    async def infer(self, request: InferenceRequest) -> Answer:
+        return await serve(self, request)  # the real face, over this fake's parts
+
     async def infer_detailed(self, model: str, version: int | None,
                              batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
-        return await self.infer(model, version, batch), {}
-
-    async def infer(self, model: str, version: int | None, batch: np.ndarray) -> np.ndarray:
         self._meta(model)
         self.infer_calls.append((model, version))
-        return batch * 2 if model == "double" else batch
+        return (batch * 2 if model == "double" else batch), {}
 
     def model_metadata(self, model: str, version: int | None) -> ModelMetadata:
         meta = self._meta(model)
@@ -691,10 +693,9 @@ def test_an_explicit_max_queue_when_full_answers_like_an_overload(metrics):
 
 
 def _limited(system: FakeSystem, metrics: Metrics, **limits: int) -> TestClient:
-    from parityserve.config import Limits
-
+    system.limits = Limits(**limits)  # one server's limits, at its edge and in its system
     return TestClient(create_app(system, metrics=metrics, auth=AUTH, max_body_bytes=1 << 20,
-                                 limits=Limits(**limits)))
+                                 limits=system.limits))
 
 
 def _nest(depth: int) -> Any:
@@ -811,7 +812,7 @@ def test_shed_and_rebuilt_answers_have_their_own_outcome(metrics):
             return answer
 
         async def infer_detailed(self, model, version, batch):
-            return await self.infer(model, version, batch), {0: "berrut"}
+            return (await super().infer_detailed(model, version, batch))[0], {0: "berrut"}
 
         def expected_accuracy(self, model, version, method):
             return None

@@ -15,7 +15,7 @@ from test_http_frontend import FakeSystem
 
 from parityserve.config import Limits
 from parityserve.errors import MalformedRequest
-from parityserve.runtime.frontend import http, schema
+from parityserve.runtime.frontend import clipper, http, schema
 from parityserve.runtime.frontend.auth import AuthPolicy
 from parityserve.runtime.modelpath.metrics import Metrics
 
@@ -95,13 +95,13 @@ def _parses(parse: Any, body: dict[str, Any]) -> bool:
 
 
 def _predict_parser(body: dict[str, Any]) -> None:
-    http._predict_items(body, Limits())
-    http._optional_str(body, "uid")
+    clipper.predict_items(body, Limits())
+    clipper.optional_str(body, "uid")
 
 
 def _update_parser(body: dict[str, Any]) -> None:
-    http._update_fields(body)
-    http._optional_str(body, "query_id")
+    clipper.update_fields(body)
+    clipper.optional_str(body, "query_id")
 
 
 @settings(max_examples=300, deadline=None)

@@ -22,13 +22,11 @@ from tritonclient.grpc import service_pb2 as pb
 from parityserve.config import Limits
 from parityserve.core.inputs import decoded_one_by_one, scan, take_elements
 from parityserve.errors import LimitExceeded, PayloadTooLarge
-from parityserve.runtime.frontend import grpc_v2, http, v2
+from parityserve.runtime.frontend import clipper, grpc_v2, v2
 from parityserve.runtime.frontend.edge_json import decode_predict
-from parityserve.runtime.serving.api import ModelMetadata
 
 LIMITS = Limits()
 CAP = LIMITS.max_request_elements
-FREE = ModelMetadata("m", ("1",), "python", (), ())
 
 
 def test_the_defaults() -> None:
@@ -165,17 +163,22 @@ def grpc_request(datatype: str, count: int, *, raw: bool) -> Any:
     return request
 
 
+def grpc_input(request: Any) -> Any:
+    """The one input tensor of a ModelInferRequest, as the gRPC edge decodes it."""
+    return grpc_v2._decoded(request, LIMITS).tensors[0][1]
+
+
 @pytest.mark.parametrize(("datatype", "raw"), [("FP32", False), ("BYTES", False),
                                                ("BYTES", True)])
 def test_grpc_values_decoded_one_by_one_are_capped(datatype: str, raw: bool) -> None:
-    assert grpc_v2._the_input(grpc_request(datatype, CAP, raw=raw), FREE, LIMITS).size == CAP
+    assert grpc_input(grpc_request(datatype, CAP, raw=raw)).size == CAP
     with pytest.raises(LimitExceeded, match=f"max_request_elements = {CAP}"):
-        grpc_v2._the_input(grpc_request(datatype, CAP + 1, raw=raw), FREE, LIMITS)
+        grpc_input(grpc_request(datatype, CAP + 1, raw=raw))
 
 
 def test_grpc_raw_numbers_are_not_counted() -> None:
     many = 4 * CAP
-    assert grpc_v2._the_input(grpc_request("FP32", many, raw=True), FREE, LIMITS).size == many
+    assert grpc_input(grpc_request("FP32", many, raw=True)).size == many
 
 
 # ---- Clipper and graph bodies: every value of the body counts ---------------------------------
@@ -189,9 +192,9 @@ def test_a_clipper_body_past_the_cap_is_refused_on_either_path() -> None:
     assert fast is not None and fast.items[0].array.size == CAP - 2
     assert decode_predict(over, LIMITS) is None  # the general path decides, and refuses:
     with pytest.raises(LimitExceeded, match=f"the body brings the request to {CAP + 1} values"):
-        http._predict_items(orjson.loads(over), LIMITS, len(over))
+        clipper.predict_items(orjson.loads(over), LIMITS, len(over))
     one = orjson.loads(at_cap)
-    assert len(http._predict_items(one, LIMITS, len(at_cap))[0][0]) == CAP - 2
+    assert len(clipper.predict_items(one, LIMITS, len(at_cap))[0][0]) == CAP - 2
     numbers = CAP - 2 - 1024  # the body, input_batch, and a list per query: CAP values
     rows = [[0] * (numbers // 1024) for _ in range(1024)]
     rows[-1] += [0] * (numbers % 1024)
@@ -200,7 +203,7 @@ def test_a_clipper_body_past_the_cap_is_refused_on_either_path() -> None:
     batch["input_batch"][-1].append(0)
     assert decode_predict(orjson.dumps(batch), LIMITS) is None
     with pytest.raises(LimitExceeded, match="max_request_elements"):
-        http._check_body(batch, LIMITS, len(orjson.dumps(batch)))
+        clipper.check_body(batch, LIMITS, len(orjson.dumps(batch)))
 
 
 def test_other_values_of_the_body_count_too() -> None:
@@ -208,7 +211,7 @@ def test_other_values_of_the_body_count_too() -> None:
     rows = [[0] * 1024 for _ in range(256)]
     body = {"input_batch": rows, "streams": [str(i) for i in range(256)]}
     with pytest.raises(LimitExceeded, match="max_request_elements"):
-        http._check_body(body, LIMITS, len(orjson.dumps(body)))
+        clipper.check_body(body, LIMITS, len(orjson.dumps(body)))
     assert decode_predict(orjson.dumps({"input": [0] * (CAP - 3), "uid": "u"}), LIMITS)
     assert decode_predict(orjson.dumps({"input": [0] * (CAP - 2), "uid": "u"}), LIMITS) is None
 
@@ -217,9 +220,9 @@ def test_a_body_too_short_to_pass_the_cap_is_not_walked_twice() -> None:
     # Fewer than 2 * CAP bytes cannot hold more than CAP values: the walk is skipped (the
     # system's own scan of the inputs still runs), so a lying size shows that it was.
     over = {"input": [0] * CAP}
-    http._check_body(over, LIMITS, 2 * CAP - 1)
+    clipper.check_body(over, LIMITS, 2 * CAP - 1)
     with pytest.raises(LimitExceeded):
-        http._check_body(over, LIMITS, 2 * CAP)
+        clipper.check_body(over, LIMITS, 2 * CAP)
 
 
 def test_binary_bytes_elements_decode_exactly() -> None:

@@ -4,7 +4,7 @@ A V2 header says a shape before its data; a 150-byte request whose BYTES shape s
 elements made the frontend build that many object pointers before reading its 4 data bytes
 (8 GiB touched for [256, 4194304], a 500 with numpy's text for [1024, 4194304]). Each case
 here is decoded the way its edge decodes it (the V2 codec for HTTP JSON and binary,
-``grpc_v2._the_input`` for gRPC) under ``tracemalloc``: it is refused with a 4xx error that
+``grpc_v2._decoded`` for gRPC) under ``tracemalloc``: it is refused with a 4xx error that
 names the bound, and what the refusal held at once is bounded by the body (its JSON header
 parsed, plus a few times its size), never by the shape.
 """
@@ -25,7 +25,6 @@ from parityserve.config import Limits
 from parityserve.core.inputs import check_raw_size, element_count
 from parityserve.errors import InvalidInput, LimitExceeded, MalformedRequest, RequestError
 from parityserve.runtime.frontend import grpc_v2, v2
-from parityserve.runtime.serving.api import ModelMetadata
 
 LIMITS = Limits()
 # The shape-against-data checks, with the request's element cap (which refuses most of these
@@ -34,7 +33,6 @@ LIMITS = Limits()
 UNCAPPED = Limits(max_request_elements=2**62, max_json_bytes=2**62)
 HUGE = [1024, 4194304]  # 2**32 elements: within max_batch_items and max_input_elements
 MANY_DIMS = [0] + [2**62] * 20_000  # a product with 20,000 factors of 2**62
-FREE = ModelMetadata("m", ("1",), "python", (), ())
 
 
 def binary_body(datatype: str, shape: list[int], data: bytes) -> tuple[bytes, int]:
@@ -164,7 +162,7 @@ def test_a_huge_shape_is_refused_before_anything_is_allocated(case: str) -> None
         raised, peak = peak_of(lambda: v2.decode_infer_request(body, length, UNCAPPED))
     else:  # a gRPC request arrives parsed
         parsed, size = 0, sent.ByteSize()
-        raised, peak = peak_of(lambda: grpc_v2._the_input(sent, FREE, UNCAPPED))
+        raised, peak = peak_of(lambda: grpc_v2._decoded(sent, UNCAPPED))
     assert isinstance(raised, error), repr(raised)
     assert isinstance(raised, RequestError)  # a 4xx, never a 500 with numpy's text
     assert words in str(raised), str(raised)
@@ -178,7 +176,7 @@ def test_zero_rows_of_a_wide_shape_decode_to_an_empty_array(route: str) -> None:
     if route == "http binary":
         array = v2.decode_infer_request(*binary_body("BYTES", shape, b""), LIMITS).inputs[0].array
     else:
-        array = grpc_v2._the_input(grpc_request("BYTES", shape, b""), FREE, LIMITS)
+        array = grpc_v2._decoded(grpc_request("BYTES", shape, b""), LIMITS).tensors[0][1]
     assert array.shape == (0, 4194304) and array.size == 0
 
 
