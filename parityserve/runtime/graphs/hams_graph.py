@@ -86,16 +86,17 @@ from parityserve.errors import (
     ModelError,
     ModelLoadError,
     PredictError,
+    ProtocolError,
     ServiceError,
     TooManyStreams,
     Unavailable,
     UnknownModel,
     WorkerError,
 )
+from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_members import Member, MemberLauncher
 from parityserve.runtime.graphs.hams_replay import ReplayLog
-from parityserve.runtime.workers import wire
 from parityserve.runtime.workers.keys import ServerKeys
 from parityserve.runtime.workers.rpc import RejectLog, WorkerLink
 
@@ -111,6 +112,8 @@ _CHECK_EVERY_S = 0.005
 _START_TRIES = 3  # a member killed while loading at start is launched again this often
 _REDISPATCH_S = 0.02  # first wait before a row with applied state goes to a replica again
 _UNHELD = ("bare", "checkpoint-replay")  # modes without a backup: replies leave at once
+_REPORT_KINDS = (hp.HELLO, hp.BEAT, hp.OUT, hp.FAILED, hp.CHECKPOINT, hp.DURABLE, hp.PROMOTED,
+                 hp.ALLOW, hp.DIGEST)  # what an operator may say to the frontend
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ class GraphRuntime:
         # a stateful operator's "no room for a new stream until t", repeated at the door
         self.gate = StreamGate(self.topology.stateful)
         self.on_expired: Callable[[str, int], None] | None = None  # (op, batches): a metric
+        self.on_protocol_error: Callable[[str], None] | None = None  # (kind): a metric
+        self._rejects = RejectLog()  # a malformed message's log line, a few per peer
         self._recovery = asyncio.Lock()  # bare and checkpoint-replay: one recovery at a time
         self.plan: RecoveryPlan | None = None  # hams and remus: every recovery, one plan
         self._lost_at: dict[str, tuple[str, float, int]] = {}  # member -> (how, when, pid)
@@ -257,7 +262,7 @@ class GraphRuntime:
                         setattr(pair, role, self._launch(
                             pair.op, "primary" if role == "primary" else "backup"))
 
-    async def _hello(self, member: Member) -> dict[str, Any]:
+    async def _hello(self, member: Member) -> hm.Hello:
         while not member.hello.done():
             if member.exited():
                 code = member.popen.returncode
@@ -387,7 +392,7 @@ class GraphRuntime:
         """Pack, log (checkpoint-replay), put in flight, send: a step that raises fails the
         batch's rows now, and takes it out of flight, rather than leave it there for good."""
         try:
-            header, frames = self._batch_message(op, bid, batch)
+            header, frames = self._batch_message(op, bid, batch).to_wire()
             if self.mode == "checkpoint-replay":
                 self.replay[op].logged(header, frames)
             self.inflight[op].add(bid, batch, self.clock())
@@ -399,21 +404,18 @@ class GraphRuntime:
             self._fail_batch(op, batch, PredictError(f"{op}: the batch could not be sent: "
                                                      f"{type(exc).__name__}: {exc}"))
 
-    def _batch_message(self, op: str, bid: int, batch: Batch
-                       ) -> tuple[dict[str, Any], list[Any]]:
+    def _batch_message(self, op: str, bid: int, batch: Batch) -> hm.Batch:
         """The batch for ``op``'s primary. Its state will depend on ``needs``: the highest
         number each row carries at each previous stateful operator and at ``op`` (Alg. 2
         needs no more than this frontier, not a lineage per row)."""
         rows = [self._waiting.get(c) or self._abandoned.get(c)
                 for c in (client_of(e.lineage) for e in batch)]
-        desc, frames = wire.pack_payload(np.stack([e.arrival.payload for e in batch]))
-        header = {"t": hp.BATCH, "bid": bid, "seqs": [e.seq for e in batch], "inputs": desc,
-                  "streams": [w.stream if w is not None else "" for w in rows],
-                  "labels": [w.label if w is not None else -1 for w in rows],
-                  "needs": hp.lineage_to_wire(frontier(
-                      (e.lineage for e in batch), self._watched[op])),
-                  "at": self.clock()}  # the operator's now: a stream table's idle time
-        return header, frames
+        return hm.Batch(bid, tuple(e.seq for e in batch),
+                        np.stack([e.arrival.payload for e in batch]),
+                        tuple(w.stream if w is not None else "" for w in rows),
+                        tuple(w.label if w is not None else -1 for w in rows),
+                        frontier((e.lineage for e in batch), self._watched[op]),
+                        self.clock())  # the operator's now: a stream table's idle time
 
     def _pump_stateless(self, op: str) -> None:
         manager, out = self.router.managers[op], self.inflight[op]
@@ -563,44 +565,60 @@ class GraphRuntime:
                 and worker_id in self.plan.suspects():
             self._heard_again(member)
         try:
-            self._handle(op, member, header, buffers)
+            message = hm.parse_report(header, buffers)  # the one place a message is read
+        except ProtocolError as exc:
+            self._malformed(op, member, header.get("t"), exc)
+            return
+        try:
+            self._handle(op, member, message)
         except Exception:  # whatever it was, no batch stays in flight for it: see _on_outputs
             log.exception("graph %s: %s's %s message failed", self.graph.name, worker_id,
-                          header.get("t"))
+                          message.KIND)
 
-    def _handle(self, op: str, member: Member, header: dict[str, Any], buffers: list[Any]
-                ) -> None:
-        kind = header["t"]
-        if kind == hp.BEAT:
-            pass
-        elif kind == hp.HELLO and not member.hello.done():
-            member.hello.set_result(header)
-            if self.plan is not None:
-                self._act(self.plan.ready(member.worker_id))
-        elif kind == hp.OUT:
-            self._on_outputs(self.pairs[op], member, header, buffers)
-        elif kind == hp.CHECKPOINT:
-            self._checkpointed(op, int(header["seq"]))
-        elif kind == hp.DURABLE:
-            self._on_durable(self.pairs[op], member, int(header["seq"]))
-        elif kind in (hp.PROMOTED, hp.ALLOW, hp.DIGEST):
-            future = member.extra.pop(kind, None)
+    def _malformed(self, op: str, member: Member, kind: Any, exc: ProtocolError) -> None:
+        """Dropped and counted, never raised; an unreadable answer to a batch in flight
+        fails that batch (its clients would otherwise wait for the watchdog)."""
+        kind = kind if kind in _REPORT_KINDS else "unknown"  # a bounded metric label
+        self._rejects(member.worker_id, "malformed", f"dropping a malformed {kind} message "
+                      f"of graph {self.graph.name}: {exc}")
+        if self.on_protocol_error is not None:
+            self.on_protocol_error(kind)
+        if isinstance(exc, hm.BadAnswer) and member is self.pairs[op].primary:
+            batch = self.inflight[op].pop(exc.bid, self.clock())
+            if batch is not None:
+                self._outputs_heard(op, batch)
+                self._fail_batch(op, batch, PredictError(
+                    f"{op}: its answer could not be read: {exc}"))
+                self._pump_all()
+
+    def _handle(self, op: str, member: Member, message: hm.Report) -> None:
+        if isinstance(message, hm.Hello):
+            if not member.hello.done():
+                member.hello.set_result(message)
+                if self.plan is not None:
+                    self._act(self.plan.ready(member.worker_id))
+        elif isinstance(message, hm.Out):
+            self._on_outputs(self.pairs[op], member, message)
+        elif isinstance(message, hm.Checkpointed):
+            self._checkpointed(op, message.seq)
+        elif isinstance(message, hm.Durable):
+            self._on_durable(self.pairs[op], member, message.seq)
+        elif isinstance(message, hm.Promoted | hm.Allowed | hm.Digest):
+            future = member.extra.pop(message.KIND, None)
             if future is not None and not future.done():
-                future.set_result(header)
-        elif kind == hp.FAILED and not member.hello.done():
-            member.hello.set_exception(ModelLoadError(f"{op}: {header.get('error')}"))
+                future.set_result(message)
+        elif isinstance(message, hm.Failed) and not member.hello.done():
+            member.hello.set_exception(ModelLoadError(f"{op}: {message.error}"))
             member.hello.exception()  # the start raises it once, for the first member
 
-    def _on_outputs(self, pair: _Pair, member: Member, header: dict[str, Any],
-                    buffers: list[Any]) -> None:
-        bid = int(header["bid"])
+    def _on_outputs(self, pair: _Pair, member: Member, message: hm.Out) -> None:
+        bid = message.bid
         replayed = self._replaying.pop(bid, None)
         if replayed is not None:  # here, not in the replay's task: a checkpoint that follows
             seqs, done = replayed  # on the socket must not drop these outputs' log first
             try:
                 if member is pair.primary:
-                    self._replayed(pair.op, seqs, self._outcomes(pair.op, header, buffers,
-                                                                 len(seqs)))
+                    self._replayed(pair.op, seqs, self._outcomes(pair.op, message, len(seqs)))
             finally:
                 if not done.done():
                     done.set_result(None)
@@ -612,7 +630,7 @@ class GraphRuntime:
             return
         self._outputs_heard(pair.op, batch)
         try:
-            outcomes = self._outcomes(pair.op, header, buffers, len(batch))
+            outcomes = self._outcomes(pair.op, message, len(batch))
             if self.mode == "checkpoint-replay":
                 for entry, outcome in zip(batch, outcomes, strict=True):
                     if not isinstance(outcome, Exception):
@@ -625,19 +643,17 @@ class GraphRuntime:
         finally:
             self._pump_all()
 
-    def _outcomes(self, op: str, header: dict[str, Any], buffers: list[Any], n: int
-                  ) -> list[np.ndarray | Exception]:
+    def _outcomes(self, op: str, message: hm.Out, n: int) -> list[np.ndarray | Exception]:
         """Each row's output, or the error its refusal becomes."""
-        outputs = _outputs(header, buffers) if "outputs" in header else None
         return [_refusal_error(op, o) if isinstance(o, hp.Refusal) else np.asarray(o)
-                for o in hp.row_outcomes(header, outputs, n)]
+                for o in message.outcomes(n)]
 
     def _outputs_heard(self, op: str, batch: Batch) -> None:
         """The batch's outcomes are here: its state may be applied now (``Heard``)."""
         pair = self.pairs[op]
         if self.plan is not None and self._heard[op].add(e.seq for e in batch) \
                 and pair.backup is not None:
-            self._send(pair.backup, {"t": hp.NOTIFY, "op": op, "seq": self._heard[op].upto})
+            self._tell(pair.backup, hm.Notify(op, self._heard[op].upto))
 
     def _on_durable(self, pair: _Pair, member: Member, seq: int) -> None:
         if member is pair.spare and self.plan is not None:  # seeded by a member being
@@ -654,7 +670,7 @@ class GraphRuntime:
             if pair.op in self.topology.prev_stateful(nxt):
                 backup = self.pairs[nxt].backup
                 if backup is not None:
-                    self._send(backup, {"t": hp.NOTIFY, "op": pair.op, "seq": seq})
+                    self._tell(backup, hm.Notify(pair.op, seq))
 
     def _checkpoint_path(self, op: str) -> str:
         return os.path.join(self._store, f"{op}.ckpt") if self._store else ""
@@ -677,17 +693,19 @@ class GraphRuntime:
         except Exception as exc:  # not connected (yet, or any more): the monitor decides
             log.debug("cannot reach %s: %s", member.worker_id, exc)
 
-    async def _ask(self, member: Member, kind: str, header: dict[str, Any],
-                   timeout_s: float = 5.0) -> dict[str, Any]:
+    def _tell(self, member: Member, message: hm.Order) -> None:
+        self._send(member, *message.to_wire())
+
+    async def _ask(self, member: Member, kind: str, message: hm.Order,
+                   timeout_s: float = 5.0) -> Any:
         """Send and wait for the answer; a member that exits meanwhile fails it at once."""
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         member.extra[kind] = future
-        self._send(member, header)
-        return await self._answer(member, kind, header["t"], future, timeout_s)
+        self._tell(member, message)
+        return await self._answer(member, kind, message.KIND, future, timeout_s)
 
     async def _answer(self, member: Member, kind: str, asked: str,
-                      future: asyncio.Future[dict[str, Any]], timeout_s: float
-                      ) -> dict[str, Any]:
+                      future: asyncio.Future[Any], timeout_s: float) -> Any:
         deadline = self.clock() + timeout_s
         while not future.done():
             if member.exited() or self.clock() > deadline:
@@ -818,7 +836,7 @@ class GraphRuntime:
         durable = {m: self.router.commit.durable[m] for m in backup.spec.pfm}
         durable[action.op] = self._heard[action.op].upto  # its own outputs held here
         try:
-            await self._ask(backup, hp.ALLOW, {"t": hp.ALLOW, "key": key, "durable": durable})
+            await self._ask(backup, hp.ALLOW, hm.Allow(key, durable))
         except Unavailable as exc:  # dead or hung: a lost backup, which the plan replaces
             self._suspect(backup, str(exc))  # (it holds no state: never kept)
             return
@@ -830,8 +848,9 @@ class GraphRuntime:
         if backup is None or primary is None:
             return
         hello = backup.hello.result()
-        self._send(primary, {"t": hp.ATTACH, "address": hello["address"],
-                             "key": hello.get("key", "")})
+        if hello.address is None:
+            raise ProtocolError(f"{backup.worker_id} said hello without its address")
+        self._tell(primary, hm.Attach(hello.address, hello.key))
 
     def _inform(self, action: Inform) -> None:
         """A recovery resumed: the backup hears every upstream watermark the frontend holds
@@ -842,43 +861,42 @@ class GraphRuntime:
         if backup is None:
             return
         for upstream in backup.spec.pfm:
-            self._send(backup, {"t": hp.NOTIFY, "op": upstream,
-                                "seq": self.router.commit.durable[upstream]})
+            self._tell(backup, hm.Notify(upstream, self.router.commit.durable[upstream]))
 
     async def _take_over(self, action: Promote | RollBack) -> None:
         member = self._member(action.member)
         if member is None or self.plan is None:
             return
-        header: dict[str, Any] = {"t": hp.ROLLBACK}
+        order: hm.Order = hm.Rollback()
         spare = self._member(action.attach) if isinstance(action, Promote) else None
         if isinstance(action, Promote):
-            header = {"t": hp.PROMOTE, **self._seed_spare(member, spare)}
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            order = self._seed_spare(member, spare)
+        future: asyncio.Future[hm.Promoted] = asyncio.get_running_loop().create_future()
         member.extra[hp.PROMOTED] = future
-        self._send(member, header)
+        self._tell(member, order)
         while True:  # (it answers once the spare holds its state, or in 2 s)
             try:
-                answer = await self._answer(member, hp.PROMOTED, header["t"], future, 8.0)
+                answer = await self._answer(member, hp.PROMOTED, order.KIND, future, 8.0)
                 break
             except Unavailable as exc:  # alive and the last holder: its answer still counts
                 if not self._kept(member, str(exc)):
                     return
                 member.extra[hp.PROMOTED] = future
-        seeded = spare.worker_id if answer.get("seeded") and spare is not None else None
-        self._act(self.plan.took_over(action.member, int(answer["seq"]), seeded))
+        seeded = spare.worker_id if answer.seeded and spare is not None else None
+        self._act(self.plan.took_over(action.member, answer.seq, seeded))
 
-    def _seed_spare(self, member: Member, spare: Member | None) -> dict[str, Any]:
+    def _seed_spare(self, member: Member, spare: Member | None) -> hm.Promote:
         """Let the spare in for the member being promoted (not waited for: it answers the
         promotion only once the spare applied its state), and say where it listens."""
         if spare is None or not spare.hello.done():
-            return {}
+            return hm.Promote()
         key = member.keys.public.decode() if member.keys is not None else ""
         durable = {m: self.router.commit.durable[m] for m in spare.spec.pfm}
         op = spare.spec.op  # outputs beyond the durable point may be renumbered: not those
         durable[op] = self.router.commit.durable[op]
-        self._send(spare, {"t": hp.ALLOW, "key": key, "durable": durable})
+        self._tell(spare, hm.Allow(key, durable))
         hello = spare.hello.result()
-        return {"attach": hello["address"], "key": hello.get("key", "")}
+        return hm.Promote(hello.address, hello.key)
 
     def _resume(self, action: Resume) -> None:
         """The plan is complete: roll back and discard in the router, note each lost
@@ -1046,7 +1064,7 @@ class GraphRuntime:
 
     async def _replay_into(self, pair: _Pair, primary: Member) -> int:
         hello = await self._hello(primary)
-        restored = int(hello.get("restored", 0))
+        restored = hello.restored
         for header, rows in self.replay[pair.op].after(restored):
             bid = next(self._bids)
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -1121,7 +1139,7 @@ class GraphRuntime:
                                f"stateful: {sorted(self.pairs)}")
         self.slow[op] = delay_s
         if pair.primary is not None:  # else a recovery is under way: nothing to slow
-            self._send(pair.primary, {"t": hp.SLOW, "s": delay_s})
+            self._tell(pair.primary, hm.Slow(delay_s))
 
     # ---- inspection ------------------------------------------------------------------------
     async def state_digests(self) -> dict[str, dict[str, Any]]:
@@ -1143,10 +1161,10 @@ class GraphRuntime:
     async def _digest(self, member: Member | None) -> dict[str, Any] | None:
         if member is None or member.lost or not member.hello.done():
             return None
-        answer = await self._ask(member, hp.DIGEST, {"t": hp.DIGEST})
-        found = {"seq": int(answer["seq"]), "digest": str(answer["digest"]), "pid": member.pid}
-        if isinstance(answer.get("shipped"), dict):  # a primary: full copies and deltas sent
-            found["shipped"] = {str(k): int(v) for k, v in answer["shipped"].items()}
+        answer: hm.Digest = await self._ask(member, hp.DIGEST, hm.DigestAsk())
+        found: dict[str, Any] = {"seq": answer.seq, "digest": answer.digest, "pid": member.pid}
+        if answer.shipped is not None:  # a primary: full copies and deltas sent
+            found["shipped"] = dict(answer.shipped)
         return found
 
     def statistics(self) -> dict[str, Any]:
@@ -1197,11 +1215,6 @@ def _ids(pair: _Pair) -> tuple[str, str, str]:
     members = (pair.primary, pair.backup, pair.spare)
     assert all(m is not None for m in members)
     return tuple(m.worker_id for m in members if m is not None)  # type: ignore[return-value]
-
-
-def _outputs(header: dict[str, Any], buffers: list[Any]) -> np.ndarray:
-    """An operator's outputs, one row per request of the batch."""
-    return np.array(wire.unpack_payload(header["outputs"], buffers))
 
 
 def _refusal_error(op: str, refused: hp.Refusal) -> Exception:

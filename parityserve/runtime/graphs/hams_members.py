@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parityserve.runtime.fleet.launcher import ProcessHandle, kill_and_reap, spawn_worker_process
+from parityserve.runtime.graphs.hams_messages import Hello
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec
 from parityserve.runtime.graphs.zygote import ForkServer, operator_command
 from parityserve.runtime.workers.keys import ClientKeys, ServerKeys
@@ -30,7 +31,7 @@ class Member:
     popen: ProcessHandle  # a subprocess.Popen, or a zygote's ForkedProcess
     keys: ClientKeys | None
     started_at: float
-    hello: asyncio.Future[dict[str, Any]]
+    hello: asyncio.Future[Hello]  # its first message, or why its model did not load
     last_beat: float = 0.0
     lost: str | None = None  # how its loss was seen: "exit" or "timeout"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +64,7 @@ class MemberLauncher:
         if keys is not None:
             self.link.expect(spec.worker_id, keys.public)
         popen = self._process(spec, keys)
-        hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
         return Member(spec, popen, keys, now, hello, last_beat=now)
 
     def _process(self, spec: OperatorSpec, keys: ClientKeys | None) -> ProcessHandle:

@@ -19,7 +19,7 @@ from parityserve.errors import ProtocolError
 __all__ = ["ALLOW", "APPLIED", "ATTACH", "BATCH", "BEAT", "CHECKPOINT", "DIGEST", "DURABLE",
            "FAILED", "HELLO", "NOTIFY", "OUT", "PROMOTE", "PROMOTED", "RECEIVED", "ROLLBACK",
            "SLOW", "STATE", "STOP", "OperatorSpec", "Refusal", "checkpoint_file",
-           "lineage_from_wire", "lineage_to_wire", "refusal", "row_outcomes"]
+           "lineage_from_wire", "lineage_to_wire", "refusal"]
 
 # message types on the frontend <-> operator and primary <-> backup links
 HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
@@ -78,9 +78,10 @@ def checkpoint_file(path: str, seq: int) -> str:
 
 
 # ---- one batch's outcome, row by row ---------------------------------------------------------
-# An OUT message answers a whole batch: ``outputs`` (a payload, one row per answered row),
-# ``rows`` (which rows of the batch those are; absent: every row) and ``refused`` (one
-# [row, kind, message, retry_after_s] per row the operator refused, nothing written for it).
+# An OUT message answers a whole batch (``hams_messages.Out``): ``outputs`` (a payload, one
+# row per answered row), ``rows`` (which rows of the batch those are; absent: every row) and
+# ``refused`` (one [row, kind, message, retry_after_s] per row the operator refused, nothing
+# written for it).
 
 _MESSAGE_CHARS = 1000
 
@@ -105,23 +106,3 @@ def refusal(row: int, exc: BaseException) -> list[Any]:
         return [row, "busy", message, float(wait)]
     return [row, "bad_input" if isinstance(exc, ValueError | TypeError) else "error", message,
             0.0]
-
-
-def row_outcomes(header: dict[str, Any], outputs: Any, n: int
-                 ) -> list[Any]:
-    """Each of the batch's ``n`` rows: its output row, or its ``Refusal``."""
-    if "error" in header:  # the whole batch refused in one message
-        return [Refusal(row, "bad_input" if header.get("bad_input") else "error",
-                        str(header["error"])) for row in range(n)]
-    found: list[Any] = [None] * n
-    for raw in header.get("refused") or ():
-        row, kind, message, wait = raw
-        found[int(row)] = Refusal(int(row), str(kind), str(message), float(wait))
-    answered = header.get("rows")
-    rows = range(n) if answered is None else [int(r) for r in answered]
-    if outputs is not None:
-        for row, output in zip(rows, outputs, strict=True):
-            found[row] = output
-    if any(f is None for f in found):
-        raise ProtocolError(f"an operator's answer leaves rows of a batch of {n} unanswered")
-    return found

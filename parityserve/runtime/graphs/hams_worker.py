@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import logging
 import os
 import queue
 import signal
@@ -56,41 +57,21 @@ from parityserve.core.hams import (
     StateRecord,
 )
 from parityserve.core.hams.deltas import DeltaLedger, Shipment
-from parityserve.errors import ModelLoadError
+from parityserve.errors import ModelLoadError, ProtocolError
 from parityserve.models._stateful_base import OperatorBatch
 from parityserve.models._stateful_run import CopyGate, drive
-from parityserve.runtime.graphs.hams_protocol import (
-    ALLOW,
-    APPLIED,
-    ATTACH,
-    BATCH,
-    BEAT,
-    CHECKPOINT,
-    DIGEST,
-    DURABLE,
-    FAILED,
-    HELLO,
-    NOTIFY,
-    OUT,
-    PROMOTE,
-    PROMOTED,
-    RECEIVED,
-    ROLLBACK,
-    SLOW,
-    STATE,
-    STOP,
-    OperatorSpec,
-    checkpoint_file,
-    lineage_from_wire,
-    lineage_to_wire,
-    refusal,
-)
+from parityserve.runtime.graphs import hams_messages as hm
+from parityserve.runtime.graphs import hams_protocol as hp
+from parityserve.runtime.graphs.hams_protocol import OperatorSpec, checkpoint_file, refusal
 from parityserve.runtime.graphs.hams_state import FlatDelta, FlatState
 from parityserve.runtime.workers import wire
 from parityserve.runtime.workers.keys import ClientKeys
 from parityserve.runtime.workers.worker import keys_from_env
 
 __all__ = ["main", "restore_checkpoint", "save_checkpoint", "serve"]
+
+log = logging.getLogger(__name__)
+
 
 class _Operator:
     """The model and its live state, shared by both roles."""
@@ -102,11 +83,8 @@ class _Operator:
         self.model = load_stateful(spec.source, spec.options)
         self.state = self.model.initialize()
 
-    def batch(self, header: dict[str, Any], buffers: list[Any]) -> OperatorBatch:
-        inputs = wire.unpack_payload(header["inputs"], buffers[:1])
-        return OperatorBatch.from_numpy(np.array(inputs), header.get("streams") or
-                                        [""] * len(inputs), header.get("labels"),
-                                        float(header.get("at", 0.0)))
+    def batch(self, order: hm.Batch) -> OperatorBatch:
+        return OperatorBatch.from_numpy(order.inputs, order.streams, order.labels, order.at)
 
 
 class _Process:
@@ -125,13 +103,28 @@ class _Process:
         self.last_beat = 0.0
         self.running = True
 
-    def tell(self, header: dict[str, Any], buffers: list[Any] | None = None) -> None:
-        self.front.send_multipart(wire.encode(header, buffers), copy=False)
+    def tell(self, message: hm.Report) -> None:
+        self.front.send_multipart(wire.encode(*message.to_wire()), copy=False)
+
+    def receive(self) -> hm.Order | None:
+        """The frontend's next order; one that does not parse is logged and dropped (a
+        batch whose rows cannot be read is refused, row by row)."""
+        frames = self.front.recv_multipart(copy=False)
+        try:
+            header, buffers = wire.decode(frames)
+            return hm.parse_order(header, buffers)
+        except hm.BadBatch as exc:
+            self.tell(hm.Out(exc.bid, refused=tuple(
+                hp.Refusal(*refusal(row, exc)) for row in range(exc.rows))))
+        except ProtocolError as exc:
+            log.warning("%s: dropping a malformed message from the frontend: %s",
+                        self.spec.worker_id, exc)
+        return None
 
     def beat_if_due(self) -> None:
         if time.monotonic() - self.last_beat >= self.spec.heartbeat_s:
             self.last_beat = time.monotonic()
-            self.tell({"t": BEAT})
+            self.tell(hm.Beat())
 
 
 class Primary:
@@ -157,7 +150,7 @@ class Primary:
         self.batches = 0
         self.last_seq = start_seq  # the request the live state is after
         self.orders: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.deferred: deque[tuple[dict[str, Any], list[Any]]] = deque()  # Remus, waiting
+        self.deferred: deque[hm.Order] = deque()  # Remus, waiting
         self.pipe_out, pipe_in = _pipe(proc.ctx)
         # Remus waits for the backup's receipt and for control messages at once
         self.receipt_out, self.receipt_in = _pipe(proc.ctx)
@@ -169,33 +162,31 @@ class Primary:
         if self.mode != "bare":
             self.thread.start()
 
-    def handle(self, header: dict[str, Any], buffers: list[Any]) -> None:
-        kind = header["t"]
-        if kind == BATCH:
-            self.run_batch(header, buffers)
-        elif kind == ATTACH:
-            self._to_state_thread("attach", (header["address"], header["key"].encode()))
-        elif kind == ROLLBACK:
+    def handle(self, order: hm.Order) -> None:
+        if isinstance(order, hm.Batch):
+            self.run_batch(order)
+        elif isinstance(order, hm.Attach):
+            self._to_state_thread("attach", (order.address, order.key.encode()))
+        elif isinstance(order, hm.Rollback):
             self.roll_back()
-        elif kind == SLOW:
-            self.slow_s = float(header.get("s", 0.0))
-        elif kind == DIGEST:  # updates run on this thread too: none is half done now
-            self.proc.tell({**_digest(self.last_seq, self.operator.state),
-                            "shipped": {"full": self.ledger.fulls,
-                                        "deltas": self.ledger.deltas}})
+        elif isinstance(order, hm.Slow):
+            self.slow_s = order.s
+        elif isinstance(order, hm.DigestAsk):  # updates run on this thread too: none is
+            self.proc.tell(_digest(self.last_seq, self.operator.state, {  # half done now
+                "full": self.ledger.fulls, "deltas": self.ledger.deltas}))
 
-    def run_batch(self, header: dict[str, Any], buffers: list[Any]) -> None:
+    def run_batch(self, message: hm.Batch) -> None:
         """One batch, either operator form (``drive``): the write waits for the previous
         state's copy (H2), and "write + number the batch" holds the mutex (the gate takes it
         when it opens), so a copy never sees half of it. A batch the operator refuses before
         writing is searched for its bad rows (``RowBisection``): the other rows run, in their
         order, each part numbered as a batch of its own; only the bad rows are refused."""
-        bid = header["bid"]
+        bid = message.bid
         try:
-            batch = self.operator.batch(header, buffers)
+            batch = self.operator.batch(message)
         except Exception as exc:  # frames that make no batch: every row is refused
-            self.proc.tell({"t": OUT, "bid": bid,
-                            "refused": [refusal(row, exc) for row in range(len(header["seqs"]))]})
+            self.proc.tell(hm.Out(bid, refused=tuple(
+                hp.Refusal(*refusal(row, exc)) for row in range(len(message.seqs)))))
             return
         early = functools.partial(self._send_outputs, bid) if self.mode == "hams" else None
         plan: RowBisection[Exception] = RowBisection(len(batch))
@@ -203,16 +194,16 @@ class Primary:
         while (part := plan.next_part()) is not None:
             whole = len(part) == len(batch)  # NSPB: outputs leave early when the form allows
             try:
-                answered.append(self._run_part(header, batch if whole else batch.rows(part),
+                answered.append(self._run_part(message, batch if whole else batch.rows(part),
                                                part, early if whole else None))
             except _NothingWritten as refused:
                 plan.failed(part, refused.error, _culprits(refused.error, part))
             else:
                 plan.passed(part)
-        self._after_batch(header, plan, answered, sent=plan.runs == 1 and early is not None
+        self._after_batch(message, plan, answered, sent=plan.runs == 1 and early is not None
                           and bool(plan.ok))
 
-    def _run_part(self, header: dict[str, Any], batch: OperatorBatch, part: tuple[int, ...],
+    def _run_part(self, message: hm.Batch, batch: OperatorBatch, part: tuple[int, ...],
                   early: Callable[[Any], None] | None) -> Any:
         left: list[Any] = []  # outputs that left early: then they must stand
         written: list[Any] = []  # the update's pending value: it may say what it wrote
@@ -225,37 +216,38 @@ class Primary:
                 if gate.opened or left:  # half written, or outputs out that the state lacks:
                     raise  # die; the backup holds the last whole state, replies wait for it
                 raise _NothingWritten(exc) from exc  # a bad row, not a dead operator
-            order = self._number(header, part, written)
+            order = self._number(message, part, written)
         if order is not None:
             self._to_state_thread("order", order)
         return outputs
 
-    def _after_batch(self, header: dict[str, Any], plan: RowBisection[Exception],
+    def _after_batch(self, message: hm.Batch, plan: RowBisection[Exception],
                      answered: list[Any], sent: bool) -> None:
         """Outputs (unless they left early), then, under checkpoint-replay, the checkpoint."""
-        bid = header["bid"]
+        bid = message.bid
         if plan.ok and self.mode == "remus":
             self._await_receipt(self.last_seq)
         if not sent:
             self._send_outputs(bid, _joined(answered), rows=plan.ok if plan.errors else None,
-                               refused=[refusal(r, e) for r, e in sorted(plan.errors.items())])
+                               refused=[hp.Refusal(*refusal(r, e))
+                                        for r, e in sorted(plan.errors.items())])
         if plan.ok and self.mode == "checkpoint-replay":  # after the outputs, on the same
-            self._maybe_checkpoint(header["seqs"][-1])  # socket: when the frontend hears of
+            self._maybe_checkpoint(message.seqs[-1])  # socket: when the frontend hears of
             # a checkpoint, it has every output the checkpoint covers, and may drop their
             # batches. The state is after the whole batch: its refused rows wrote nothing.
 
-    def _number(self, header: dict[str, Any], part: tuple[int, ...], written: list[Any]
+    def _number(self, message: hm.Batch, part: tuple[int, ...], written: list[Any]
                 ) -> CopyOrder | None:
         """After the write, under the mutex: give the shipper the part's rows, and the
         ledger what the write changed."""
-        seq = header["seqs"][part[-1]]
+        seq = message.seqs[part[-1]]
         self.last_seq = seq
         if self.mode in ("checkpoint-replay", "bare"):
             return None
         self.ledger.wrote(*_declared(written))
         # the whole batch's frontier (its rows' highest numbers): for a part, a bound that
         # may wait for more than the part needs, never for less
-        lineages = (lineage_from_wire(header["needs"]),)
+        lineages = (message.needs,)
         order = self.shipper.batch_finished(lineages, seq)
         if order is not None:
             self.copied.clear()
@@ -271,7 +263,7 @@ class Primary:
                                                                           self.operator.state))
         if self.slow_s:  # injected: stored, not yet announced (what a kill here leaves);
             self._sleep_beating(self.slow_s)  # a delay, not a hang: heartbeats go on
-        self.proc.tell({"t": CHECKPOINT, "seq": seq})  # the frontend deletes older ones
+        self.proc.tell(hm.Checkpointed(seq))  # the frontend deletes older ones
 
     def _sleep_beating(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -292,26 +284,19 @@ class Primary:
                 while self.receipt_in in ready:
                     self.receipt_in.recv(zmq.NOBLOCK)
             if self.proc.front in ready:
-                header, buffers = wire.decode(self.proc.front.recv_multipart(copy=False))
-                if header["t"] in (BATCH, STOP):
-                    self.deferred.append((header, buffers))
-                else:
-                    self.handle(header, buffers)
+                order = self.proc.receive()
+                if isinstance(order, hm.Batch | hm.Stop):
+                    self.deferred.append(order)
+                elif order is not None:
+                    self.handle(order)
             self.proc.beat_if_due()
 
     def _send_outputs(self, bid: int, outputs: Any, rows: list[int] | None = None,
-                      refused: list[list[Any]] | None = None) -> None:
-        header: dict[str, Any] = {"t": OUT, "bid": bid}
-        frames: list[Any] = []
-        if outputs is not None:
-            array = outputs.detach().numpy() if hasattr(outputs, "detach") \
-                else np.asarray(outputs)
-            header["outputs"], frames = wire.pack_payload(np.ascontiguousarray(array))
-        if rows is not None:
-            header["rows"] = rows
-        if refused:
-            header["refused"] = refused
-        self.proc.tell(header, frames)
+                      refused: list[hp.Refusal] | None = None) -> None:
+        array = None if outputs is None else outputs.detach().numpy() \
+            if hasattr(outputs, "detach") else np.asarray(outputs)
+        self.proc.tell(hm.Out(bid, array, None if rows is None else tuple(rows),
+                              tuple(refused or ())))
 
     def seed(self, address: str, key: str, limit_s: float = 2.0) -> bool:
         """Attach a backup and wait (heartbeats going on) until it applied the base."""
@@ -334,7 +319,7 @@ class Primary:
             self.ledger.restart(seq)
             self.copies = {seq: self.copies[seq]}
             self.last_seq = seq
-        self.proc.tell({"t": PROMOTED, "seq": seq})
+        self.proc.tell(hm.Promoted(seq))
 
     def _to_state_thread(self, kind: str, value: Any) -> None:
         self.orders.put((kind, value))
@@ -357,7 +342,7 @@ class _StateThread:
                     sock.recv()
                     self._drain_orders()
                 elif self.backup is not None and sock is self.backup:
-                    self._hear(*wire.decode(sock.recv_multipart(copy=False)))
+                    self._hear(sock.recv_multipart(copy=False))
 
     def _drain_orders(self) -> None:
         with contextlib.suppress(queue.Empty):
@@ -400,11 +385,9 @@ class _StateThread:
             return  # no backup yet: it is sent again when one attaches (lost_backup)
         if self.p.slow_s:
             time.sleep(self.p.slow_s)
-        header = {"t": STATE, "seq": flat.seq, "base": base, "layout": flat.layout,
-                  "lineages": [lineage_to_wire(lin) for lin in lineages]}
         frames: list[Any] = [flat.frame()] if isinstance(flat, FlatState) else flat.frames()
-        if isinstance(flat, FlatDelta):
-            header["delta_of"] = flat.base
+        header, frames = hm.State(flat.seq, list(flat.layout), lineages, tuple(frames), base,
+                                  flat.base if isinstance(flat, FlatDelta) else None).to_wire()
         with contextlib.suppress(zmq.Again):  # a base is copied: the retained copy it is
             self.backup.send_multipart(wire.encode(header, frames), copy=base,  # takes
                                        flags=zmq.NOBLOCK)  # deltas in place later
@@ -423,15 +406,17 @@ class _StateThread:
         self._send(base, (), base=True)
         self._send_order(order)
 
-    def _hear(self, header: dict[str, Any], _buffers: list[Any]) -> None:
-        seq = int(header.get("seq", -1))
-        if header["t"] == APPLIED:
+    def _hear(self, frames: list[Any]) -> None:
+        receipt = _state_link(frames, "its backup")
+        if not isinstance(receipt, hm.Received | hm.Applied):
+            return
+        if isinstance(receipt, hm.Applied):
             self.p.applied_upto.set()
             with self.p.mutex:
-                self.p.shipper.applied(seq)
+                self.p.shipper.applied(receipt.seq)
                 self.p.copies = _fold(self.p.copies, self.p.shipper.retained_seq)
-        if header["t"] in (RECEIVED, APPLIED):  # a state applied at once was received too:
-            self._received(seq, bool(header.get("gap")))  # the backup says so only once
+        # a state applied at once was received too: the backup says so only once
+        self._received(receipt.seq, receipt.gap)
 
     def _received(self, seq: int, gap: bool) -> None:
         with self.p.mutex:
@@ -485,18 +470,17 @@ class Backup:
     def callback(self, _domain: str, key: bytes) -> bool:  # the ZAP check for the primary
         return key in self.allowed
 
-    def handle(self, header: dict[str, Any], _buffers: list[Any]) -> None:
-        kind = header["t"]
-        if kind == ALLOW:  # the primary's key, and how far upstream is durable already
-            self.allowed = {header["key"].encode()}
-            self.seed = {str(k): int(v) for k, v in (header.get("durable") or {}).items()}
+    def handle(self, order: hm.Order) -> None:
+        if isinstance(order, hm.Allow):  # the primary's key, and how far upstream is durable
+            self.allowed = {order.key.encode()}
+            self.seed = dict(order.durable)
             for op, seq in self.seed.items():  # a base that came first (a promoted member
                 self._apply(self.applier.notify(op, seq))  # seeding it) learns them now
-            self.proc.tell({"t": ALLOW})  # the frontend tells the primary to connect now
-        elif kind == DIGEST:  # states are installed on this thread: this one is whole
+            self.proc.tell(hm.Allowed())  # the frontend tells the primary to connect now
+        elif isinstance(order, hm.DigestAsk):  # states are installed on this thread: whole
             self.proc.tell(_digest(self.applier.applied_seq, self.operator.state))
-        elif kind == NOTIFY:
-            op, seq = str(header["op"]), int(header["seq"])
+        elif isinstance(order, hm.Notify):
+            op, seq = order.op, order.seq
             # kept for the applier the base state will start: a notice that comes between
             # ALLOW and the base must not be lost with the applier it reached
             self.seed[op] = max(self.seed.get(op, 0), seq)
@@ -504,41 +488,38 @@ class Backup:
 
     def hear(self, frames: list[Any]) -> None:
         self.primary_id = frames[0].bytes
-        header, buffers = wire.decode(frames[1:])
-        delta = "delta_of" in header
-        if header["t"] != STATE or len(buffers) != (2 if delta else 1):
+        state = _state_link(frames[1:], "its primary")
+        if not isinstance(state, hm.State):
             return
-        seq = int(header["seq"])
-        if header.get("base") and not delta:  # APPLIED says RECEIVED too
-            FlatState.received(seq, header["layout"], buffers[0]).install(self.operator.state)
+        seq, delta = state.seq, state.delta_of is not None
+        if state.base and not delta:  # APPLIED says RECEIVED too
+            FlatState.received(seq, state.layout, state.frames[0]).install(self.operator.state)
             self.applier = BackupApplier(self.proc.spec.op, self._watched(), seq, self.seed)
-            self._reply(APPLIED, seq)
-            self.proc.tell({"t": DURABLE, "seq": seq})
+            self._reply(hm.Applied(seq))
+            self.proc.tell(hm.Durable(seq))
             return
-        lineages = tuple(lineage_from_wire(lin) for lin in header["lineages"])
-        record = StateRecord(self.proc.spec.op, seq, lineages, *_received(seq, header, buffers))
+        record = StateRecord(self.proc.spec.op, seq, state.lineages, *_received(state))
         # a delta that does not fit (its base is not the newest state here) is dropped, and
         # the primary told: its next copy is the full state
         gap = delta and not self.applier.fits(record)
         ready = self.applier.receive(record)
         if not ready or ready[-1].seq != seq:  # not applied at once: say it came now (one
-            self._reply(RECEIVED, seq, gap=gap)  # message fewer per state when it is)
+            self._reply(hm.Received(seq, gap))  # message fewer per state when it is)
         self._apply(ready)
 
     def _apply(self, ready: list[StateRecord[FlatState | FlatDelta]]) -> None:
         for record in ready:
             record.tensors.install(self.operator.state)
-            self._reply(APPLIED, record.seq)
-            self.proc.tell({"t": DURABLE, "seq": record.seq})
+            self._reply(hm.Applied(record.seq))
+            self.proc.tell(hm.Durable(record.seq))
 
-    def _reply(self, kind: str, seq: int, gap: bool = False) -> None:
+    def _reply(self, receipt: hm.Received | hm.Applied) -> None:
         if self.primary_id is not None:
-            message = {"t": kind, "seq": seq, **({"gap": True} if gap else {})}
             with contextlib.suppress(zmq.ZMQError):
-                self.link.send_multipart([self.primary_id, *wire.encode(message)],
+                self.link.send_multipart([self.primary_id, *wire.encode(*receipt.to_wire())],
                                          flags=zmq.NOBLOCK)
 
-    def promote(self, header: dict[str, Any]) -> Primary:
+    def promote(self, header: hm.Promote) -> Primary:
         """Become the primary at the state last applied; buffered states die with the old
         primary (they were never durable). With ``attach`` (the spare's address), send the
         spare that state first and answer once it is applied: from then on a second member
@@ -548,9 +529,8 @@ class Backup:
         if self.auth is not None:
             self.auth.stop()
         primary = Primary(self.proc, self.operator, start_seq=seq)
-        seeded = bool(header.get("attach")) and primary.seed(
-            str(header["attach"]), str(header.get("key", "")))
-        self.proc.tell({"t": PROMOTED, "seq": seq, "seeded": seeded})
+        seeded = bool(header.attach) and primary.seed(str(header.attach), header.key)
+        self.proc.tell(hm.Promoted(seq, seeded))
         return primary
 
 
@@ -593,14 +573,21 @@ def _fold(copies: dict[int, FlatState | FlatDelta], keep: int
     return {full.seq: full, **{s: c for s, c in copies.items() if s > keep}}
 
 
-def _received(seq: int, header: dict[str, Any], buffers: list[Any]
-              ) -> tuple[FlatState | FlatDelta, int | None]:
+def _received(state: hm.State) -> tuple[FlatState | FlatDelta, int | None]:
     """A state from the primary, full or a delta, and the delta's base (None: full)."""
-    if "delta_of" not in header:
-        return FlatState.received(seq, header["layout"], buffers[0]), None
-    delta = FlatDelta.received(seq, int(header["delta_of"]), header["layout"], buffers[0],
-                               buffers[1])
+    if state.delta_of is None:
+        return FlatState.received(state.seq, state.layout, state.frames[0]), None
+    delta = FlatDelta.received(state.seq, state.delta_of, state.layout, *state.frames)
     return delta, delta.base
+
+
+def _state_link(frames: list[Any], peer: str) -> hm.StateLink | None:
+    """One message on the primary-backup link; one that does not parse is logged, dropped."""
+    try:
+        return hm.parse_state_link(*wire.decode(frames))
+    except ProtocolError as exc:
+        log.warning("dropping a malformed message from %s: %s", peer, exc)
+        return None
 
 
 class _NothingWritten(Exception):
@@ -638,12 +625,12 @@ def _joined(answered: list[Any]) -> Any:
                            for a in answered])
 
 
-def _digest(seq: int, state: Any) -> dict[str, Any]:
+def _digest(seq: int, state: Any, shipped: dict[str, int] | None = None) -> hm.Digest:
     """The replay check's view of this process's state: its digest, and the request it is
     after."""
     from parityserve.models.stateful import state_digest
 
-    return {"t": DIGEST, "seq": seq, "digest": state_digest(state)}
+    return hm.Digest(seq, state_digest(state), shipped)
 
 
 def save_checkpoint(path: str, flat: FlatState) -> None:
@@ -709,10 +696,9 @@ def serve(spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> int:
     gc.freeze()
     role: Primary | Backup = Primary(proc, operator, restored) if spec.role == "primary" \
         else Backup(proc, operator)
-    hello = {"t": HELLO, "role": spec.role, "pid": os.getpid(), "restored": restored}
-    if isinstance(role, Backup):
-        hello.update(address=role.address, key=role.public.decode())
-    proc.tell(hello)
+    proc.tell(hm.Hello(spec.role, os.getpid(), restored,
+                       role.address if isinstance(role, Backup) else None,
+                       role.public.decode() if isinstance(role, Backup) else ""))
     try:
         _loop(proc, role)
     finally:
@@ -727,21 +713,22 @@ def _loop(proc: _Process, role: Primary | Backup) -> None:
         poller.register(role.link, zmq.POLLIN)
     while proc.running:
         if isinstance(role, Primary) and role.deferred:
-            header, buffers = role.deferred.popleft()
-            if header["t"] == STOP:
+            waited = role.deferred.popleft()
+            if isinstance(waited, hm.Stop):
                 return
-            role.handle(header, buffers)
+            role.handle(waited)
             continue
         for sock, _ in poller.poll(int(proc.spec.heartbeat_s * 1000)):
             if sock is proc.front:
-                header, buffers = wire.decode(proc.front.recv_multipart(copy=False))
-                if header["t"] == STOP:
+                order = proc.receive()
+                if isinstance(order, hm.Stop):
                     return
-                if header["t"] == PROMOTE and isinstance(role, Backup):
+                if isinstance(order, hm.Promote) and isinstance(role, Backup):
                     poller.unregister(role.link)
-                    role = role.promote(header)
+                    role = role.promote(order)
                     continue
-                role.handle(header, buffers)
+                if order is not None:
+                    role.handle(order)
             elif isinstance(role, Backup):
                 role.hear(sock.recv_multipart(copy=False))
         proc.beat_if_due()
@@ -767,7 +754,7 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
     except ModelLoadError as exc:
         print(f"parityserve operator {spec.worker_id}: {exc}", file=sys.stderr, flush=True)
         sock = _Process(spec, args.connect, keys)
-        sock.tell({"t": FAILED, "error": str(exc)})
+        sock.tell(hm.Failed(str(exc)))
         sock.front.close(linger=2000)
         # Send it before exiting (for at most the linger): without term() the exit raced
         # zmq's I/O thread, won by the slow teardown of a spawned interpreter and lost by a

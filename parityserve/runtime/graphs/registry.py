@@ -66,9 +66,11 @@ class Graphs:
             self.forks = fork_server_for(config.server.fork_server, log_dir)
         for runtime in self.runtimes.values():
             runtime.launcher.forks = self.forks
-        if metrics is not None:  # the watchdog's count, per graph and operator
-            for name, runtime in self.runtimes.items():
+        if metrics is not None:  # the watchdog's count, per graph and operator, and the
+            for name, runtime in self.runtimes.items():  # malformed messages dropped
                 runtime.on_expired = functools.partial(metrics.graph_batches_expired, name)
+                runtime.on_protocol_error = functools.partial(metrics.graph_protocol_error,
+                                                              name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.runtimes

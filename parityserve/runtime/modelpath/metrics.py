@@ -207,9 +207,16 @@ class Metrics:
             "parityserve_graph_batches_expired", "Stateful-graph operator batches the watchdog "
             "failed: in flight for longer than the graph's timeout_ms", ["graph", "operator"],
             registry=self.registry)
+        self._graph_protocol_errors = Counter(
+            "parityserve_graph_protocol_errors", "Messages from a stateful graph's operator "
+            "processes dropped as malformed, by the kind they claimed", ["graph", "kind"],
+            registry=self.registry)
 
     def graph_batches_expired(self, graph: str, operator: str, n: int) -> None:
         self._child(self._graph_expired, graph, operator).inc(n)
+
+    def graph_protocol_error(self, graph: str, kind: str) -> None:
+        self._child(self._graph_protocol_errors, graph, kind).inc()
 
     def _define_parallelism(self) -> None:
         reg, labels = self.registry, ["model"]

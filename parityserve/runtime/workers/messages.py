@@ -16,6 +16,11 @@ from pydantic import ValidationError
 from parityserve.config import TensorSpec
 from parityserve.errors import ProtocolError
 from parityserve.runtime.workers import wire
+from parityserve.runtime.workers.fields import boolean as _bool
+from parityserve.runtime.workers.fields import integer as _int
+from parityserve.runtime.workers.fields import number as _number
+from parityserve.runtime.workers.fields import optional as _opt
+from parityserve.runtime.workers.fields import text as _text
 
 __all__ = [
     "Bye",
@@ -30,7 +35,6 @@ __all__ = [
 ]
 
 MAX_THREADS = 4096  # a thread count a worker reports; anything larger is a bad message
-_MAX_TEXT = 4096  # errors and names a worker sends are cut here (they end up in logs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,43 +132,11 @@ _PARSERS: dict[str, Callable[[dict[str, Any], list[Any]], Message]] = {
 }
 
 
-def _text(h: dict[str, Any], key: str) -> str:
-    value = h.get(key)
-    if not isinstance(value, str):
-        raise ProtocolError(f"field {key!r} must be a string, got {type(value).__name__}")
-    return value[:_MAX_TEXT]
-
-
-def _int(h: dict[str, Any], key: str) -> int:
-    value = h.get(key)
-    if type(value) is not int:
-        raise ProtocolError(f"field {key!r} must be an integer, got {type(value).__name__}")
-    return value
-
-
-def _bool(h: dict[str, Any], key: str) -> bool:
-    value = h.get(key)
-    if not isinstance(value, bool):
-        raise ProtocolError(f"field {key!r} must be a boolean, got {type(value).__name__}")
-    return value
-
-
 def _threads(h: dict[str, Any], key: str) -> int:
     value = _int(h, key)
     if not 1 <= value <= MAX_THREADS:
         raise ProtocolError(f"field {key!r} must be between 1 and {MAX_THREADS}, got {value}")
     return value
-
-
-def _number(h: dict[str, Any], key: str) -> float:
-    value = h.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ProtocolError(f"field {key!r} must be a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _opt(h: dict[str, Any], key: str, read: Callable[[dict[str, Any], str], Any]) -> Any:
-    return None if h.get(key) is None else read(h, key)
 
 
 def _tensor(raw: Any) -> TensorSpec | None:

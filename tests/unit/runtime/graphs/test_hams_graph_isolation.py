@@ -28,6 +28,7 @@ from parityserve.errors import (
     WorkerError,
 )
 from parityserve.runtime.graphs import hams_graph
+from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_graph import GraphAnswer, GraphRuntime
 from parityserve.runtime.graphs.hams_members import Member
@@ -110,8 +111,8 @@ class Harness:
         self.link = cast(FakeLink, self.runtime.link)
         self.answering = True
         self.busy_streams: set[str] = set()
-        hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        hello.set_result({})
+        hello: asyncio.Future[hm.Hello] = asyncio.get_running_loop().create_future()
+        hello.set_result(hm.Hello("primary", FakePopen.pid))
         spec = hp.OperatorSpec(worker_id=WID, op="seq", source="zoo:stream-lstm",
                                role="primary", mode=mode)
         member = Member(spec, cast(subprocess.Popen, FakePopen()), None, 0.0, hello)
@@ -287,7 +288,7 @@ STEPS = {  # step of the path -> (how to break it once, the mode, the error the 
                       PredictError),
     "put it in flight": (lambda h, mp: fail_once(h.runtime.inflight["seq"], "add", mp), "bare",
                          PredictError),
-    "read the answer": (lambda h, mp: fail_once(hams_graph, "_outputs", mp), "bare",
+    "read the answer": (lambda h, mp: fail_once(hm, "_outputs", mp), "bare",
                         PredictError),
     "deliver the outputs": (lambda h, mp: fail_once(h.runtime.router, "output", mp), "bare",
                             PredictError),
@@ -392,3 +393,61 @@ def test_an_operator_that_answers_nothing_stays_not_ready_while_it_has_work(
         assert h.runtime.ready() and h.left_behind() == NOTHING
 
     run(test, monkeypatch)
+
+
+# --- a malformed message from an operator ---------------------------------------------------
+
+
+def test_a_malformed_message_from_an_operator_is_dropped_counted_and_the_graph_answers_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsed once at the edge (``hams_messages``): a message that does not parse is
+    dropped and counted by the kind it claimed (an unknown kind as "unknown": a bounded
+    label), and never reaches a handler. Before, a missing field raised inside one."""
+    async def test() -> None:
+        h = Harness()
+        errors: list[str] = []
+        h.runtime.on_protocol_error = errors.append
+        for header in ({"t": hp.DURABLE}, {"t": hp.OUT, "bid": "1"}, {"t": "h.nonsense"},
+                       {"t": hp.PROMOTED, "seq": 1.5}, {"t": hp.CHECKPOINT, "seq": None}):
+            h.runtime._on_message(WID, header, [])
+        assert errors == [hp.DURABLE, hp.OUT, "unknown", hp.PROMOTED, hp.CHECKPOINT]
+        assert all(answered(r, GOOD) for r in await h.ask(GOOD, GOOD))
+        assert h.left_behind() == NOTHING
+
+    run(test, monkeypatch)
+
+
+def test_an_unreadable_answer_fails_its_batch_at_once_and_is_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer whose batch is known but whose body does not parse: counted, and the
+    batch's rows fail now (a 500 naming the operator), not at the watchdog."""
+    async def test() -> None:
+        h = Harness()
+        errors: list[str] = []
+        h.runtime.on_protocol_error = errors.append
+        h.answering = False
+        asking = asyncio.ensure_future(h.ask(GOOD))
+        while not h.runtime.inflight["seq"]:
+            await asyncio.sleep(0)
+        bid = [b for _, b, _ in h.link.sent if b["t"] == hp.BATCH][-1]["bid"]
+        h.runtime._on_message(WID, {"t": hp.OUT, "bid": bid, "outputs": {
+            "k": "nd", "dtype": "<f4", "shape": [1, 4]}}, [b"\0" * 3])
+        (result,) = await asyncio.wait_for(asking, 5)
+        assert isinstance(result, PredictError) and "seq: its answer could not be read" \
+            in str(result)
+        assert errors == [hp.OUT] and h.left_behind() == NOTHING
+        h.answering = True
+        assert answered((await h.ask(GOOD))[0], GOOD)
+
+    run(test, monkeypatch)
+
+
+def test_the_metric_of_malformed_graph_messages_follows_the_naming_conventions() -> None:
+    from parityserve.runtime.modelpath.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.graph_protocol_error("stocks", hp.OUT)
+    found = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for m in metrics.registry.collect() for s in m.samples}
+    assert found[("parityserve_graph_protocol_errors_total",
+                  (("graph", "stocks"), ("kind", hp.OUT)))] == 1

@@ -20,6 +20,7 @@ import pytest
 
 from parityserve.config import Deployment, Graph, GraphOperator
 from parityserve.runtime.graphs import hams_graph
+from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_graph import GraphRuntime
 from parityserve.runtime.graphs.hams_members import Member
@@ -60,8 +61,8 @@ class Workers:
         wid = self.rt.launcher.next_id("g", op, role)
         spec = hp.OperatorSpec(worker_id=wid, op=op, source="zoo:stream-lstm", role=role,
                                pfm=self.rt.topology.prev_stateful(op))
-        hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        hello.set_result({"address": f"ipc://{wid}", "key": ""})
+        hello: asyncio.Future[hm.Hello] = asyncio.get_running_loop().create_future()
+        hello.set_result(hm.Hello(role, 0, address=f"ipc://{wid}"))
         self.address[f"ipc://{wid}"] = wid
         member = Member(spec, cast(Any, FakePopen()), None, 0.0, hello)
         self.rt._members[wid] = (op, member)

@@ -19,17 +19,19 @@ from benchmarks.hams_analysis import (
 )
 from parityserve.core.hams import Arrival, Executed, Hop
 from parityserve.errors import ModelLoadError, ProtocolError
+from parityserve.runtime.graphs import hams_messages as hm
+from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_protocol import (
     Refusal,
     checkpoint_file,
     lineage_from_wire,
     lineage_to_wire,
     refusal,
-    row_outcomes,
 )
 from parityserve.runtime.graphs.hams_replay import ReplayLog
 from parityserve.runtime.graphs.hams_state import FlatState
 from parityserve.runtime.graphs.hams_worker import restore_checkpoint, save_checkpoint
+from parityserve.runtime.workers import wire
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -176,6 +178,13 @@ def test_median_and_max_skip_runs_without_the_value() -> None:
                             {"a": 8.0, "b": None}], ("a", "b"))
     assert stats["kills"] == 3 and stats["median"] == {"a": 3.0, "b": None}
     assert stats["max"]["a"] == 8.0
+
+
+def row_outcomes(header: dict[str, Any], outputs: list[str] | None, n: int) -> list[Any]:
+    """An OUT message's rows as the frontend reads them (``hams_messages.Out``)."""
+    desc, frames = wire.pack_payload(outputs)
+    body = {"outputs": desc} if outputs is not None else {}
+    return hm.parse_report({"t": hp.OUT, "bid": 1, **header, **body}, frames).outcomes(n)
 
 
 class _NoRoom(RuntimeError):
