@@ -117,7 +117,7 @@ class Harness:
                                role="primary", mode=mode)
         member = Member(spec, cast(subprocess.Popen, FakePopen()), None, 0.0, hello)
         self.runtime.pairs["seq"].primary = member
-        self.runtime._members[WID] = ("seq", member)
+        self.runtime.members.by_id[WID] = ("seq", member)
         self.link.on_send = self._worker
 
     def _worker(self, header: dict[str, Any], buffers: list[Any]) -> None:
@@ -138,7 +138,7 @@ class Harness:
             reply["outputs"], frames = wire.pack_payload(np.stack([inputs[i] * 2 for i in ok]))
             reply["rows"] = ok
         loop = asyncio.get_running_loop()
-        loop.call_soon(self.runtime._on_message, WID, reply, [bytes(f) for f in frames])
+        loop.call_soon(self.runtime.inbox.on_message, WID, reply, [bytes(f) for f in frames])
 
     async def ask(self, *rows: list[float], streams: list[str] | None = None
                   ) -> list[GraphAnswer | BaseException]:
@@ -282,7 +282,7 @@ def fail_once(target: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 STEPS = {  # step of the path -> (how to break it once, the mode, the error the rows get)
     "pack the inputs": (lambda h, mp: fail_once(wire, "pack_payload", mp), "bare",
                         PredictError),
-    "build the header": (lambda h, mp: fail_once(h.runtime, "_batch_message", mp), "bare",
+    "build the header": (lambda h, mp: fail_once(h.runtime.dispatch, "batch_message", mp), "bare",
                          PredictError),
     "log the batch": (lambda h, mp: fail_once(ReplayLog, "logged", mp), "checkpoint-replay",
                       PredictError),
@@ -331,7 +331,7 @@ def test_work_left_queued_by_a_failed_pass_is_sent_by_the_next_watchdog_tick(
         for _ in range(20):
             await asyncio.sleep(0)
         assert not asking.done()  # nothing else would ever send it
-        h.runtime._expire(h.clock())
+        h.runtime.dispatch.expire(h.clock())
         assert answered((await asyncio.wait_for(asking, 5))[0], GOOD)
         assert h.left_behind() == NOTHING
 
@@ -348,17 +348,17 @@ def test_a_batch_that_never_comes_back_is_failed_counted_and_the_graph_heals(
         asking = asyncio.ensure_future(h.ask(GOOD))
         while not h.runtime.inflight["seq"]:
             await asyncio.sleep(0)
-        h.runtime._expire(h.clock())
+        h.runtime.dispatch.expire(h.clock())
         assert h.runtime.ready()  # in flight, but not for long yet
         h.clock.now += 1.5  # past timeout_ms (1 s)
         assert not h.runtime.ready() and h.runtime.stalled() == ["seq"]
-        h.runtime._expire(h.clock())
+        h.runtime.dispatch.expire(h.clock())
         results = await asyncio.wait_for(asking, 5)
         assert all(isinstance(r, DeadlineExceeded) and "watchdog" in str(r) for r in results)
         assert expired == [("seq", 1)] and h.left_behind() == NOTHING
         assert h.runtime.statistics()["operators"]["seq"]["expired_batches"] == 1
         assert all(answered(r, GOOD) for r in await h.ask(GOOD))  # it serves again
-        h.runtime._expire(h.clock())
+        h.runtime.dispatch.expire(h.clock())
         assert h.runtime.ready()
 
     run(test, monkeypatch)
@@ -383,12 +383,12 @@ def test_an_operator_that_answers_nothing_stays_not_ready_while_it_has_work(
             h.clock.now += 1.5
             assert not h.runtime.ready()
             asking = await one_more()  # more work while the old batch is still out
-            h.runtime._expire(h.clock())  # the old one expires: failing is not progress,
+            h.runtime.dispatch.expire(h.clock())  # the old one expires: failing is not progress,
             assert not h.runtime.ready()  # nor is the new batch sent
         h.answering = True
         assert all(answered(r, GOOD) for r in await h.ask(GOOD))  # it answers again
         h.clock.now += 1.5
-        h.runtime._expire(h.clock())  # the mute one's batch goes, the graph is ready
+        h.runtime.dispatch.expire(h.clock())  # the mute one's batch goes, the graph is ready
         assert isinstance((await asking)[0], DeadlineExceeded)
         assert h.runtime.ready() and h.left_behind() == NOTHING
 
@@ -409,7 +409,7 @@ def test_a_malformed_message_from_an_operator_is_dropped_counted_and_the_graph_a
         h.runtime.on_protocol_error = errors.append
         for header in ({"t": hp.DURABLE}, {"t": hp.OUT, "bid": "1"}, {"t": "h.nonsense"},
                        {"t": hp.PROMOTED, "seq": 1.5}, {"t": hp.CHECKPOINT, "seq": None}):
-            h.runtime._on_message(WID, header, [])
+            h.runtime.inbox.on_message(WID, header, [])
         assert errors == [hp.DURABLE, hp.OUT, "unknown", hp.PROMOTED, hp.CHECKPOINT]
         assert all(answered(r, GOOD) for r in await h.ask(GOOD, GOOD))
         assert h.left_behind() == NOTHING
@@ -430,7 +430,7 @@ def test_an_unreadable_answer_fails_its_batch_at_once_and_is_counted(
         while not h.runtime.inflight["seq"]:
             await asyncio.sleep(0)
         bid = [b for _, b, _ in h.link.sent if b["t"] == hp.BATCH][-1]["bid"]
-        h.runtime._on_message(WID, {"t": hp.OUT, "bid": bid, "outputs": {
+        h.runtime.inbox.on_message(WID, {"t": hp.OUT, "bid": bid, "outputs": {
             "k": "nd", "dtype": "<f4", "shape": [1, 4]}}, [b"\0" * 3])
         (result,) = await asyncio.wait_for(asking, 5)
         assert isinstance(result, PredictError) and "seq: its answer could not be read" \

@@ -57,7 +57,7 @@ class Workers:
         self.address: dict[str, str] = {}  # backup address -> worker id
 
     def launch(self, op: str, role: str) -> Member:
-        """``GraphRuntime._launch`` without a process: a member that said hello."""
+        """``Membership.launch`` without a process: a member that said hello."""
         wid = self.rt.launcher.next_id("g", op, role)
         spec = hp.OperatorSpec(worker_id=wid, op=op, source="zoo:stream-lstm", role=role,
                                pfm=self.rt.topology.prev_stateful(op))
@@ -65,7 +65,7 @@ class Workers:
         hello.set_result(hm.Hello(role, 0, address=f"ipc://{wid}"))
         self.address[f"ipc://{wid}"] = wid
         member = Member(spec, cast(Any, FakePopen()), None, 0.0, hello)
-        self.rt._members[wid] = (op, member)
+        self.rt.members.by_id[wid] = (op, member)
         return member
 
     def _heard(self, header: dict[str, Any], _: list[Any]) -> None:
@@ -87,7 +87,7 @@ class Workers:
         self._answer(wid, {"t": hp.PROMOTED, "seq": seq, "seeded": True})
 
     def _answer(self, wid: str, header: dict[str, Any]) -> None:
-        asyncio.get_running_loop().call_soon(self.rt._on_message, wid, header, [])
+        asyncio.get_running_loop().call_soon(self.rt.inbox.on_message, wid, header, [])
 
 
 def runtime() -> GraphRuntime:
@@ -114,17 +114,12 @@ async def whole_graph() -> tuple[GraphRuntime, Workers]:
     """Both operators with a primary, a seeded backup and a loaded spare (as ``start``)."""
     rt = runtime()
     workers = Workers(rt)
-    rt._launch = workers.launch  # type: ignore[method-assign]
+    rt.members.launch = workers.launch  # type: ignore[method-assign]
     rt.launcher.forget = lambda member: member.popen.kill()  # type: ignore[method-assign]
     for pair in rt.pairs.values():
         pair.primary = workers.launch(pair.op, "primary")
         pair.backup, pair.spare = (workers.launch(pair.op, "backup") for _ in range(2))
-    rt.plan = hams_graph.RecoveryPlan({op: hams_graph._ids(p) for op, p in rt.pairs.items()},
-                                      rt._planner)
-    for pair in rt.pairs.values():
-        for member in (pair.primary, pair.backup, pair.spare):
-            assert member is not None
-            rt._act(rt.plan.ready(member.worker_id))
+    rt.recovery.begin()  # every member is loaded (as ``start``)
     await settle()
     assert all(p.backup is not None and p.backup.extra.get("synced")
                for p in rt.pairs.values())
@@ -141,10 +136,10 @@ def test_a_spare_seeded_by_a_promotion_hears_the_upstream_notices_relayed_meanwh
         assert seq1.backup is not None and seq2.primary is not None
         spare = seq2.spare
         assert spare is not None
-        rt._lost(seq2.primary, "exit")  # killed: its backup is promoted, seeding the spare
+        rt.recovery.lost(seq2.primary, "exit")  # killed: its backup is promoted, seeding the spare
         await settle()
         assert workers.promotions and seq2.backup is None
-        rt._on_message(seq1.backup.worker_id, {"t": hp.DURABLE, "seq": 5}, [])  # relayed
+        rt.inbox.on_message(seq1.backup.worker_id, {"t": hp.DURABLE, "seq": 5}, [])  # relayed
         assert rt.router.commit.durable["seq1"] == 5  # to seq2's backup of the moment: none
         workers.promote_now(3)
         await settle()

@@ -1,0 +1,268 @@
+"""The driver of a graph's recovery plan (hams, remus): performs what the pure
+``RecoveryPlan`` (``core/hams/recovery_plan.py``) decides, and tells it what happened.
+
+A lost primary is replaced by its backup (``plan_failover`` says which other operators must
+roll back with it), the spare becomes the new backup, and a new spare is started. A member
+silent past the timeout whose process exists is only suspected: fenced if another member
+holds its state, else kept and waited for until it speaks again (issue 39).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from parityserve.core.hams import Held, RecoveryPlan
+from parityserve.core.hams.recovery_plan import (
+    Allow,
+    Attach,
+    Fail,
+    Fence,
+    Inform,
+    Pause,
+    Promote,
+    RecoveryAction,
+    Resume,
+    RollBack,
+    Start,
+    Suspect,
+)
+from parityserve.errors import ProtocolError, Unavailable
+from parityserve.runtime.graphs import hams_messages as hm
+from parityserve.runtime.graphs import hams_protocol as hp
+from parityserve.runtime.graphs.hams_context import FailoverRecord, GraphContext, Pair, log
+from parityserve.runtime.graphs.hams_dispatch import Dispatch
+from parityserve.runtime.graphs.hams_members import Member
+from parityserve.runtime.graphs.hams_membership import Membership
+from parityserve.runtime.graphs.hams_requests import Requests
+
+__all__ = ["RecoveryDriver"]
+
+
+class RecoveryDriver:
+    def __init__(self, ctx: GraphContext, members: Membership, requests: Requests,
+                 dispatch: Dispatch) -> None:
+        self.ctx, self.members, self.requests, self.dispatch = ctx, members, requests, dispatch
+        self._lost_at: dict[str, tuple[str, float, int]] = {}  # member -> (how, when, pid)
+        # members silent past the timeout but alive and kept as their operator's last
+        # holder (issue 39), and whether they were heard from again: newest last
+        self.suspects: deque[dict[str, Any]] = deque(maxlen=100)
+
+    def begin(self) -> None:
+        """Every member is loaded: the plan takes over the roles, and attaches the backups."""
+        ctx = self.ctx
+        ctx.plan = RecoveryPlan({op: _ids(p) for op, p in ctx.pairs.items()},
+                                ctx.failover_plan)
+        for pair in ctx.pairs.values():
+            for member in (pair.primary, pair.backup, pair.spare):
+                assert member is not None
+                self.act(ctx.plan.ready(member.worker_id))
+
+    def act(self, actions: list[RecoveryAction]) -> None:
+        """Perform what the plan says, then show its roles in ``pairs``. An action that
+        raises is logged; the plan hears of its member through the monitor."""
+        for action in actions:
+            try:
+                self._perform(action)
+            except Exception:
+                log.exception("graph %s: recovery action %s failed", self.ctx.graph.name,
+                              action)
+        self._sync_pairs()
+
+    def _perform(self, action: RecoveryAction) -> None:
+        ctx = self.ctx
+        assert ctx.plan is not None
+        if isinstance(action, Start):
+            member = self.members.launch(action.op, "backup")
+            self.act(ctx.plan.started(action.op, member.worker_id))
+        elif isinstance(action, Fence):
+            if (found := self.members.member(action.member)) is not None:
+                log.warning("graph %s: %s fenced (%s)", ctx.graph.name, action.member,
+                            action.why)
+                self.members.forget(found)
+        elif isinstance(action, Suspect):
+            self._keep(action)
+        elif isinstance(action, Allow):
+            ctx.spawn(self._allow(action))
+        elif isinstance(action, Attach):
+            self._attach(action)
+        elif isinstance(action, Inform):
+            self._inform(action)
+        elif isinstance(action, Promote | RollBack):
+            ctx.spawn(self._take_over(action))
+        elif isinstance(action, Pause):
+            ctx.paused = True
+        elif isinstance(action, Resume):
+            self._resume(action)
+        elif isinstance(action, Fail):
+            log.error("graph %s: %s", ctx.graph.name, action.reason)
+            self.requests.break_all(action.reason)
+
+    def _sync_pairs(self) -> None:
+        ctx = self.ctx
+        assert ctx.plan is not None
+        for op, pair in ctx.pairs.items():
+            pair.primary, pair.backup, pair.spare = (
+                self.members.member(m) for m in ctx.plan.roles(op))
+            if pair.backup is not None and ctx.plan.seeded(pair.backup.worker_id):
+                pair.backup.extra["synced"] = True  # (seeded as a spare, by a promotion)
+
+    def lost(self, member: Member, why: str) -> None:
+        assert self.ctx.plan is not None
+        self._lost_at.setdefault(member.worker_id, (why, self.ctx.clock(), member.pid))
+        self.act(self.ctx.plan.lost(member.worker_id, why))
+
+    def suspect(self, member: Member, why: str) -> None:
+        """Silent past the timeout, or no answer in time. A process that exited is lost;
+        one that exists is only suspected (a starved machine can hold a healthy process
+        that long), and the plan keeps it if it is the last holder of its state."""
+        assert self.ctx.plan is not None
+        if member.exited():
+            self.lost(member, why)
+            return
+        self._lost_at.setdefault(member.worker_id, (why, self.ctx.clock(), member.pid))
+        self.act(self.ctx.plan.suspected(member.worker_id, why))
+
+    def _kept(self, member: Member, why: str) -> bool:
+        """After ``member`` did not answer in time: is it still to be waited for?"""
+        assert self.ctx.plan is not None
+        if member.worker_id not in self.ctx.plan.suspects():
+            self.suspect(member, why)
+        return member.worker_id in self.ctx.plan.suspects()
+
+    def _keep(self, action: Suspect) -> None:
+        """The plan keeps a silent member, its operator's last holder: nothing new goes to
+        it (``lost`` holds dispatch) until it speaks again (``heard_again``)."""
+        member = self.members.member(action.member)
+        if member is None:
+            return
+        member.lost = "timeout"
+        self.suspects.append({"member": member.worker_id, "pid": member.pid, "op": action.op,
+                              "why": action.why, "silent_ms": round(
+                                  (self.ctx.clock() - member.last_beat) * 1e3, 1),
+                              "heard_again": False})
+        log.warning("graph %s: %s is silent (%s) but its process exists, and no other member "
+                    "holds %s's state: kept, not fenced; the graph waits for it",
+                    self.ctx.graph.name, member.worker_id, action.why, action.op)
+
+    def heard_again(self, member: Member) -> None:
+        """A kept suspect spoke: it was alive all along; it goes on in its role."""
+        assert self.ctx.plan is not None
+        member.lost = None
+        self._lost_at.pop(member.worker_id, None)
+        for record in self.suspects:
+            if record["member"] == member.worker_id:
+                record["heard_again"] = True
+        log.warning("graph %s: %s is heard from again: it goes on", self.ctx.graph.name,
+                    member.worker_id)
+        self.act(self.ctx.plan.heard(member.worker_id))
+        self.dispatch.pump_all()
+
+    async def _allow(self, action: Allow) -> None:
+        """The backup admits only the primary's key and learns how far upstream is durable
+        (earlier notices will not come again); then the plan attaches it."""
+        ctx = self.ctx
+        backup, primary = self.members.member(action.backup), self.members.member(action.primary)
+        if backup is None or primary is None or ctx.plan is None:
+            return
+        key = primary.keys.public.decode() if primary.keys is not None else ""
+        durable = {m: ctx.router.commit.durable[m] for m in backup.spec.pfm}
+        durable[action.op] = ctx.heard[action.op].upto  # its own outputs held here
+        try:
+            await ctx.ask(backup, hp.ALLOW, hm.Allow(key, durable))
+        except Unavailable as exc:  # dead or hung: a lost backup, which the plan replaces
+            self.suspect(backup, str(exc))  # (it holds no state: never kept)
+            return
+        self.act(ctx.plan.allowed(action.backup))
+
+    def _attach(self, action: Attach) -> None:
+        """The primary sends the backup its retained copy as a base, then every state."""
+        backup = self.members.member(action.backup)
+        primary = self.members.member(action.primary)
+        if backup is None or primary is None:
+            return
+        hello = backup.hello.result()
+        if hello.address is None:
+            raise ProtocolError(f"{backup.worker_id} said hello without its address")
+        self.ctx.tell(primary, hm.Attach(hello.address, hello.key))
+
+    def _inform(self, action: Inform) -> None:
+        """A recovery resumed: the backup hears every upstream watermark the frontend holds
+        (``Inbox._on_durable`` relayed notices to the backup of the moment only, and
+        ignored a taker's; ``_resume`` reset the points). One it has already changes
+        nothing: a watermark never moves back."""
+        backup = self.members.member(action.backup)
+        if backup is None:
+            return
+        for upstream in backup.spec.pfm:
+            self.ctx.tell(backup, hm.Notify(upstream, self.ctx.router.commit.durable[upstream]))
+
+    async def _take_over(self, action: Promote | RollBack) -> None:
+        ctx = self.ctx
+        member = self.members.member(action.member)
+        if member is None or ctx.plan is None:
+            return
+        order: hm.Order = hm.Rollback()
+        spare = self.members.member(action.attach) if isinstance(action, Promote) else None
+        if isinstance(action, Promote):
+            order = self._seed_spare(member, spare)
+        future: asyncio.Future[hm.Promoted] = asyncio.get_running_loop().create_future()
+        member.extra[hp.PROMOTED] = future
+        ctx.tell(member, order)
+        while True:  # (it answers once the spare holds its state, or in 2 s)
+            try:
+                answer = await ctx.answer(member, hp.PROMOTED, order.KIND, future, 8.0)
+                break
+            except Unavailable as exc:  # alive and the last holder: its answer still counts
+                if not self._kept(member, str(exc)):
+                    return
+                member.extra[hp.PROMOTED] = future
+        seeded = spare.worker_id if answer.seeded and spare is not None else None
+        self.act(ctx.plan.took_over(action.member, answer.seq, seeded))
+
+    def _seed_spare(self, member: Member, spare: Member | None) -> hm.Promote:
+        """Let the spare in for the member being promoted (not waited for: it answers the
+        promotion only once the spare applied its state), and say where it listens."""
+        if spare is None or not spare.hello.done():
+            return hm.Promote()
+        key = member.keys.public.decode() if member.keys is not None else ""
+        durable = {m: self.ctx.router.commit.durable[m] for m in spare.spec.pfm}
+        op = spare.spec.op  # outputs beyond the durable point may be renumbered: not those
+        durable[op] = self.ctx.router.commit.durable[op]
+        self.ctx.tell(spare, hm.Allow(key, durable))
+        hello = spare.hello.result()
+        return hm.Promote(hello.address, hello.key)
+
+    def _resume(self, action: Resume) -> None:
+        """The plan is complete: roll back and discard in the router, note each lost
+        primary's failover, dispatch again (what rolled back runs again)."""
+        ctx, plan = self.ctx, action.failover
+        discarded = ctx.router.apply(plan)
+        covered: list[Held[np.ndarray]] = []  # by a promoted backup's point: they leave
+        for op, seq in plan.bounds.items():
+            covered += ctx.router.commit.reset(op, seq)
+            ctx.inflight[op].clear()
+            if op in ctx.heard:
+                ctx.heard[op].reset(seq)
+        now = ctx.clock()
+        for op, lost in action.lost:
+            how, at, pid = self._lost_at.get(lost, ("exit", now, 0))
+            ctx.failovers.append(FailoverRecord(
+                op, how, at, pid, protocol_done_at=now, bounds=dict(plan.bounds),
+                rolled_back_in_place=list(plan.roll_back_in_place),
+                discarded_replies=len(discarded)))
+            log.warning("graph %s: %s primary %s lost (%s); resumed at %s, protocol %.1f ms",
+                        ctx.graph.name, op, lost, how, plan.bounds, (now - at) * 1e3)
+        self._lost_at.clear()
+        self.requests.release(covered)
+        ctx.paused = False
+        self.dispatch.pump_all()
+
+
+def _ids(pair: Pair) -> tuple[str, str, str]:
+    members = (pair.primary, pair.backup, pair.spare)
+    assert all(m is not None for m in members)
+    return tuple(m.worker_id for m in members if m is not None)  # type: ignore[return-value]

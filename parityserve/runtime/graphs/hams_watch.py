@@ -1,0 +1,95 @@
+"""Failure detection for a graph's operator processes, every few milliseconds.
+
+A member whose process exited is lost; one silent past ``heartbeat_timeout_ms`` whose
+process exists is only suspected: the recovery plan fences it if another member holds its
+state, else keeps it and waits until it speaks again (``RecoveryPlan.suspected``; issue 39:
+under load, a promoted backup starved past the timeout was fenced, and the graph gave up
+for good). bare and checkpoint-replay have no plan: a lost primary is started afresh
+(``hams_baselines``). Each tick also runs the batches' watchdog (``Dispatch.expire``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from parityserve.runtime.graphs.hams_baselines import Baselines
+from parityserve.runtime.graphs.hams_context import GraphContext, log
+from parityserve.runtime.graphs.hams_dispatch import Dispatch
+from parityserve.runtime.graphs.hams_members import Member
+from parityserve.runtime.graphs.hams_membership import Membership
+from parityserve.runtime.graphs.hams_recovery import RecoveryDriver
+
+__all__ = ["Watch"]
+
+_CHECK_EVERY_S = 0.005
+
+
+class Watch:
+    def __init__(self, ctx: GraphContext, members: Membership, dispatch: Dispatch,
+                 recovery: RecoveryDriver, baselines: Baselines) -> None:
+        self.ctx, self.members, self.dispatch = ctx, members, dispatch
+        self.recovery, self.baselines = recovery, baselines
+        self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
+
+    async def run(self) -> None:
+        ctx = self.ctx
+        last = ctx.clock()
+        while True:
+            await asyncio.sleep(_CHECK_EVERY_S)
+            now = ctx.clock()
+            self._forgive_stall(now - last - _CHECK_EVERY_S)
+            last = now
+            self.dispatch.expire(now)
+            for op, member in list(self.members.by_id.values()):
+                if member.lost is None:
+                    self._check(op, member, now)
+                elif ctx.plan is not None and member.exited() \
+                        and member.worker_id in ctx.plan.suspects():
+                    self._note_loss(member, "exit", now)  # a kept suspect, gone for sure
+                    self.recovery.lost(member, "exit")
+
+    def _check(self, op: str, member: Member, now: float) -> None:
+        how = self._loss(member, now)
+        if how is None:
+            return
+        member.lost = how
+        log.warning("graph %s: %s %s %s (exit code %s)", self.ctx.graph.name, op,
+                    member.worker_id, "exited" if how == "exit" else "silent past the timeout",
+                    member.popen.poll())
+        if self.ctx.plan is None:
+            self._note_loss(member, how, now)
+            self.ctx.spawn(self.baselines.recover(op, member, how, now))
+            return
+        self.recovery.suspect(member, how)
+        if member.worker_id not in self.ctx.plan.suspects():  # (a kept one is in ``suspects``)
+            self._note_loss(member, how, now)
+
+    def _note_loss(self, member: Member, how: str, now: float) -> None:
+        self.losses.append({"member": member.worker_id, "pid": member.pid, "how": how,
+                            "silent_ms": round((now - member.last_beat) * 1e3, 1)})
+
+    def _forgive_stall(self, stall_s: float) -> None:
+        """The frontend's own loop was held up (a fork, a garbage collection, a busy core):
+        heartbeats that arrived meanwhile are still unread, so that time counts against no
+        operator. Without this a stalled frontend declares healthy primaries dead."""
+        if stall_s > 0.02:
+            for _, member in self.members.by_id.values():
+                member.last_beat += stall_s
+
+    def _loss(self, member: Member, now: float) -> str | None:
+        if not member.hello.done():
+            return "exit" if member.exited() else None
+        if self.ctx.graph.detection == "exit" and member.exited():
+            return "exit"
+        if now - member.last_beat > self._silence_limit_s():
+            return "timeout"
+        return None
+
+    def _silence_limit_s(self) -> float:
+        """A hung member is a lost one, whatever the detection mode: exit detection sees a
+        dead process at once, and this catches one that is alive and answers nothing (a
+        stalled backup would hold every reply, a stalled primary every request). The
+        frontend's own stalls are forgiven (``_forgive_stall``)."""
+        return self.ctx.graph.heartbeat_timeout_ms / 1000
