@@ -64,9 +64,15 @@ def same(a: Any, b: Any) -> bool:
     return True
 
 
+def _id(value: Any) -> str:
+    """A test id that is the same in every process (pytest-xdist's workers must collect
+    the same names; a function's repr carries its address)."""
+    return value.__name__ if callable(value) else repr(value)
+
+
 @pytest.mark.parametrize("message, parse", [(m, hm.parse_report) for m in REPORTS]
                          + [(m, hm.parse_order) for m in ORDERS]
-                         + [(m, hm.parse_state_link) for m in LINK], ids=repr)
+                         + [(m, hm.parse_state_link) for m in LINK], ids=_id)
 def test_every_record_round_trips_through_its_wire_form(message: Any, parse: Any) -> None:
     assert same(through_the_wire(message, parse), message)
 
