@@ -82,6 +82,7 @@ class RecoveryDriver:
             if (found := self.members.member(action.member)) is not None:
                 log.warning("graph %s: %s fenced (%s)", ctx.graph.name, action.member,
                             action.why)
+                found.lost = found.lost or f"fenced: {action.why}"  # nothing is sent to it
                 self.members.forget(found)
         elif isinstance(action, Suspect):
             self._keep(action)
@@ -240,6 +241,11 @@ class RecoveryDriver:
         """The plan is complete: roll back and discard in the router, note each lost
         primary's failover, dispatch again (what rolled back runs again)."""
         ctx, plan = self.ctx, action.failover
+        # the roles as the plan has them now, before anything is dispatched: a demoted
+        # primary, fenced in this same round of actions, was still the pair's primary, and
+        # the work its operator re-runs went to a dead process, in flight until the
+        # watchdog failed it timeout_ms later (the 30 s seq2 stalls after a failover)
+        self._sync_pairs()
         discarded = ctx.router.apply(plan)
         covered: list[Held[np.ndarray]] = []  # by a promoted backup's point: they leave
         for op, seq in plan.bounds.items():

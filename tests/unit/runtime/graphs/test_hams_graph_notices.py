@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from parityserve.config import Deployment, Graph, GraphOperator
+from parityserve.core.hams import Failover
 from parityserve.runtime.graphs import hams_graph
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
@@ -149,6 +150,52 @@ def test_a_spare_seeded_by_a_promotion_hears_the_upstream_notices_relayed_meanwh
         told = [h["durable"]["seq1"] for h in to_spare if h["t"] == hp.ALLOW] + \
             [h["seq"] for h in to_spare if h["t"] == hp.NOTIFY and h["op"] == "seq1"]
         assert max(told) == 5, f"seq1's watermarks the new backup heard: {told}"
+        await rt.close()
+
+    asyncio.run(test())
+
+
+def test_work_re_run_after_a_demotion_goes_to_the_new_primary_not_the_fenced_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """seq1's primary is lost and seq2 ran on its discarded speculation, so seq2's backup
+    is promoted too and seq2's old primary fenced, in the same round of actions as
+    ``Resume``. Resume dispatches what rolled back; the pair still named the fenced
+    primary then (the roles were synced only after the round), so the re-run batch went
+    to a dead process and stayed in flight until the watchdog failed it, timeout_ms later:
+    the 30 s seq2 stalls seen after failovers under load."""
+    monkeypatch.setattr(hams_graph, "WorkerLink", FakeLink)
+
+    async def test() -> None:
+        rt, workers = await whole_graph()
+        seq1, seq2 = rt.pairs["seq1"], rt.pairs["seq2"]
+        assert seq1.primary is not None and seq2.primary is not None
+        old_seq2, new_seq2 = seq2.primary, seq2.backup
+        assert rt.plan is not None
+
+        def planner(resumed: Any, epoch: int) -> Failover:  # seq2 ran ahead of seq1
+            return Failover(epoch, ("seq1",), {"seq2": 0, **resumed}, (), (), False)
+        rt.plan._planner = planner  # type: ignore[assignment]
+        dispatched_to: list[tuple[str, str | None]] = []
+        to_the_dead: list[str] = []  # (pump_all logs what raises: collected instead)
+        pump = rt.dispatch._pump_stateful
+
+        def spy(pair: Any) -> None:
+            primary = pair.primary
+            dispatched_to.append((pair.op, None if primary is None else primary.worker_id))
+            if primary is not None and not primary.lost and primary.popen.returncode:
+                to_the_dead.append(primary.worker_id)
+            pump(pair)
+        rt.dispatch._pump_stateful = spy  # type: ignore[method-assign]
+        rt.recovery.lost(seq1.primary, "exit")
+        await settle()
+        workers.promote_now(0)  # seq1's backup took over; seq2 must roll back: promoted
+        await settle()
+        workers.promote_now(0)
+        await settle()
+        assert not rt.plan.recovering() and old_seq2.popen.returncode == -9  # fenced
+        assert to_the_dead == [], f"work was dispatched to dead processes: {to_the_dead}"
+        assert old_seq2.lost is not None  # marked: nothing is sent to it any more
+        assert new_seq2 is not None and ("seq2", new_seq2.worker_id) in dispatched_to
         await rt.close()
 
     asyncio.run(test())
