@@ -213,11 +213,19 @@ class RecoveryDriver:
         future: asyncio.Future[hm.Promoted] = asyncio.get_running_loop().create_future()
         member.extra[hp.PROMOTED] = future
         ctx.tell(member, order)
-        while True:  # (it answers once the spare holds its state, or in 2 s)
+        awake = 0  # windows in which it spoke (so it runs) yet did not answer
+        while True:
+            opened = ctx.clock()
             try:
-                answer = await ctx.answer(member, hp.PROMOTED, order.KIND, future, 8.0)
+                answer = await ctx.answer(member, hp.PROMOTED, order.KIND, future,
+                                          TAKE_OVER_S)
                 break
             except Unavailable as exc:  # alive and the last holder: its answer still counts
+                awake += member.last_beat >= opened
+                if awake >= WEDGED_AFTER and not member.exited():
+                    self.lost(member, f"wedged: it spoke but did not answer {order.KIND} in "
+                              f"{awake} windows of {TAKE_OVER_S:g} s")
+                    return
                 if not self._kept(member, str(exc)):
                     return
                 member.extra[hp.PROMOTED] = future
@@ -266,6 +274,15 @@ class RecoveryDriver:
         self.requests.release(covered)
         ctx.paused = False
         self.dispatch.pump_all()
+
+
+TAKE_OVER_S = 8.0  # a member taking over answers once the spare holds its state, or in 2 s
+# A member starved of the CPU is silent, and kept while it holds the state (the plan's
+# ``Suspect``) for as long as that lasts. One that keeps speaking (heartbeats) yet never
+# answers its promotion is wedged, not starved: after this many windows it is lost, and the
+# plan goes on without it (its seeded spare takes over) or says why it cannot. Before, it
+# was suspected, heard and suspected again every 8 s, for ever.
+WEDGED_AFTER = 3
 
 
 def _ids(pair: Pair) -> tuple[str, str, str]:

@@ -20,7 +20,7 @@ import pytest
 
 from parityserve.config import Deployment, Graph, GraphOperator
 from parityserve.core.hams import Failover
-from parityserve.runtime.graphs import hams_graph
+from parityserve.runtime.graphs import hams_graph, hams_recovery
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_graph import GraphRuntime
@@ -196,6 +196,39 @@ def test_work_re_run_after_a_demotion_goes_to_the_new_primary_not_the_fenced_one
         assert to_the_dead == [], f"work was dispatched to dead processes: {to_the_dead}"
         assert old_seq2.lost is not None  # marked: nothing is sent to it any more
         assert new_seq2 is not None and ("seq2", new_seq2.worker_id) in dispatched_to
+        await rt.close()
+
+    asyncio.run(test())
+
+
+def test_a_taker_that_speaks_but_never_answers_its_promotion_is_lost_after_a_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """seq1's backup is promoted and keeps sending heartbeats, but never answers PROMOTE
+    (a wedged process, not a starved one). Before, it was suspected, kept as the last
+    holder, heard, and suspected again every 8 s, for ever: clients waited out their
+    timeouts with nothing said. Now it is lost after WEDGED_AFTER windows and the plan
+    says why (here it held seq1's only copy: the graph fails, naming it)."""
+    monkeypatch.setattr(hams_graph, "WorkerLink", FakeLink)
+
+    async def test() -> None:
+        rt, workers = await whole_graph()
+        seq1 = rt.pairs["seq1"]
+        assert seq1.primary is not None and seq1.backup is not None and rt.plan is not None
+        rt.plan.dispatched("seq1")  # it ran batches: the spare holds nothing of its state
+        taker = seq1.backup
+        rt.recovery.lost(seq1.primary, "exit")
+        await settle()
+        assert workers.promotions == [taker.worker_id]
+        clock = cast(Clock, rt.ctx.clock)
+        for window in range(hams_recovery.WEDGED_AFTER):
+            assert rt.plan.failed is None, f"gave up after {window} windows"
+            clock.now += hams_recovery.TAKE_OVER_S / 2
+            rt.inbox.on_message(taker.worker_id, {"t": hp.BEAT}, [])  # it speaks
+            clock.now += hams_recovery.TAKE_OVER_S / 2 + 0.1
+            await asyncio.sleep(0.02)  # the wait notices its deadline
+            await settle()
+        assert rt.plan.failed is not None and "wedged" in rt.plan.failed
+        assert taker.popen.returncode == -9  # fenced
         await rt.close()
 
     asyncio.run(test())
