@@ -15,7 +15,7 @@ def data_dir() -> Path:
     raw = os.environ.get("PARITYSERVE_DATA")
     if not raw or not Path(raw).is_dir():
         pytest.skip("set PARITYSERVE_DATA to the shared data folder (e.g. ../shared/data)")
-    return Path(raw)
+    return Path(raw).resolve()  # a relative path (the hint above) must not depend on the cwd
 
 
 @pytest.fixture(scope="session", autouse=True)
