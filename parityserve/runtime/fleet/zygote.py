@@ -82,7 +82,7 @@ WORKER: Kind = "worker"  # a model replica: ``runtime/workers/worker.py``
 OPERATOR: Kind = "operator"  # a stateful graph operator: ``runtime/graphs/hams_worker.py``
 
 ZYGOTE_MODULE = "parityserve.runtime.fleet.zygote_server"
-ROOM = 4096  # bytes of command line each child can show (a spec is ~500-1000)
+ROOM = 16384  # bytes of command line each child can show (a spec: ~500, more with options)
 ENV_ROOM = 8192  # bytes more of environment each child can show than the zygote's (keys: ~200)
 FORK_REPLY_S = 10.0  # a fork of the zygote takes milliseconds; this is for a stalled box
 EXIT_REPORT_S = 2.0  # the zygote reports an exit at its SIGCHLD: milliseconds; a stopped
