@@ -248,14 +248,21 @@ def _apply_threads(env: dict[str, str]) -> None:
         threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
 
 
+FLUSH_S = 3.0  # the most a leaving child waits for zmq to deliver what it sent last
+
+
 def _flush_zmq() -> None:
     """Deliver what the child's sockets still hold (a replica's BYE, a load failure's report)
     before ``os._exit``, within their linger: a spawned child's slow interpreter teardown gave
-    zmq's I/O thread that time, a forked child's ``os._exit`` would not."""
+    zmq's I/O thread that time, a forked child's ``os._exit`` would not (the frontend then
+    saw exit code 3 without the reason). Bounded: a socket closed with an infinite linger
+    and a peer gone would block ``term`` for ever."""
     zmq = sys.modules.get("zmq")
     ctx = getattr(zmq.Context, "_instance", None) if zmq is not None else None
     if ctx is not None and not ctx.closed:
-        ctx.destroy(linger=2000)
+        flush = threading.Thread(target=ctx.destroy, kwargs={"linger": 2000}, daemon=True)
+        flush.start()
+        flush.join(FLUSH_S)
 
 
 def watch_lifeline(fd: int, kind: str = "operator") -> None:
