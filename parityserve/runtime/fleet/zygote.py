@@ -73,7 +73,7 @@ from parityserve.runtime.fleet.zygote_server import (
 from parityserve.runtime.workers.keys import ClientKeys
 
 __all__ = ["OPERATOR", "WORKER", "ForkServer", "ForkedProcess", "Kind", "command_of",
-           "fork_server_for", "operator_command", "preload_for", "start_process"]
+           "fork_server_for", "preload_for", "start_process"]
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,6 @@ READY_S = 120.0  # the zygote's imports: 2-5 s here
 def command_of(kind: Kind, args: Sequence[str]) -> list[str]:
     """A child's command line when spawned plainly (and what a forked one shows)."""
     return [sys.executable, "-m", KINDS[kind], *args]
-
-
-def operator_command(args: Sequence[str]) -> list[str]:
-    """An operator's command line when spawned plainly."""
-    return command_of(OPERATOR, args)
 
 
 def start_process(kind: Kind, args: list[str], *, threads: int, keys: ClientKeys | None,
