@@ -670,10 +670,11 @@ class Server(_Frozen):
     overload_status: Literal[429, 503] = Field(
         503, description="status of a query shed because its model is overloaded")
     fork_server: bool = Field(
-        True, description="start stateful graph operators (primaries, backups, spares) by "
-        "forking a zygote process that imported torch once, instead of a fresh Python each "
-        "(1.4-2 CPU-seconds of imports apiece); Linux only, else, or when false, each is "
-        "spawned")
+        True, description="start local model replicas and stateful graph operators "
+        "(primaries, backups, spares) by forking one zygote process per server that imported "
+        "their code (and torch, when a model or operator needs it) once, instead of a fresh "
+        "Python each (0.5-2 CPU-seconds of imports apiece); Linux only, else, or when false, "
+        "each is spawned")
     max_local_workers: int = Field(
         64, ge=1, le=4096, description="worker processes this host may run for all models "
         "together (replicas and parity models); a deploy or scale past it is refused")

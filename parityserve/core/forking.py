@@ -1,5 +1,6 @@
-"""Decisions of the fork server (``runtime/graphs/zygote.py``): when a fork is safe, and how the
-next operator process is started. Pure: the thread counts and the zygote's state come in."""
+"""Decisions of the fork server (``runtime/fleet/zygote.py``): when a fork is safe, and how the
+next replica or operator process is started. Pure: the thread counts and the zygote's state
+come in."""
 
 from __future__ import annotations
 

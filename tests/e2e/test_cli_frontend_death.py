@@ -2,7 +2,7 @@
 
 Its members are forked by the server's zygote, so the kernel's parent-death signal would name
 the zygote, not the frontend; they die with the frontend through a lifeline pipe whose write
-end only the frontend holds (``runtime/graphs/zygote_server.watch_lifeline``). The zygote, whose
+end only the frontend holds (``runtime/fleet/zygote_server.watch_lifeline``). The zygote, whose
 socket to the frontend closes, goes too."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def zygotes_of(frontend: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             stat = (entry / "stat").read_text()
-            if b"runtime.graphs.zygote_server" in (entry / "cmdline").read_bytes() and \
+            if b"runtime.fleet.zygote_server" in (entry / "cmdline").read_bytes() and \
                     int(stat.rsplit(")", 1)[1].split()[1]) == frontend:
                 found.append(int(entry.name))
     return found

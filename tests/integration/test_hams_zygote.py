@@ -1,5 +1,5 @@
 """The README's ``stocks`` graph with its members forked by the server's zygote
-(``runtime/graphs/zygote.py``): the zygote dies, the members do not, and recovery goes on.
+(``runtime/fleet/zygote.py``): the zygote dies, the members do not, and recovery goes on.
 
 Every kill is checked to have landed (pids from ``/admin/state`` and ``/proc``)."""
 
@@ -22,7 +22,7 @@ def zygotes() -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
-            if entry.name.isdigit() and b"runtime.graphs.zygote_server" in \
+            if entry.name.isdigit() and b"runtime.fleet.zygote_server" in \
                     (entry / "cmdline").read_bytes() and parent(int(entry.name)) == os.getpid():
                 found.append(int(entry.name))
     return found

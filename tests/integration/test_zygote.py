@@ -1,4 +1,4 @@
-"""The fork server on real processes (``runtime/graphs/zygote.py``): what a forked operator gets,
+"""The fork server on real processes (``runtime/fleet/zygote.py``): what a forked operator gets,
 what comes back from it, and that the zygote is no single point of failure.
 
 Members here are real ``hams_worker`` processes pointed at a port nobody serves: they load
@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from parityserve.core.forking import UNKNOWN_EXIT
+from parityserve.runtime.fleet.processes import ProcessHandle
+from parityserve.runtime.fleet.zygote import OPERATOR, ForkedProcess, ForkServer, start_process
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec
-from parityserve.runtime.graphs.zygote import ForkedProcess, ForkServer
-from parityserve.runtime.workers.keys import ServerKeys
+from parityserve.runtime.workers.keys import ClientKeys, ServerKeys
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -31,6 +32,13 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 def member_args(name: str) -> list[str]:
     spec = OperatorSpec(worker_id=name, op="op", source="zoo:stream-mean", role="backup")
     return ["--connect", "tcp://127.0.0.1:9", "--spec", spec.to_json()]
+
+
+def start(forks: ForkServer, args: list[str], keys: ClientKeys | None,
+          name: str) -> ProcessHandle:
+    """An operator, as a graph starts one (``MemberLauncher``)."""
+    return start_process(OPERATOR, args, threads=1, keys=keys, log_dir=forks.log_dir,
+                         name=name, forks=forks)
 
 
 @pytest.fixture
@@ -75,18 +83,18 @@ def sockets(pid: int) -> set[str]:
 
 def test_exit_codes_come_back_from_the_zygote_which_leaves_no_zombie(forks: ForkServer,
                                                                      tmp_path: Path) -> None:
-    bad = forks.start(["--no-such-flag"], None, "g/op/bad-1")
+    bad = start(forks, ["--no-such-flag"], None, "g/op/bad-1")
     assert isinstance(bad, ForkedProcess)
     assert bad.wait(60) == 2 and bad.poll() == 2 and bad.returncode == 2  # argparse's
     assert "the following arguments are required" in (tmp_path / "g_op_bad-1.log").read_text()
-    member = forks.start(member_args("g/op/backup-1"), None, "g/op/backup-1")
+    member = start(forks, member_args("g/op/backup-1"), None, "g/op/backup-1")
     assert member.poll() is None
     member.kill()
     assert member.wait(30) == -signal.SIGKILL
     wait_until(lambda: not Path(f"/proc/{member.pid}").exists(), 30)  # reaped, not a zombie
     member.kill()  # after its exit: harmless (the pidfd names it, never a reused pid)
     with pytest.raises(subprocess.TimeoutExpired):
-        forks.start(member_args("g/op/backup-2"), None, "g/op/backup-2").wait(0.05)
+        start(forks, member_args("g/op/backup-2"), None, "g/op/backup-2").wait(0.05)
     assert forks.forked == 3 and forks.spawned == 0
 
 
@@ -94,7 +102,7 @@ def test_a_forked_member_starts_as_a_spawned_one_would(forks: ForkServer) -> Non
     """Its own session, the zygote's signal handlers and socket gone, its command line as if
     spawned (``ps`` and the tests read the spec there), keys only in its environment."""
     keys = ServerKeys.in_memory().client()
-    member = forks.start(member_args("g/op/backup-7"), keys, "g/op/backup-7")
+    member = start(forks, member_args("g/op/backup-7"), keys, "g/op/backup-7")
     zygote = forks.zygote_pid
     assert zygote is not None
     try:
@@ -115,14 +123,14 @@ def test_a_forked_member_starts_as_a_spawned_one_would(forks: ForkServer) -> Non
 
 def test_the_zygote_is_no_single_point_of_failure(forks: ForkServer,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    first = forks.start(member_args("g/op/backup-1"), None, "g/op/backup-1")
+    first = start(forks, member_args("g/op/backup-1"), None, "g/op/backup-1")
     zygote = forks.zygote_pid
     assert zygote is not None
     os.kill(zygote, signal.SIGKILL)
     wait_until(lambda: not alive(zygote), 30)
     assert alive(first.pid) and first.poll() is None  # the member stays
     with caplog.at_level(logging.WARNING):
-        plain = forks.start(member_args("g/op/backup-2"), None, "g/op/backup-2")
+        plain = start(forks, member_args("g/op/backup-2"), None, "g/op/backup-2")
     assert isinstance(plain, subprocess.Popen)  # spawned while a new zygote imports
     assert "is gone; starting another" in caplog.text and forks.restarts == 1
     assert forks.zygote_pid != zygote
@@ -132,7 +140,7 @@ def test_the_zygote_is_no_single_point_of_failure(forks: ForkServer,
     plain.kill()
     plain.wait(30)
     assert asyncio.run(forks.wait_ready())
-    again = forks.start(member_args("g/op/backup-3"), None, "g/op/backup-3")
+    again = start(forks, member_args("g/op/backup-3"), None, "g/op/backup-3")
     assert isinstance(again, ForkedProcess)
     again.kill()
     assert again.wait(30) == -signal.SIGKILL
@@ -140,7 +148,7 @@ def test_the_zygote_is_no_single_point_of_failure(forks: ForkServer,
 
 _THREADED = ("import sys, threading, time; "
              "threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
-             "from parityserve.runtime.graphs.zygote_server import main; sys.exit(main())")
+             "from parityserve.runtime.fleet.zygote_server import main; sys.exit(main())")
 
 
 def test_a_zygote_running_a_thread_refuses_to_fork_and_the_member_is_spawned(
@@ -150,7 +158,7 @@ def test_a_zygote_running_a_thread_refuses_to_fork_and_the_member_is_spawned(
     try:
         assert asyncio.run(forks.wait_ready())
         with caplog.at_level(logging.WARNING):
-            member = forks.start(member_args("g/op/backup-1"), None, "g/op/backup-1")
+            member = start(forks, member_args("g/op/backup-1"), None, "g/op/backup-1")
         assert isinstance(member, subprocess.Popen)
         assert "spawned plainly: the zygote refused: the zygote runs 2 Python" in caplog.text
         member.kill()
@@ -162,7 +170,7 @@ def test_a_zygote_running_a_thread_refuses_to_fork_and_the_member_is_spawned(
 _RNG = """
 import os, sys
 import numpy as np, torch
-from parityserve.runtime.graphs.zygote_server import _reseed
+from parityserve.runtime.fleet.zygote_server import _reseed
 np.random.seed(0)
 torch.manual_seed(0)
 draws = set()
@@ -190,7 +198,7 @@ def test_closing_the_fork_server_ends_the_zygote_and_its_leftover_members(
     forks = ForkServer(tmp_path)
     forks.open()
     assert asyncio.run(forks.wait_ready())
-    member = forks.start(member_args("g/op/backup-1"), None, "g/op/backup-1")
+    member = start(forks, member_args("g/op/backup-1"), None, "g/op/backup-1")
     zygote = forks.zygote_pid
     assert zygote is not None
     wait_until(lambda: b"hams_worker" in Path(f"/proc/{member.pid}/cmdline").read_bytes())

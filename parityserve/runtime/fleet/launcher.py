@@ -1,4 +1,7 @@
-"""Starts local worker processes (model containers) and stops them without leaving orphans."""
+"""Starts local worker processes (model containers) and stops them without leaving orphans.
+
+Forked from the server's zygote when it has one (``zygote.py``: a replica then says hello
+in a tenth of a second, not after a fresh interpreter's imports), else spawned."""
 
 from __future__ import annotations
 
@@ -6,12 +9,18 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
 
-from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
+from parityserve.runtime.fleet.processes import (
+    ProcessHandle,
+    kill_and_reap,
+    log_file,
+    spawn_worker_process,
+    worker_env,
+)
+from parityserve.runtime.fleet.zygote import WORKER, ForkServer, start_process
+from parityserve.runtime.workers.keys import ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
 __all__ = ["LocalLauncher", "ProcessHandle", "WorkerProcess", "kill_and_reap", "log_file",
@@ -20,76 +29,10 @@ __all__ = ["LocalLauncher", "ProcessHandle", "WorkerProcess", "kill_and_reap", "
 log = logging.getLogger(__name__)
 
 
-class ProcessHandle(Protocol):
-    """What the runtime uses of a started process: a ``subprocess.Popen``, or a process
-    forked by the zygote (``runtime/graphs/zygote.ForkedProcess``)."""
-
-    pid: int
-    # int | None, but typed as typeshed types Popen's (int | Any): callers that read it
-    # after poll() said it is set use it as an int
-    returncode: Any
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-    def kill(self) -> None: ...
-
-
-def spawn_worker_process(cmd: list[str], threads: int, keys: ClientKeys | None,
-                         log_dir: Path | None, name: str) -> subprocess.Popen[bytes]:
-    """Start one worker-like process (a model replica, a graph operator) in its own session,
-    its CURVE keys in its environment, which only its own user can read, never on the
-    command line, which ``ps`` shows to everyone; its stderr in ``log_dir/NAME.log``."""
-    env = worker_env(threads, keys)
-    stderr = log_file(log_dir, name)
-    try:
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
-    finally:
-        if stderr is not None:
-            os.close(stderr)  # the child holds its own copy
-
-
-def worker_env(threads: int, keys: ClientKeys | None) -> dict[str, str]:
-    """A worker's environment: this process's, its thread counts, and its keys (only)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    # Idle OpenMP threads sleep instead of spinning (unless the user chose otherwise):
-    # spinning threads steal the cores the frontend and the other replicas need, which
-    # made two-thread configurations collapse under open load on 2 cores while they
-    # looked fastest in a closed loop (profile of ResNet-20, issue 18).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.pop(ENV_VAR, None)
-    if keys is not None:
-        env[ENV_VAR] = keys.to_env()
-    return env
-
-
-def log_file(log_dir: Path | None, name: str) -> int | None:
-    """An fd for a worker's stderr: ``log_dir/NAME.log``, appended to."""
-    if log_dir is None:
-        return None  # inherit: worker tracebacks show up in the frontend's terminal
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / f"{name.replace('/', '_')}.log"
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-
-def kill_and_reap(popen: ProcessHandle, reap_s: float) -> bool:
-    """SIGKILL ``popen`` if it still runs, and wait up to ``reap_s`` for its exit so that no
-    zombie is left. False when it has not gone by then; never raises."""
-    if popen.poll() is None:
-        popen.kill()
-    try:
-        popen.wait(timeout=reap_s)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
 class WorkerProcess:
     """A handle on one local worker subprocess."""
 
-    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, spec: WorkerSpec, popen: ProcessHandle) -> None:
         self.spec = spec
         self.popen = popen
 
@@ -121,23 +64,28 @@ class WorkerProcess:
 
 
 class LocalLauncher:
-    """Spawns ``python -m parityserve.runtime.workers.worker`` for each replica.
+    """Starts ``python -m parityserve.runtime.workers.worker`` for each replica: forked from
+    ``forks`` (the server's zygote) when it can, else spawned.
 
     Workers get their own session so a terminal's Ctrl-C reaches only the frontend (which then
-    stops them in order), and they ask the kernel to end them if the frontend dies.
+    stops them in order), and they end if the frontend dies: a spawned one asks the kernel
+    (its parent is the frontend), a forked one reads EOF on its lifeline (its parent is the
+    zygote, which may go on its own and must take no replica along).
     """
 
-    def __init__(self, connect: str, *, log_dir: Path | None = None) -> None:
+    def __init__(self, connect: str, *, log_dir: Path | None = None,
+                 forks: ForkServer | None = None) -> None:
         self.connect = connect
         self.log_dir = log_dir
+        self.forks = forks
 
     def start(self, spec: WorkerSpec, keys: ClientKeys | None = None) -> WorkerProcess:
         """Start a worker; its CURVE keys (if any) go in its environment, which only its own
         user can read, never on the command line, which ``ps`` shows to everyone."""
-        cmd = [sys.executable, "-m", "parityserve.runtime.workers.worker",
-               "--connect", self.connect, "--spec", spec.to_json(), "--die-with-parent",
-               "--parent-pid", str(os.getpid())]
-        popen = spawn_worker_process(cmd, spec.threads, keys, self.log_dir, spec.replica_id)
+        args = ["--connect", self.connect, "--spec", spec.to_json(), "--die-with-parent",
+                "--parent-pid", str(os.getpid())]
+        popen = start_process(WORKER, args, threads=spec.threads, keys=keys,
+                              log_dir=self.log_dir, name=spec.replica_id, forks=self.forks)
         return WorkerProcess(spec, popen)
 
     @staticmethod

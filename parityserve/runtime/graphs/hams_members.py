@@ -4,7 +4,7 @@ A member is one operator process (a primary or a backup). Each gets a fresh CURV
 bound to its id on the graph's link, so a process can speak only as itself. Loss is seen
 two ways, reported separately because they differ by an order of magnitude (H7): the
 process exits (``exit``: the kernel tells its parent at once, the frontend or the zygote
-that forked it, ``runtime/graphs/zygote.py``), or its
+that forked it, ``runtime/fleet/zygote.py``), or its
 heartbeats stop (``timeout``).
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parityserve.runtime.fleet.launcher import ProcessHandle, kill_and_reap, spawn_worker_process
+from parityserve.runtime.fleet.launcher import ProcessHandle, kill_and_reap
+from parityserve.runtime.fleet.zygote import OPERATOR, ForkServer, start_process
 from parityserve.runtime.graphs.hams_messages import Hello
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec
-from parityserve.runtime.graphs.zygote import ForkServer, operator_command
 from parityserve.runtime.workers.keys import ClientKeys, ServerKeys
 from parityserve.runtime.workers.rpc import WorkerLink
 
@@ -69,10 +69,8 @@ class MemberLauncher:
 
     def _process(self, spec: OperatorSpec, keys: ClientKeys | None) -> ProcessHandle:
         args = ["--connect", self.link.address, "--spec", spec.to_json()]
-        if self.forks is not None:
-            return self.forks.start(args, keys, spec.worker_id)
-        return spawn_worker_process(operator_command(args), 1, keys, self.log_dir,
-                                    spec.worker_id)
+        return start_process(OPERATOR, args, threads=1, keys=keys, log_dir=self.log_dir,
+                             name=spec.worker_id, forks=self.forks)
 
     def forget(self, member: Member) -> None:
         """The member is gone: its id and key stop being accepted."""

@@ -737,7 +737,7 @@ def _loop(proc: _Process, role: Primary | Backup) -> None:
 def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
     """Run an operator. ``die_with_parent`` False: forked by the zygote, whose death must not
     end this member; it dies with the frontend through its lifeline instead
-    (``runtime/graphs/zygote_server.watch_lifeline``)."""
+    (``runtime/fleet/zygote_server.watch_lifeline``)."""
     parser = argparse.ArgumentParser(prog="parityserve-operator", description=__doc__)
     parser.add_argument("--connect", required=True, help="frontend address, tcp://HOST:PORT")
     parser.add_argument("--spec", required=True, help="OperatorSpec as JSON")

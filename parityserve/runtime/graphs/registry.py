@@ -27,8 +27,8 @@ from parityserve.errors import (
     MalformedRequest,
     UnknownApplication,
 )
+from parityserve.runtime.fleet.zygote import ForkServer
 from parityserve.runtime.graphs.hams_graph import GraphAnswer, GraphRuntime, Infer
-from parityserve.runtime.graphs.zygote import ForkServer, fork_server_for
 from parityserve.runtime.modelpath.metrics import Metrics
 from parityserve.runtime.workers.keys import ServerKeys
 from parityserve.runtime.workers.wire import MAX_DIMS
@@ -54,16 +54,15 @@ def stateful_models(config: ServingConfig) -> set[str]:
 class Graphs:
     def __init__(self, config: ServingConfig, infer: Infer, *, keys: ServerKeys | None,
                  clock: Callable[[], float], log_dir: Path | None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, forks: ForkServer | None = None) -> None:
         deployments = {m.name: m for m in config.models}
         self.limits = config.server.limits
         self.runtimes = {g.name: GraphRuntime(g, deployments, infer, keys=keys, clock=clock,
                                               log_dir=log_dir, host=config.server.host)
                          for g in config.graphs}
-        # One zygote for every graph: their operators start from the same imports.
-        self.forks: ForkServer | None = None
-        if any(runtime.pairs for runtime in self.runtimes.values()):
-            self.forks = fork_server_for(config.server.fork_server, log_dir)
+        # The server's one zygote (its model replicas' too, runtime/fleet/zygote.py): the
+        # serving system opens and closes it, around the graphs
+        self.forks = forks
         for runtime in self.runtimes.values():
             runtime.launcher.forks = self.forks
         if metrics is not None:  # the watchdog's count, per graph and operator, and the
@@ -76,17 +75,10 @@ class Graphs:
         return name in self.runtimes
 
     async def start(self) -> None:
-        if self.forks is not None:
-            self.forks.open()
-            await self.forks.wait_ready()
         await asyncio.gather(*(g.start() for g in self.runtimes.values()))
 
     async def close(self) -> None:
-        try:
-            await asyncio.gather(*(g.close() for g in self.runtimes.values()))
-        finally:  # after the graphs: their members' exit codes come through the zygote
-            if self.forks is not None:
-                self.forks.close()
+        await asyncio.gather(*(g.close() for g in self.runtimes.values()))
 
     def ready(self) -> bool:
         return all(g.ready() for g in self.runtimes.values())

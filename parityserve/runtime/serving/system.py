@@ -48,6 +48,7 @@ from parityserve.runtime.fleet.inbox import Inbox
 from parityserve.runtime.fleet.launcher import LocalLauncher, WorkerProcess
 from parityserve.runtime.fleet.parallelism import Controllers, SystemApplier, build_policy
 from parityserve.runtime.fleet.supervisor import Launcher, Settings, Supervisor
+from parityserve.runtime.fleet.zygote import ForkServer, fork_server_for, preload_for
 from parityserve.runtime.graphs.registry import Graphs, stateful_models
 from parityserve.runtime.modelpath.dispatch import ModelPath, Replica
 from parityserve.runtime.modelpath.loop_pressure import LoopPressure
@@ -125,6 +126,8 @@ class ServingSystem:
             self.set_parallelism, self.set_threads), self.metrics, clock, base_dir,
             cores=os.cpu_count() or 1)
         self._ray: Any = None  # the RayLauncher, when the config asks for Ray
+        # The zygote that local replicas and graph operators are forked from (fleet/zygote.py)
+        self._forks: ForkServer | None = None
         self.graphs: Graphs | None = None  # stateful service graphs (HAMS), built at start
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -157,6 +160,10 @@ class ServingSystem:
     ) -> None:
         server = self.config.server
         self.controllers.check(self.config.models)  # a bad scheduler profile fails first
+        self._forks = fork_server_for(server.fork_server, self.log_dir, preload_for(
+            self.config, local_replicas=self.config.launcher.kind != "ray"))
+        if self._forks is not None:  # it imports while the rest starts
+            self._forks.open()
         # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.
         self.router.store = await asyncio.to_thread(open_store, server.state_store,
                                                     base_dir=self.base_dir)
@@ -167,6 +174,8 @@ class ServingSystem:
         self._supervisor = self._make_supervisor(launcher)
         self._model_admin = ModelAdmin(self._supervisor, self.clock)
         self._link.start(Inbox(self._supervisor, self._reject))
+        if self._forks is not None:  # so that the first replicas are forked too
+            await self._forks.wait_ready()
         for deployment in self.config.models:
             if deployment.name not in self._graph_models:  # a graph runs those itself
                 self.models[deployment.name] = self._supervisor.launch_path(deployment)
@@ -175,7 +184,7 @@ class ServingSystem:
         if wait_ready:
             await self.wait_ready(timeout_s)
         self.graphs = Graphs(self.config, self._infer_outputs, keys=keys, clock=self.clock,
-                             log_dir=self.log_dir, metrics=self.metrics)
+                             log_dir=self.log_dir, metrics=self.metrics, forks=self._forks)
         await self.graphs.start()
 
     async def _infer_outputs(self, model: str, rows: np.ndarray) -> np.ndarray:
@@ -193,7 +202,7 @@ class ServingSystem:
                                   f"pip install 'parityserve[ray]' ({exc})") from exc
             self._ray = RayLauncher(address, spec.address)
             return self._ray
-        return LocalLauncher(address, log_dir=self.log_dir)
+        return LocalLauncher(address, log_dir=self.log_dir, forks=self._forks)
 
     def _make_supervisor(self, launcher: Launcher) -> Supervisor:
         assert self._credentials is not None
@@ -256,6 +265,8 @@ class ServingSystem:
         await asyncio.to_thread(LocalLauncher.stop_all, local)
         if self._ray is not None:
             await asyncio.to_thread(self._ray.stop_all, procs)
+        if self._forks is not None:  # after its children: their exit codes come through it
+            self._forks.close()
         if self._link is not None:
             await self._link.close()
         self.store.close()

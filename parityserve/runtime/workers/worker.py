@@ -384,7 +384,11 @@ def _report_load_failure(spec: WorkerSpec, connect: str, error: ModelLoadError,
     sock.close(linger=2000)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
+    """Run a worker. ``die_with_parent`` False: forked by the server's zygote
+    (``runtime/fleet/zygote.py``), whose death must not end this replica; ``--die-with-parent``
+    is then ignored, and the replica dies with the frontend through its lifeline instead
+    (``runtime/fleet/zygote_server.watch_lifeline``)."""
     parser = argparse.ArgumentParser(prog="parityserve-worker", description=__doc__)
     parser.add_argument("--connect", required=True, help="frontend RPC address, tcp://HOST:PORT")
     parser.add_argument("--spec", required=True, help="WorkerSpec as JSON")
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     global _never_bye
     _never_bye = args.no_bye
-    if args.die_with_parent:
+    if args.die_with_parent and die_with_parent:
         global _launcher_pid
         _launcher_pid = os.getppid()
         _die_with_parent(args.parent_pid)

@@ -13,7 +13,7 @@ from parityserve.core.forking import (
     route,
     unusable_reason,
 )
-from parityserve.runtime.graphs.zygote import fork_server_for
+from parityserve.runtime.fleet.zygote import fork_server_for
 
 
 def test_a_fork_is_refused_unless_the_zygote_runs_one_thread() -> None:

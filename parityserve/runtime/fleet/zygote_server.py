@@ -1,16 +1,23 @@
-"""The zygote process: imports torch, numpy, zmq and the operator code once, then forks one
-stateful graph operator per request from its frontend (why: ``runtime/graphs/zygote.py``).
+"""The zygote process: imports what its children need (numpy, zmq, the worker's and the
+operators' code, torch when a model needs it) once, then forks one child per request from its
+frontend, of a known *kind*: a model replica (``runtime/workers/worker.py``) or a stateful
+graph operator (``runtime/graphs/hams_worker.py``) (why: ``runtime/fleet/zygote.py``).
+
+The kinds are named here, not imported: the fleet never imports the graphs (the wings'
+order, ``tests/unit/test_import_graph.py``); only this process, which runs no fleet logic,
+imports a kind's module, by name, to preload it or to run its ``main``.
 
 It never starts a thread or a zmq context: a fork copies only the calling thread, so a lock
 another thread held would stay locked in every child (``core.forking.fork_refusal`` is
 checked before each fork). It reaps its children (SIGCHLD wakes the loop; ``waitpid``
 with WNOHANG until none is left) and sends each exit code to the frontend. It exits when
-the frontend's end of the socket closes; its children do not: they are the fault-tolerance
-members, and a forked member dies with the frontend through its *lifeline* instead (a pipe
-whose write end only the frontend holds), not with the zygote.
+the frontend's end of the socket closes; its children do not (replicas keep serving, graph
+members keep their state): a forked child dies with the frontend through its *lifeline*
+instead (a pipe whose write end only the frontend holds), not with the zygote.
 
 Messages on the SOCK_SEQPACKET socket are JSON, with file descriptors beside them:
-``fork`` (fds: the lifeline's read end, then the log file if any) is answered ``forked``
+``fork`` (its kind, argv, environment and working directory; fds: the lifeline's read end,
+then the log file if any) is answered ``forked``
 (fd: a pidfd of the child, opened before the child can be reaped, so the pid it names is
 never a reused one) or ``refused``; ``exit`` and ``ready`` come unasked.
 """
@@ -21,6 +28,7 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import importlib
 import os
 import select
 import signal
@@ -34,10 +42,24 @@ import orjson
 
 from parityserve.core.forking import fork_refusal
 
-__all__ = ["OPERATOR_MODULE", "main", "watch_lifeline"]
+__all__ = ["ALL_PRELOAD", "ENV_ROOM_VAR", "KINDS", "OPERATOR_PRELOAD", "PRELOAD_VAR",
+           "WORKER_PRELOAD", "main", "watch_lifeline"]
 
-OPERATOR_MODULE = "parityserve.runtime.graphs.hams_worker"
-MAX_MESSAGE = 1 << 20  # a fork request: the operator's argv and its environment
+# kind -> the module a spawned child runs (``python -m MODULE ARGV``); its ``main(argv,
+# die_with_parent=False)`` is what a forked one runs
+KINDS = {
+    "worker": "parityserve.runtime.workers.worker",  # a model replica
+    "operator": "parityserve.runtime.graphs.hams_worker",  # a stateful graph operator
+}
+# What each kind imports before its own work begins (about 0.6 CPU-s for a replica, 2 for an
+# operator, torch above all); the frontend picks what its zygote preloads (``zygote.py``).
+WORKER_PRELOAD = ("numpy", "zmq", KINDS["worker"], "parityserve.models.loader",
+                  "parityserve.models.zoo")
+OPERATOR_PRELOAD = ("numpy", "torch", "zmq", "parityserve.models.stateful", KINDS["operator"])
+ALL_PRELOAD = tuple(dict.fromkeys((*WORKER_PRELOAD, *OPERATOR_PRELOAD)))
+ENV_ROOM_VAR = "PARITYSERVE_ZYGOTE_ROOM"  # blank space in the zygote's environment block
+PRELOAD_VAR = "PARITYSERVE_ZYGOTE_PRELOAD"  # what to import, comma-separated
+MAX_MESSAGE = 1 << 20  # a fork request: the child's argv and its environment
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,19 +69,17 @@ def main(argv: list[str] | None = None) -> int:
                         "is written over this process's, so it must be long enough")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    _preload()
+    # in the environment, not on the command line, where a search of /proc for a replica or
+    # an operator by its module's name would find this process too
+    preload = os.environ.pop(PRELOAD_VAR, ",".join(ALL_PRELOAD))
+    _preload([m for m in preload.split(",") if m])
     return Zygote(sock).run()
 
 
-def _preload() -> None:
-    """What every operator imports (about 1.5 CPU-seconds here), done once."""
-    import numpy  # noqa: F401
-    import torch  # noqa: F401
-    import zmq  # noqa: F401
-
-    import parityserve.models.stateful  # noqa: F401
-    import parityserve.runtime.graphs.hams_worker  # noqa: F401
-
+def _preload(modules: list[str]) -> None:
+    """What the children import, done once."""
+    for module in modules:
+        importlib.import_module(module)
     # Keep the imported heap out of the collector: a collection in a child would write to
     # every object header and so copy the pages it shares with the zygote.
     gc.freeze()
@@ -146,23 +166,25 @@ def _os_threads() -> int:
 # ---- the child ------------------------------------------------------------------------------
 
 def _child(zygote: Zygote, request: dict[str, Any], fds: list[int]) -> None:
-    """Become the operator process ``python -m OPERATOR_MODULE ARGV`` would have been, run
-    it, and leave with its exit code (``os._exit``: never back into the zygote's loop)."""
+    """Become the process ``python -m KINDS[kind] ARGV`` would have been, run it, and leave
+    with its exit code (``os._exit``: never back into the zygote's loop)."""
     code = 1
     try:
-        code = _become_operator(zygote, request, fds)
+        code = _become(zygote, request, fds)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - printed as Python would, then the exit code 1
         traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
+            _flush_zmq()
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
 
 
-def _become_operator(zygote: Zygote, request: dict[str, Any], fds: list[int]) -> int:
+def _become(zygote: Zygote, request: dict[str, Any], fds: list[int]) -> int:
     os.setsid()  # as start_new_session: a terminal's Ctrl-C reaches only the frontend
     _reset_signals()
     zygote.close_in_child()
@@ -170,16 +192,20 @@ def _become_operator(zygote: Zygote, request: dict[str, Any], fds: list[int]) ->
     if log:
         os.dup2(log[0], 2)
         os.close(log[0])
+    module = KINDS[request["kind"]]
     os.environ.clear()
-    os.environ.update(request["env"])  # exactly what a spawned operator gets, keys included
+    os.environ.update(request["env"])  # exactly what a spawned child gets, keys included
+    _show_environment(request["env"])
     os.chdir(request["cwd"])
     _reseed()
+    _apply_threads(request["env"])
     argv = [str(a) for a in request["argv"]]
-    _show_command([sys.executable, "-m", OPERATOR_MODULE, *argv])
-    watch_lifeline(lifeline)
-    from parityserve.runtime.graphs import hams_worker
-
-    return hams_worker.main(argv, die_with_parent=False)
+    _show_command([sys.executable, "-m", module, *argv])
+    watch_lifeline(lifeline, request["kind"])
+    entry = importlib.import_module(module)
+    sys.argv = [str(entry.__file__), *argv]  # as ``-m`` sets it
+    code: int = entry.main(argv, die_with_parent=False)
+    return code
 
 
 def _reset_signals() -> None:
@@ -192,15 +218,54 @@ def _reset_signals() -> None:
 
 def _reseed() -> None:
     """Python's ``random`` reseeds itself after a fork; numpy's and torch's global generators
-    do not, and every member would draw the zygote's stream."""
-    import numpy as np
-    import torch
+    do not, and every child would draw the zygote's stream. (Those the zygote did not import
+    are seeded as in a spawned process when the child imports them.)"""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(int.from_bytes(os.urandom(4), "little"))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little"))
 
-    np.random.seed(int.from_bytes(os.urandom(4), "little"))
-    torch.manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+def _apply_threads(env: dict[str, str]) -> None:
+    """The thread counts the environment asks for. OpenMP and OpenBLAS read theirs once, when
+    loaded: in the zygote, with one thread (no pool, so forking stays safe). A spawned
+    child with ``OMP_NUM_THREADS=n`` would have n; set them live (a torch model sets its own
+    again when it loads)."""
+    try:
+        threads = int(env.get("OMP_NUM_THREADS", "1"))
+    except ValueError:
+        return
+    if threads <= 1:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    with contextlib.suppress(ImportError):  # optional: numpy's BLAS keeps one thread without
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(limits=threads, user_api="blas")
 
 
-def watch_lifeline(fd: int) -> None:
+FLUSH_S = 3.0  # the most a leaving child waits for zmq to deliver what it sent last
+
+
+def _flush_zmq() -> None:
+    """Deliver what the child's sockets still hold (a replica's BYE, a load failure's report)
+    before ``os._exit``, within their linger: a spawned child's slow interpreter teardown gave
+    zmq's I/O thread that time, a forked child's ``os._exit`` would not (the frontend then
+    saw exit code 3 without the reason). Bounded: a socket closed with an infinite linger
+    and a peer gone would block ``term`` for ever."""
+    zmq = sys.modules.get("zmq")
+    ctx = getattr(zmq.Context, "_instance", None) if zmq is not None else None
+    if ctx is not None and not ctx.closed:
+        flush = threading.Thread(target=ctx.destroy, kwargs={"linger": 2000}, daemon=True)
+        flush.start()
+        flush.join(FLUSH_S)
+
+
+def watch_lifeline(fd: int, kind: str = "operator") -> None:
     """End this process when the frontend is gone: ``fd`` is the read end of a pipe whose
     write end only the frontend holds, so it reads EOF exactly when the frontend exits,
     however it went. (PR_SET_PDEATHSIG would name the zygote, which may go on its own.)"""
@@ -208,7 +273,7 @@ def watch_lifeline(fd: int) -> None:
         with contextlib.suppress(OSError):
             while os.read(fd, 64):
                 pass
-        os.write(2, b"parityserve operator: the frontend is gone; exiting\n")
+        os.write(2, f"parityserve {kind}: the frontend is gone; exiting\n".encode())
         os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="parityserve-lifeline", daemon=True).start()
@@ -217,13 +282,28 @@ def watch_lifeline(fd: int) -> None:
 def _show_command(argv: list[str]) -> None:
     """Write ``argv`` over this process's command line (``ps``, ``/proc/PID/cmdline``), as
     if it had been spawned, into the room the zygote's ``--room`` left; cut if longer."""
+    _overwrite(45, b"\0".join(a.encode() for a in argv))  # arg_start, arg_end (48, 49)
+
+
+def _show_environment(env: dict[str, str]) -> None:
+    """Write ``env`` over this process's environment block (``/proc/PID/environ``, which
+    shows the block the zygote was started with, not ``os.environ``), into the room the
+    zygote's ``ENV_ROOM_VAR`` left. Only once ``os.environ`` was replaced: libc's
+    ``environ`` then points into the block no more."""
+    text = b"".join(f"{key}={value}".encode(errors="surrogateescape") + b"\0"
+                    for key, value in env.items())
+    _overwrite(47, text.rstrip(b"\0"))  # env_start, env_end (fields 50, 51)
+
+
+def _overwrite(index: int, text: bytes) -> None:
+    """Fill the memory between the addresses in fields ``index`` and ``index + 1`` (counted
+    after the command name) of ``/proc/self/stat`` with ``text``, NUL-padded, cut if longer."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/self/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        start, end = int(fields[index]), int(fields[index + 1])
         room = end - start
-        text = b"\0".join(a.encode() for a in argv)[:room - 1]
-        ctypes.memmove(start, text.ljust(room, b"\0"), room)
+        ctypes.memmove(start, text[:room - 1].ljust(room, b"\0"), room)
 
 
 if __name__ == "__main__":
