@@ -385,15 +385,17 @@ def test_a_primary_killed_while_loading_does_not_stop_the_start(tmp_path: Path) 
         running.stop()  # type: ignore[attr-defined]
 
 
-def test_a_primary_lost_before_any_batch_is_taken_over_by_a_backup_holding_no_copy(
+def test_a_primary_lost_before_anything_is_durable_is_taken_over_by_a_backup_with_no_copy(
         tmp_path: Path) -> None:
     """CI's failure (issue 39): seq1's primary was killed at start, after it loaded but
     before its backup applied the first copy, and the graph failed for good ('no member
     holds seq1's state ... still receiving its first full state'): 503 to every request of
-    a server that had served none. Before the first batch the state is the one every
-    member loaded. Made certain here: the backup is killed, the primary's states are held
-    up 4 s (so the spare that becomes the backup gets no copy), then the primary is killed:
-    that backup takes over, and the graph answers."""
+    a server that had served none. Until a state past the initial one is durable, the
+    initial state, which every member loads, is a point to resume from. Made certain here:
+    the backup is killed, the primary's states are held up 4 s (so the spare that becomes
+    the backup gets no copy), then the primary is killed and a request sent at once (it
+    may reach the dead primary before its loss is seen: it runs again): that backup takes
+    over, and the graph answers."""
     running = start_server(config(), tmp_path)
     try:
         url = running.url

@@ -22,10 +22,12 @@ Who holds an operator's state: its primary (the live state and the copy its back
 applied, H5), and its backup once it has applied a first full state (``seeded``). A
 member that is taking over (a backup being promoted, or a primary rolling back in place,
 Fig. 6) holds it too. A spare and a backup still being seeded hold nothing, except while
-the operator is *pristine*: until its first batch is sent (``dispatched``) its state is the
-one every member loads, so every loaded member holds it. A primary lost at start, before
-its backup applied the first copy, is then no loss of state: a loaded member takes over
-(before, the graph failed for good, answering 503 to a server that had served nothing).
+the operator is *pristine*: until a state past its initial one is durable (``durable``),
+the initial state, which every member loads, is a state it may resume from (sequence 0;
+what ran since re-runs, as after any failover: none of it left the frontend), so every
+loaded member holds what recovery needs. A primary lost at start, before its backup applied
+the first copy, is then no loss of state, even with batches in flight: a loaded member takes
+over (before, the graph failed for good, answering 503 to a server that had served nothing).
 
 The order of one recovery: the lost primaries' backups are promoted; once every member that
 was asked has taken over, the planner (``plan_failover`` over the router's lineages) says
@@ -168,7 +170,7 @@ class _Op:
     starting: int = 0  # Start actions not answered yet
     taker: str | None = None  # the member taking over in the recovery under way
     rolling: bool = False  # the taker is the primary itself, rolling back in place
-    pristine: bool = True  # no batch sent yet: every loaded member holds its state
+    pristine: bool = True  # nothing past the initial state durable: any loaded member will do
 
 
 @dataclass
@@ -220,10 +222,11 @@ class RecoveryPlan:
         return dict(self._suspected)
 
     # ---- events ----------------------------------------------------------------------------
-    def dispatched(self, op: str) -> None:
-        """A batch is sent to ``op``'s primary: its state may change from now on, and only
-        a member given a copy of it holds it."""
-        self._ops[op].pristine = False
+    def durable(self, op: str, seq: int) -> None:
+        """``op``'s backup applied its state at ``seq``. Past 0, replies built on it may
+        have left: from then on only a member given a copy holds what recovery needs."""
+        if seq > 0:
+            self._ops[op].pristine = False
 
     def started(self, op: str, member: str) -> list[RecoveryAction]:
         """A process asked for with ``Start`` is launched (not loaded yet)."""

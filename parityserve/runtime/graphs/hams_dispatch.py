@@ -62,8 +62,6 @@ class Dispatch:
         manager, out = ctx.router.managers[pair.op], ctx.inflight[pair.op]
         while len(out) < IN_FLIGHT and manager.queued():
             batch = ctx.router.batch(pair.op, ctx.graph.max_batch, np.shape)
-            if ctx.plan is not None:  # its state may change from now: only copies hold it
-                ctx.plan.dispatched(pair.op)
             self._send_batch(pair.op, primary, next(self.bids), batch)
 
     def _send_batch(self, op: str, primary: Member, bid: int, batch: Batch) -> None:

@@ -149,6 +149,8 @@ class Inbox:
             member.extra["synced"] = True
             if ctx.plan is not None:
                 self.recovery.act(ctx.plan.seeded_at(member.worker_id))
+        if ctx.plan is not None:  # past the initial state: only copies hold it from now
+            ctx.plan.durable(pair.op, seq)
         self.requests.release(ctx.router.notify(pair.op, seq))
         for nxt in ctx.topology.stateful:
             if pair.op in ctx.topology.prev_stateful(nxt):

@@ -214,7 +214,8 @@ def test_a_taker_that_speaks_but_never_answers_its_promotion_is_lost_after_a_bou
         rt, workers = await whole_graph()
         seq1 = rt.pairs["seq1"]
         assert seq1.primary is not None and seq1.backup is not None and rt.plan is not None
-        rt.plan.dispatched("seq1")  # it ran batches: the spare holds nothing of its state
+        rt.plan.durable("seq1", 3)  # a state past the initial one is durable: the spare
+        # holds nothing recovery could use
         taker = seq1.backup
         rt.recovery.lost(seq1.primary, "exit")
         await settle()
