@@ -687,10 +687,7 @@ def _message(sim: PlanSim, kind: str, op: str, to: int) -> int:
 
 def _one() -> RecoveryPlan:
     """One operator: primary p, backup b (seeded), spare x (loaded)."""
-    plan = RecoveryPlan({"s": ("p", "b", "x")}, lambda resumed, epoch: Failover(
-        epoch, ("s",), dict(resumed), ("s",), (), False))
-    for m in ("p", "b", "x"):
-        plan.ready(m)
+    plan = _started()
     plan.allowed("b")
     plan.seeded_at("b")
     plan.durable("s", 1)  # a state past the initial one is durable: only copies hold it
