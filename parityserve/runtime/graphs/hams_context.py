@@ -4,7 +4,8 @@
 ``hams_requests`` (admission, answers and their release), ``hams_dispatch`` (batches to
 operators, and the watchdog over them), ``hams_inbox`` (what operators say, parsed once),
 ``hams_membership`` (the processes, by id), ``hams_watch`` (failure detection),
-``hams_recovery`` (performing ``RecoveryPlan``'s actions), ``hams_baselines`` (bare and
+``hams_recovery`` (performing ``RecoveryPlan``'s actions), ``hams_handover`` (what a member
+is told when state changes hands), ``hams_baselines`` (bare and
 checkpoint-replay) and ``hams_inspect`` (statistics and state digests). They share one
 ``GraphContext``: the graph, its clock, router and link, the batches in flight, the plan, and
 whether the graph is paused or broken. Every piece logs under one name, the runtime's.

@@ -2,7 +2,8 @@
 ``RecoveryPlan`` (``core/hams/recovery_plan.py``) decides, and tells it what happened.
 
 A lost primary is replaced by its backup (``plan_failover`` says which other operators must
-roll back with it), the spare becomes the new backup, and a new spare is started. A member
+roll back with it), the spare becomes the new backup, and a new spare is started (what each
+member is told: ``hams_handover``). A member
 silent past the timeout whose process exists is only suspected: fenced if another member
 holds its state, else kept and waited for until it speaks again (issue 39).
 """
@@ -30,11 +31,12 @@ from parityserve.core.hams.recovery_plan import (
     Start,
     Suspect,
 )
-from parityserve.errors import ProtocolError, Unavailable
+from parityserve.errors import Unavailable
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_context import FailoverRecord, GraphContext, Pair, log
 from parityserve.runtime.graphs.hams_dispatch import Dispatch
+from parityserve.runtime.graphs.hams_handover import Handover
 from parityserve.runtime.graphs.hams_members import Member
 from parityserve.runtime.graphs.hams_membership import Membership
 from parityserve.runtime.graphs.hams_requests import Requests
@@ -46,6 +48,7 @@ class RecoveryDriver:
     def __init__(self, ctx: GraphContext, members: Membership, requests: Requests,
                  dispatch: Dispatch) -> None:
         self.ctx, self.members, self.requests, self.dispatch = ctx, members, requests, dispatch
+        self.handover = Handover(ctx, members)
         self._lost_at: dict[str, tuple[str, float, int]] = {}  # member -> (how, when, pid)
         # members silent past the timeout but alive and kept as their operator's last
         # holder (issue 39), and whether they were heard from again: newest last
@@ -89,9 +92,9 @@ class RecoveryDriver:
         elif isinstance(action, Allow):
             ctx.spawn(self._allow(action))
         elif isinstance(action, Attach):
-            self._attach(action)
+            self.handover.attach(action)
         elif isinstance(action, Inform):
-            self._inform(action)
+            self.handover.inform(action)
         elif isinstance(action, Promote | RollBack):
             ctx.spawn(self._take_over(action))
         elif isinstance(action, Pause):
@@ -163,53 +166,22 @@ class RecoveryDriver:
         self.dispatch.pump_all()
 
     async def _allow(self, action: Allow) -> None:
-        """The backup admits only the primary's key and learns how far upstream is durable
-        (earlier notices will not come again); then the plan attaches it."""
-        ctx = self.ctx
-        backup, primary = self.members.member(action.backup), self.members.member(action.primary)
-        if backup is None or primary is None or ctx.plan is None:
-            return
-        key = primary.keys.public.decode() if primary.keys is not None else ""
-        durable = {m: ctx.router.commit.durable[m] for m in backup.spec.pfm}
-        durable[action.op] = ctx.heard[action.op].upto  # its own outputs held here
+        """Let the backup in for its primary; then the plan attaches it."""
         try:
-            await ctx.ask(backup, hp.ALLOW, hm.Allow(key, durable))
+            backup = await self.handover.allow(action)
         except Unavailable as exc:  # dead or hung: a lost backup, which the plan replaces
-            self.suspect(backup, str(exc))  # (it holds no state: never kept)
+            if (found := self.members.member(action.backup)) is not None:
+                self.suspect(found, str(exc))  # (it holds no state: never kept)
             return
-        self.act(ctx.plan.allowed(action.backup))
-
-    def _attach(self, action: Attach) -> None:
-        """The primary sends the backup its retained copy as a base, then every state."""
-        backup = self.members.member(action.backup)
-        primary = self.members.member(action.primary)
-        if backup is None or primary is None:
-            return
-        hello = backup.hello.result()
-        if hello.address is None:
-            raise ProtocolError(f"{backup.worker_id} said hello without its address")
-        self.ctx.tell(primary, hm.Attach(hello.address, hello.key))
-
-    def _inform(self, action: Inform) -> None:
-        """A recovery resumed: the backup hears every upstream watermark the frontend holds
-        (``Inbox._on_durable`` relayed notices to the backup of the moment only, and
-        ignored a taker's; ``_resume`` reset the points). One it has already changes
-        nothing: a watermark never moves back."""
-        backup = self.members.member(action.backup)
-        if backup is None:
-            return
-        for upstream in backup.spec.pfm:
-            self.ctx.tell(backup, hm.Notify(upstream, self.ctx.router.commit.durable[upstream]))
+        if backup is not None and self.ctx.plan is not None:
+            self.act(self.ctx.plan.allowed(action.backup))
 
     async def _take_over(self, action: Promote | RollBack) -> None:
         ctx = self.ctx
         member = self.members.member(action.member)
         if member is None or ctx.plan is None:
             return
-        order: hm.Order = hm.Rollback()
-        spare = self.members.member(action.attach) if isinstance(action, Promote) else None
-        if isinstance(action, Promote):
-            order = self._seed_spare(member, spare)
+        order, spare = self.handover.order(action, member)
         future: asyncio.Future[hm.Promoted] = asyncio.get_running_loop().create_future()
         member.extra[hp.PROMOTED] = future
         ctx.tell(member, order)
@@ -231,19 +203,6 @@ class RecoveryDriver:
                 member.extra[hp.PROMOTED] = future
         seeded = spare.worker_id if answer.seeded and spare is not None else None
         self.act(ctx.plan.took_over(action.member, answer.seq, seeded))
-
-    def _seed_spare(self, member: Member, spare: Member | None) -> hm.Promote:
-        """Let the spare in for the member being promoted (not waited for: it answers the
-        promotion only once the spare applied its state), and say where it listens."""
-        if spare is None or not spare.hello.done():
-            return hm.Promote()
-        key = member.keys.public.decode() if member.keys is not None else ""
-        durable = {m: self.ctx.router.commit.durable[m] for m in spare.spec.pfm}
-        op = spare.spec.op  # outputs beyond the durable point may be renumbered: not those
-        durable[op] = self.ctx.router.commit.durable[op]
-        self.ctx.tell(spare, hm.Allow(key, durable))
-        hello = spare.hello.result()
-        return hm.Promote(hello.address, hello.key)
 
     def _resume(self, action: Resume) -> None:
         """The plan is complete: roll back and discard in the router, note each lost
