@@ -303,11 +303,7 @@ class Parm(Redundancy):
         run = task.group
         if task.kind == TaskKind.DATA:
             super().on_output(batch, outputs)
-        if run is None or run.finished:
-            return
-        stacked = _stack(outputs)
-        if stacked is None:
-            run.finished = True  # outputs that are not arrays cannot be decoded
+        if run is None or (stacked := _group_output(run, outputs)) is None:
             return
         if task.kind == TaskKind.PARITY:
             _parm_core(run).arrive_parity(task.slot, stacked)
@@ -418,14 +414,10 @@ class Berrut(Redundancy):
 
     def on_output(self, batch: InflightBatch, outputs: Any) -> None:
         task = batch.task
-        run = task.group
+        run = task.group  # None: a batch that could not be coded, sent plainly
         if task.kind == TaskKind.DATA:
             super().on_output(batch, outputs)
-        if run is None or run.finished:
-            return  # run is None: a batch that could not be coded, sent plainly
-        stacked = _stack(outputs)
-        if stacked is None:
-            run.finished = True
+        if run is None or (stacked := _group_output(run, outputs)) is None:
             return
         core = _berrut_core(run)
         if task.kind == TaskKind.CODED:
@@ -508,6 +500,17 @@ def make_mode(host: Host, settings: ModeSettings) -> Redundancy:
     if mode in ("berrut", "systematic-berrut"):
         return Berrut(host, settings)
     return Redundancy(host)  # none, equal-resources
+
+
+def _group_output(run: GroupRun, outputs: Any) -> np.ndarray | None:
+    """A member's outputs, stacked for its coding group's decoder; None once the group is
+    finished, or when they are not arrays (which cannot be decoded: the group finishes)."""
+    if run.finished:
+        return None
+    stacked = _stack(outputs)
+    if stacked is None:
+        run.finished = True
+    return stacked
 
 
 def _stack(outputs: Any) -> np.ndarray | None:
