@@ -5,10 +5,14 @@ shell or python; the comment is invisible on the site). Every YAML block passes
 ``parityserve validate``. A page with shell or Python blocks has one YAML block: the test
 serves it with ``parityserve start`` on free ports, then runs each block against it with
 those ports in place of the page's 8000 (HTTP) and 8001 (gRPC).
+
+README.md's "Serving your own model" is run too: its model file and YAML written into a
+folder, validated, served, and each curl's reply checked against the reply the README shows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -108,3 +112,49 @@ def _run(block: Block, code: str, folder: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env,
                           cwd=folder)
     assert done.returncode == 0, f"{block} failed:\n{done.stdout}{done.stderr}"
+
+
+# ---- README.md's own example ------------------------------------------------------------------
+README = DOCS.parent / "README.md"
+_FENCED = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+_CURL_AND_REPLY = re.compile(r"^(curl .*)\n# (\{.*\})$", re.M)
+
+
+def readme_own_model(text: str) -> dict[str, str]:
+    """The code blocks of the README's "Serving your own model", by language."""
+    section = text.split("\n## Serving your own model\n", 1)[1].split("\n## ", 1)[0]
+    return {kind: code for kind, code in _FENCED.findall(section)}
+
+
+def expected_reply(comment: str) -> dict[str, object]:
+    """The fields a reply shown as ``{"a":1,...}`` promises (``...`` stands for the rest)."""
+    return json.loads(comment.replace(",...}", "}"))
+
+
+def test_the_readmes_reply_comment_reads_as_a_subset() -> None:
+    assert expected_reply('{"output":[3.0,4.0],"default":false,...}') == {
+        "output": [3.0, 4.0], "default": False}
+
+
+def test_the_readmes_own_model_answers_as_the_readme_says(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = readme_own_model(README.read_text())
+    assert set(blocks) == {"python", "yaml", "bash"}, sorted(blocks)
+    http, grpc = free_port(), free_port()
+    monkeypatch.chdir(tmp_path)  # the user's folder, holding both files
+    (tmp_path / "mymodel.py").write_text(blocks["python"])
+    config = tmp_path / "serving.yaml"
+    config.write_text(blocks["yaml"].replace("http_port: 8000",
+                                             f"http_port: {http}, grpc_port: {grpc}"))
+    done = subprocess.run([PARITYSERVE, "validate", "-c", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    asked = _CURL_AND_REPLY.findall(blocks["bash"])
+    assert asked, "no curl line followed by its reply in the README's example"
+    with ServerProcess(config, port=http):
+        for curl, comment in asked:
+            reply = subprocess.run(["bash", "-c", curl.replace(":8000", f":{http}")],
+                                   capture_output=True, text=True, timeout=60, check=True)
+            got = json.loads(reply.stdout)
+            promised = expected_reply(comment)
+            assert {k: got.get(k) for k in promised} == promised, reply.stdout
