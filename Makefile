@@ -53,10 +53,12 @@ test: $(STAMP)
 
 # The dashboard's and the rules' PromQL through a real Prometheus (Debian's package, which
 # scripts/prometheus.sh installs) scraping a real server, promtool check rules, and
-# `parityserve top` against a real server. .ci/run runs it after the tests.
+# `parityserve top` against a real server, and docs/metrics.md against the registry. .ci/run runs
+# it after the tests.
 test-observability: $(STAMP)
 	scripts/prometheus.sh ensure
-	$(BIN)/pytest $(PYTEST_ARGS) tests/unit/deploy/test_dashboard.py tests/unit/test_top_view.py \
+	$(BIN)/pytest $(PYTEST_ARGS) tests/unit/deploy/test_dashboard.py tests/unit/deploy/test_metrics_page.py \
+	  tests/unit/test_top_view.py \
 	  tests/integration/test_observability.py tests/e2e/test_top_cli.py
 
 lint: $(STAMP)
