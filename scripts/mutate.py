@@ -208,8 +208,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "return all(self._durable[h.op] > h.seq for h in lineage if h.op in self._durable)",
        HAMS_TESTS),
     _m("backup-applies-a-state-twice", "core/hams", _DUR,
-       "if state.op != self.op or state.seq <= newest:",
-       "if state.op != self.op or state.seq < newest:", HAMS_TESTS),
+       "return state.op == self.op and state.seq > newest",
+       "return state.op == self.op and state.seq >= newest", HAMS_TESTS,
+       note="rewritten when BackupApplier.fits replaced the test in receive (its old text was "
+       "gone: tests/unit/test_mutate_script.py now fails on such a mutant)"),
     _m("watermark-moves-backwards", "core/hams", _DUR,
        "if op not in self._durable or seq <= self._durable[op]:",
        "if op not in self._durable:", HAMS_TESTS),
@@ -330,6 +332,14 @@ def _markdown(outcomes: list[Outcome], command: str, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interpreter() -> str:
+    """The Python that ran, relative to the project root when it lives there (the venv), so
+    the committed report names no one's checkout."""
+    executable = Path(sys.executable)
+    return str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) \
+        else executable.name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", help="run only this mutant (repeatable)")
@@ -358,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
          "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
     (args.out / "mutate.md").write_text(_markdown(outcomes, command, seconds))
     (args.out / "command.txt").write_text(
-        f"{command}\n# run from the project root; {sys.executable}\n")
+        f"{command}\n# run from the project root; {_interpreter()}\n")
     return 0
 
 
