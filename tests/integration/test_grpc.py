@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+import tritonclient.http as th
 from conftest import start_server
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -66,6 +67,24 @@ def test_health_metadata_config_and_statistics(client) -> None:
     client.infer("echo", [_input(np.ones((2, 3), np.float32))])
     stats = client.get_inference_statistics("echo").model_stats
     assert stats[0].name == "echo" and stats[0].execution_count >= 1
+
+
+def test_both_protocols_advertise_the_rows_a_request_may_really_carry(served, client) -> None:
+    """The Triton config's max_batch_size is the same over HTTP and gRPC, and true: a request
+    of that many rows is served, one more is refused (it read 65536 over HTTP and 1024 over
+    gRPC whatever the server's limits, here 8 rows)."""
+    http = th.InferenceServerClient(served.url.removeprefix("http://"))
+    try:
+        over_http = http.get_model_config("echo")["max_batch_size"]
+    finally:
+        http.close()
+    over_grpc = client.get_model_config("echo").config.max_batch_size
+    assert over_http == over_grpc == 8
+    most = np.ones((over_grpc, 3), np.float32)
+    np.testing.assert_array_equal(client.infer("echo", [_input(most)]).as_numpy("y"), most)
+    one_more = np.ones((over_grpc + 1, 3), np.float32)
+    assert _status(lambda: client.infer("echo", [_input(one_more)])) == str(
+        grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 def test_infer_with_raw_contents_echoes_and_names_the_output(client) -> None:

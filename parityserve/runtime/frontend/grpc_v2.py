@@ -144,7 +144,7 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         async def config() -> Any:
             meta = self.system.model_metadata(request.name, _version(request.version))
-            return pb.ModelConfigResponse(config=_model_config(meta))
+            return pb.ModelConfigResponse(config=_model_config(meta, self.limits))
         return await self._answer(context, config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
@@ -442,14 +442,16 @@ def _tensor_metadata(spec: TensorSpec) -> Any:
                                                    shape=[-1, *spec.shape])
 
 
-def _model_config(meta: ModelMetadata) -> Any:
-    """A minimal Triton model config: dims exclude the batch axis (max_batch_size > 0)."""
+def _model_config(meta: ModelMetadata, limits: Limits) -> Any:
+    """A minimal Triton model config: dims exclude the batch axis (max_batch_size > 0, the
+    rows one request may carry, as over HTTP)."""
     def tensor(spec: TensorSpec, kind: Any) -> Any:
         data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
         return kind(name=spec.name, data_type=config_pb.DataType.Value(data_type),
                     dims=list(spec.shape))
     return config_pb.ModelConfig(
-        name=meta.name, platform=meta.platform, backend="parityserve", max_batch_size=1024,
+        name=meta.name, platform=meta.platform, backend="parityserve",
+        max_batch_size=v2.config_max_batch(limits),
         input=[tensor(s, config_pb.ModelInput) for s in meta.inputs],
         output=[tensor(s, config_pb.ModelOutput) for s in meta.outputs])
 

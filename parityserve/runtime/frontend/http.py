@@ -78,9 +78,6 @@ _DUMP = orjson.OPT_SERIALIZE_NUMPY
 # Targets come from the URL; unknown names are folded into one label value so that a
 # client probing random names cannot grow the metric's label set without bound.
 _UNKNOWN_TARGET = "<unknown>"
-# The frontend accepts any V2 batch size (the system's batcher splits batches), so the
-# Triton-style config advertises the largest batch the batching settings allow.
-_CONFIG_MAX_BATCH = 65536
 _HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower().encode()  # ASGI header names are lowercase
 
 Outcome = str
@@ -363,10 +360,11 @@ def _v2_parameters(answer: Answer) -> dict[str, Any] | None:
             "reconstruction_expected_accuracy": [answer.expected.get(m) for m in methods]}
 
 
-def _config_json(meta: ModelMetadata) -> dict[str, Any]:
-    """A minimal Triton model config: dims exclude the batch axis, as with max_batch_size > 0."""
+def _config_json(meta: ModelMetadata, limits: Limits) -> dict[str, Any]:
+    """A minimal Triton model config: dims exclude the batch axis, as with max_batch_size > 0,
+    which is the rows one request may carry (``config_max_batch``, as over gRPC)."""
     return {"name": meta.name, "platform": meta.platform, "backend": "parityserve",
-            "max_batch_size": _CONFIG_MAX_BATCH,
+            "max_batch_size": v2.config_max_batch(limits),
             "input": [_config_tensor(s) for s in meta.inputs],
             "output": [_config_tensor(s) for s in meta.outputs]}
 
@@ -612,7 +610,7 @@ class _Frontend:
 
     async def model_config(self, request: Request) -> tuple[Response, Outcome]:
         meta = self.system.model_metadata(request.path_params["model"], _version(request))
-        return _json(_config_json(meta)), "ok"
+        return _json(_config_json(meta, self.limits)), "ok"
 
     async def infer(self, request: Request) -> tuple[Response, Outcome]:
         model, version = request.path_params["model"], _version(request)

@@ -211,6 +211,13 @@ def _tensor(obj: Any, kind: str, index: int, buffers: _Buffers | None,
     return Tensor(name, datatype, shape, array), taken
 
 
+def config_max_batch(limits: Limits) -> int:
+    """The ``max_batch_size`` a Triton model config advertises, over HTTP and gRPC alike: the
+    rows one request may carry (``tensor_count`` refuses more); the batcher splits a request
+    into the model's own batches, so the model's AIMD ceiling does not bound it."""
+    return limits.max_batch_items
+
+
 def tensor_count(name: str, shape: Sequence[int], limits: Limits | None) -> int:
     """The elements ``shape`` claims, within ``limits`` (rows per request, values per row)
     when given; the one check of a shape for HTTP and gRPC alike, before any data is read."""
