@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -12,11 +13,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from conftest import start_server
+from conftest import model_state, start_server, wait_until
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
+from parityserve.client import Client
 from parityserve.errors import ConfigError
 from parityserve.models.datasets import load_mnist
 from parityserve.models.loader import load_model
@@ -85,6 +87,45 @@ def test_both_protocols_advertise_the_rows_a_request_may_really_carry(served, cl
     one_more = np.ones((over_grpc + 1, 3), np.float32)
     assert _status(lambda: client.infer("echo", [_input(one_more)])) == str(
         grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+def test_a_clients_deadline_drops_its_queued_rows_instead_of_computing_them(
+        server_factory) -> None:
+    """tritonclient's client_timeout is a gRPC deadline, and the server keeps it: six
+    single-row calls given 300 ms, to a model whose every batch takes 400 ms one at a time,
+    all fail, and the rows still queued at 300 ms are never computed (the
+    server knew only the deployment's 5 s timeout, and computed all six for nobody)."""
+    slow = server_factory({
+        "server": {"http_port": 0},
+        "models": [{**ECHO, "name": "slow", "timeout_ms": 5000,
+                    "faults": {"all": {"delay_ms": 400}},
+                    "batching": {"max_batch_size": 1, "max_delay_ms": 0}}]})
+    x = np.arange(3, dtype=np.float32)[np.newaxis]
+    with tg.InferenceServerClient(slow.grpc_url) as grpc_client, \
+            Client(slow.url, token=slow.token, admin_url=slow.admin_url) as admin:
+        grpc_client.infer("slow", [_input(x)])  # warm: the replica serves one batch
+
+        def late(i: int) -> str:
+            return _status(lambda: grpc_client.infer("slow", [_input(x + i)],
+                                                     client_timeout=0.3))
+        with ThreadPoolExecutor(6) as pool:
+            statuses = list(pool.map(late, range(1, 7)))
+        # past its deadline, or refused at once as unable to finish by it (the 400 ms a
+        # batch takes is measured by then): never an answer, never another error
+        assert set(statuses) <= {str(grpc.StatusCode.DEADLINE_EXCEEDED),
+                                 str(grpc.StatusCode.RESOURCE_EXHAUSTED)}, statuses
+
+        def settled() -> bool:
+            state = model_state(admin, "slow")
+            return state["queue"]["depth"] == 0 and all(
+                r["inflight"] == 0 for r in state["replicas"])
+        wait_until(settled, timeout_s=30)
+        state = model_state(admin, "slow")
+        computed = state["queue"]["dispatched"] - 1  # the warm-up row aside
+        # the row that was sent at once may be computed, and one taken in the race with its
+        # deadline; not the rest, which expire queued or are shed before queueing
+        assert computed <= 2, f"{computed} of the 6 late rows were computed: {state['queue']}"
+        np.testing.assert_array_equal(grpc_client.infer("slow", [_input(x)]).as_numpy("y"), x)
 
 
 def test_infer_with_raw_contents_echoes_and_names_the_output(client) -> None:

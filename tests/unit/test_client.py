@@ -72,7 +72,8 @@ class FakeSystem:
         return await serve(self, request)  # the real face, over this fake's parts
 
     async def infer_detailed(self, model: str, version: int | None,
-                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+                             batch: np.ndarray, timeout_s: float | None = None
+                             ) -> tuple[np.ndarray, dict[int, str]]:
         self.calls.append(("infer", model, version))
         return (batch * 2 if model == "double" else batch), {}
 

@@ -161,7 +161,8 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         async def infer() -> Any:
             if isinstance(request, _Unparsed):  # what the bounded deserializer left unparsed
                 raise PayloadTooLarge(request.reason)
-            answer = await self.system.infer(_decoded(request, self.limits))
+            answer = await self.system.infer(_decoded(request, self.limits,
+                                                      context.time_remaining()))
             return _response(request, answer)
         return await self._answer(context, infer)
 
@@ -338,9 +339,10 @@ def _version(raw: str) -> int | None:
     return int(raw)
 
 
-def _decoded(request: Any, limits: Limits) -> InferenceRequest:
+def _decoded(request: Any, limits: Limits, timeout_s: float | None = None) -> InferenceRequest:
     """The serving system's request for a ModelInferRequest: its tensors decoded (each shape
-    within ``limits`` before anything is sized by it), its parameters as plain values."""
+    within ``limits`` before anything is sized by it), its parameters as plain values, and
+    the client's deadline (``timeout_s`` left, or None when the call set none)."""
     version = _version(request.model_version)
     raws = request.raw_input_contents
     if raws and len(raws) != len(request.inputs):
@@ -353,7 +355,8 @@ def _decoded(request: Any, limits: Limits) -> InferenceRequest:
     return InferenceRequest(
         "v2", request.model_name, version, tensors=tuple(tensors),
         outputs=tuple(o.name for o in request.outputs),
-        parameters=_plain(request.parameters), request_id=request.id or None)
+        parameters=_plain(request.parameters), request_id=request.id or None,
+        timeout_s=timeout_s)
 
 
 def _tensor(tensor: Any, raw: bytes | None, limits: Limits, taken: int

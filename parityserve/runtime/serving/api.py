@@ -92,6 +92,10 @@ class InferenceRequest:
     # ``labels``...); V2: the request's parameters, as plain values.
     parameters: Mapping[str, Any] = field(default_factory=dict)
     request_id: str | None = None  # V2: echoed in the answer
+    # The client's own deadline, in seconds from when the edge decoded the request (gRPC's
+    # deadline); a model's rows are dropped, not computed, once it has passed. None: the
+    # deployment's timeout_ms alone.
+    timeout_s: float | None = None
 
     @property
     def uid(self) -> str | None:

@@ -55,10 +55,12 @@ class Targets(Protocol):
         ``label``, ``streams``, ``labels``): one answer's JSON per row."""
         ...
 
-    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
+    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray,
+                             timeout_s: float | None = None
                              ) -> tuple[np.ndarray, dict[int, str]]:
         """A V2 batch (first axis = queries) through the model path: the stacked outputs,
-        and which rows were rebuilt by decoding (row -> method)."""
+        and which rows were rebuilt by decoding (row -> method), within the deployment's
+        timeout or ``timeout_s`` (the client's deadline), whichever ends first."""
         ...
 
     def expected_accuracy(self, model: str, version: int | None, method: str) -> float | None:
@@ -139,7 +141,7 @@ async def _model_batch(targets: Targets, request: InferenceRequest) -> Answer:
     name = _output_name(request, meta.outputs[0].name if meta.outputs else GRAPH_OUTPUT,
                         f"model {meta.name!r}")
     batch = _the_input(request, f"model {meta.name!r}", meta.inputs[0] if meta.inputs else None)
-    result, rebuilt = await targets.infer_detailed(model, version, batch)
+    result, rebuilt = await targets.infer_detailed(model, version, batch, request.timeout_s)
     expected = {m: targets.expected_accuracy(model, version, m)
                 for m in sorted(set(rebuilt.values()))}
     return Answer(meta.name, version=str(version) if version else _latest(meta),

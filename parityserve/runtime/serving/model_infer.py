@@ -27,16 +27,24 @@ from parityserve.runtime.serving.settle import settle
 __all__ = ["infer_rows"]
 
 
-async def infer_rows(path: ModelPath, batch: np.ndarray, clock: Callable[[], float]
-                     ) -> tuple[np.ndarray, dict[int, str]]:
-    """The stacked outputs, and which rows were rebuilt by decoding (row -> method)."""
+async def infer_rows(path: ModelPath, batch: np.ndarray, clock: Callable[[], float],
+                     timeout_s: float | None = None) -> tuple[np.ndarray, dict[int, str]]:
+    """The stacked outputs, and which rows were rebuilt by decoding (row -> method). The
+    deadline is the deployment's ``timeout_ms``, or the client's own ``timeout_s`` when that
+    ends first: rows still queued when the client has given up are dropped, not computed."""
     _check_batch(path, batch)
-    deadline = clock() + path.deployment.timeout_ms / 1000
+    allowed = path.deployment.timeout_ms / 1000
+    if timeout_s is not None:
+        if timeout_s <= 0:
+            raise DeadlineExceeded(f"model {path.name!r}: the client's deadline had passed "
+                                   "when the request was read")
+        allowed = min(allowed, timeout_s)
+    deadline = clock() + allowed
     path.admit(len(batch), deadline)  # all rows or none: a request is shed whole
     futures = [_submit_row(path, row, deadline) for row in batch]
     await settle(futures, max(0.0, deadline - clock()))
     for row, future in enumerate(futures):
-        _raise_failure(future, path, row)
+        _raise_failure(future, path, row, allowed * 1000)
     rebuilt = {i: m for i, f in enumerate(futures)
                if (m := path.reconstruction(f)) is not None}
     return _stacked([np.asarray(f.result()) for f in futures]), rebuilt
@@ -80,10 +88,11 @@ def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[An
     return future
 
 
-def _raise_failure(future: asyncio.Future[Any], path: ModelPath, row: int) -> None:
-    """The V2 answer for a row that did not succeed. A row the model raised on alone (its
-    batch-mates, other clients' rows among them, were answered) is named."""
-    timeout = path.deployment.timeout_ms
+def _raise_failure(future: asyncio.Future[Any], path: ModelPath, row: int,
+                   timeout: float) -> None:
+    """The V2 answer for a row that did not succeed (``timeout``: the milliseconds it was
+    given). A row the model raised on alone (its batch-mates, other clients' rows among
+    them, were answered) is named."""
     if not future.done():
         raise DeadlineExceeded(f"model {path.name!r} did not answer within {timeout:g} ms")
     error = future.exception()

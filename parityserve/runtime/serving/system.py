@@ -306,10 +306,12 @@ class ServingSystem:
                      query_id: str | None = None) -> dict[str, Any]:
         return await self.router.update(app, uid, item, label, query_id)
 
-    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
+    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray,
+                             timeout_s: float | None = None
                              ) -> tuple[np.ndarray, dict[int, str]]:
         """The outputs, and which rows were rebuilt by decoding (row -> method)."""
-        return await infer_rows(find_model(self.models, model, version), batch, self.clock)
+        return await infer_rows(find_model(self.models, model, version), batch, self.clock,
+                                timeout_s)
 
     def expected_accuracy(self, model: str, version: int | None, method: str) -> float | None:
         return find_model(self.models, model, version).expected_accuracy(method)

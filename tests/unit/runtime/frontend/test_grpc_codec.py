@@ -106,6 +106,9 @@ class _Context:
     def set_trailing_metadata(self, metadata: tuple) -> None:
         pass
 
+    def time_remaining(self) -> float | None:
+        return None  # the call set no deadline
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.aborted = (code, details)
         raise _Aborted(details)

@@ -96,7 +96,8 @@ class FakeSystem:
         return await serve(self, request)  # the real face, over this fake's parts
 
     async def infer_detailed(self, model: str, version: int | None,
-                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+                             batch: np.ndarray, timeout_s: float | None = None
+                             ) -> tuple[np.ndarray, dict[int, str]]:
         self._meta(model)
         self.infer_calls.append((model, version))
         return (batch * 2 if model == "double" else batch), {}
@@ -658,7 +659,8 @@ class OverloadedSystem(FakeSystem):
         return []
 
     async def infer_detailed(self, model: str, version: int | None,
-                             batch: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+                             batch: np.ndarray, timeout_s: float | None = None
+                             ) -> tuple[np.ndarray, dict[int, str]]:
         self._shed(model)
         return batch, {}
 
@@ -771,7 +773,7 @@ def test_v2_deadline_exceeded_is_a_504_json_error(metrics):
     from parityserve.errors import DeadlineExceeded
 
     class Late(FakeSystem):
-        async def infer_detailed(self, model, version, batch):
+        async def infer_detailed(self, model, version, batch, timeout_s=None):
             raise DeadlineExceeded(f"model {model!r} did not answer within 100 ms")
 
     client = TestClient(create_app(Late(), metrics=metrics, auth=AUTH))
@@ -811,7 +813,7 @@ def test_shed_and_rebuilt_answers_have_their_own_outcome(metrics):
             answer.extra["reconstructed"] = "berrut"
             return answer
 
-        async def infer_detailed(self, model, version, batch):
+        async def infer_detailed(self, model, version, batch, timeout_s=None):
             return (await super().infer_detailed(model, version, batch))[0], {0: "berrut"}
 
         def expected_accuracy(self, model, version, method):

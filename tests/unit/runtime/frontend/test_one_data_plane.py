@@ -68,6 +68,9 @@ class Context:
     def set_trailing_metadata(self, metadata: tuple[Any, ...]) -> None:
         pass
 
+    def time_remaining(self) -> float | None:
+        return None  # the call set no deadline
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.aborted = (code, details)
         raise Aborted(details)

@@ -55,7 +55,8 @@ class Parts:
         return [{"query_id": str(i), "graph": name, "output": [float(np.sum(r))],
                  "seqs": {"seq1": i + 1}, "durable": True} for i, r in enumerate(rows)]
 
-    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray
+    async def infer_detailed(self, model: str, version: int | None, batch: np.ndarray,
+                             timeout_s: float | None = None
                              ) -> tuple[np.ndarray, dict[int, str]]:
         self.calls.append(("infer", model, version))
         return batch * 2, ({1: "parm"} if len(batch) > 1 else {})

@@ -240,6 +240,40 @@ def test_v2_query_that_expires_in_the_queue_is_deadline_exceeded() -> None:
     run(body)
 
 
+def test_a_clients_own_deadline_shorter_than_the_timeout_drops_its_rows_from_the_queue(
+        ) -> None:
+    """gRPC's deadline reaches the model path: a row still queued when the client has gone
+    is dropped at the client's deadline (200 ms), not at the deployment's 500 ms, and never
+    sent; with no deadline, the same row still waits at 200 ms."""
+    async def body() -> None:
+        rig = Rig(["a"])
+        rig.add("a", state="starting")  # nobody pulls it
+        one, other = np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32)  # (distinct:
+        # equal inputs would share one query, which waits for the later deadline)
+        bounded = asyncio.ensure_future(rig.system.infer_detailed("a", None, one, 0.2))
+        unbounded = asyncio.ensure_future(rig.system.infer_detailed("a", None, other))
+        await asyncio.sleep(0)
+        rig.clock.advance(0.25)
+        rig.path("a").expire_stale(rig.clock())
+        with pytest.raises(DeadlineExceeded, match=r"deadline passed.*\(timeout 200 ms\)"):
+            await bounded
+        assert not unbounded.done() and not rig.link.sent and len(rig.path("a").queue) == 1
+        unbounded.cancel()
+
+    run(body)
+
+
+def test_a_deadline_already_passed_when_read_is_refused_before_queueing() -> None:
+    async def body() -> None:
+        rig = Rig(["a"])
+        rig.add("a")
+        with pytest.raises(DeadlineExceeded, match="the client's deadline had passed"):
+            await rig.system.infer_detailed("a", None, np.ones((1, 2), np.float32), 0.0)
+        assert not rig.link.sent and not rig.path("a").queue
+
+    run(body)
+
+
 def test_a_queued_query_that_can_no_longer_finish_is_answered_not_sent() -> None:
     async def body() -> None:
         rig = Rig(["a"])
