@@ -11,6 +11,7 @@ import pytest
 
 from parityserve.client import Client
 from parityserve.errors import InvalidInput, UnknownQuery
+from tests.integration.conftest import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +53,14 @@ def _config(paths: list[Path], *, store: str = "memory", degraded: str | None = 
             "models": models, "applications": [app]}
 
 
-def _train_online(client: Client, x: np.ndarray, y: np.ndarray, n: int, uid: str = "global"):
+def _train_online(client: Client, x: np.ndarray, y: np.ndarray, n: int, uid: str = "global",
+                  replies: list[dict] | None = None):
     last = None
     for i in range(n):
         answer = client.predict("digits", x[i], uid=uid)
         last = client.update("digits", uid, x[i], int(y[i]), query_id=answer["query_id"])
+        if replies is not None:
+            replies.append(last)
     return last
 
 
@@ -67,15 +71,23 @@ def test_exp4_moves_weight_away_from_the_degraded_model(server_factory, three_mo
     with Client(server.url) as client:
         first = client.predict("digits", x[0])
         assert first["models"] == ["logreg", "tree", "bayes"] and first["answered"] == 3
-        reply = _train_online(client, x, y, 40)
+        labels = {"app": "digits", "model": "logreg"}
+        asked = metric_value(client, "parityserve_selections_total", **labels)
+        lost = metric_value(client, "parityserve_loss_total", **labels)
+        updates: list[dict] = []
+        reply = _train_online(client, x, y, 40, replies=updates)
         weights = reply["weights"]
         assert weights["logreg"] < 0.05, weights          # always wrong: nearly no weight
         assert weights["tree"] + weights["bayes"] > 0.95
         assert reply["losses"]["logreg"] == 1.0
         correct = sum(client.predict("digits", x[i])["output"] == y[i] for i in range(40, 80))
         assert correct >= 30  # the ensemble now follows the healthy models
-        assert 'parityserve_selections_total{app="digits",model="logreg"}' in client.metrics_text()
-        assert 'parityserve_loss_total{app="digits",model="logreg"}' in client.metrics_text()
+        # counted as served: asked for each of the 80 queries since, and charged the losses
+        # the 40 updates reported (the always-wrong model's: nearly 1 each)
+        assert metric_value(client, "parityserve_selections_total", **labels) == asked + 80
+        charged = sum(u["losses"]["logreg"] for u in updates)
+        assert charged > 30 and metric_value(client, "parityserve_loss_total",
+                                             **labels) == pytest.approx(lost + charged)
 
 
 def test_contexts_learn_separately(server_factory, three_models, digits_data) -> None:

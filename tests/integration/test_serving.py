@@ -152,6 +152,8 @@ def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
     # machine (the fault goes with the process; its replacement has none).
     client.set_faults("sleepy", slot, delay_ms=5000)
     requeued = model_state(client, "sleepy")["queue"]["requeued"]
+    restarts = metric_value(client, "parityserve_replica_restarts_total", model="sleepy",
+                            replica=slot)
 
     def victim_busy() -> bool:
         return any(r["pid"] == victim and r["inflight"] > 0
@@ -168,7 +170,8 @@ def test_worker_killed_mid_batch_loses_no_query(served, client) -> None:
     assert len({a["query_id"] for a in answers}) == 8
     wait_until(lambda: all(r["state"] == "ready" for r in model_state(client, "sleepy")["replicas"])
           and victim not in [r["pid"] for r in model_state(client, "sleepy")["replicas"]])
-    assert 'parityserve_replica_restarts_total{model="sleepy"' in client.metrics_text()
+    assert metric_value(client, "parityserve_replica_restarts_total", model="sleepy",
+                        replica=slot) == restarts + 1
 
 
 def test_hung_worker_is_restarted_and_its_work_redispatched(client) -> None:
