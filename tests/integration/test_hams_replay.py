@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -46,10 +45,20 @@ def learner(url: str) -> dict:
     return graph_state(url)["operators"]["learner"]
 
 
-def kill_when_whole(url: str, role: str) -> None:
+def under_load_again(url: str, batches: int = 8) -> None:
+    """Wait (a state, not a sleep) until the learner is whole and has taken ``batches``
+    numbers since: it serves the load again."""
     wait_until(lambda: learner(url)["whole"], 60)
-    time.sleep(0.3)  # under load again before the next kill
-    os.kill(learner(url)[f"{role}_pid"], signal.SIGKILL)
+    seq = learner(url)["last_seq"]
+    wait_until(lambda: learner(url)["whole"] and learner(url)["last_seq"] >= seq + batches, 60)
+
+
+def kill(url: str, role: str) -> None:
+    """SIGKILL the learner's ``role`` once it serves the load again."""
+    under_load_again(url)
+    pid = learner(url)[f"{role}_pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: learner(url)[f"{role}_pid"] != pid, 60)  # seen: the kill landed
 
 
 def slow_states(url: str, ms: float) -> None:
@@ -69,15 +78,16 @@ def test_after_kills_the_final_state_is_the_replay_of_what_clients_saw(tmp_path:
         data = (rng.random((500, 784), dtype=np.float32), rng.integers(-1, 10, 500))
         with Load(url, data, batch=2, clients=4, on_reply=recorder(history)) as load:
             # states reach the backup late, so batches run ahead of what is durable: the
-            # first kill leaves requests to re-execute, with new batches and new seeds
+            # first kill leaves requests to re-execute, with new batches and new seeds. It
+            # lands once the primary is seen ahead of the durable point by several batches.
             slow_states(url, 150)
-            time.sleep(0.6)
-            kill_when_whole(url, "primary")
+            under_load_again(url)
+            wait_until(lambda: learner(url)["last_seq"] >= learner(url)["durable"] + 4, 60)
+            os.kill(learner(url)["primary_pid"], signal.SIGKILL)
             slow_states(url, 0)
-            kill_when_whole(url, "backup")
-            kill_when_whole(url, "primary")
-            wait_until(lambda: learner(url)["whole"], 60)
-            time.sleep(0.5)
+            kill(url, "backup")
+            kill(url, "primary")
+            under_load_again(url)
         assert load.errors == 0  # a lost reply would leave a hole in the history
         wait_until(lambda: learner(url)["whole"] and graph_state(url)["waiting"] == 0, 60)
         with Client(url) as admin:

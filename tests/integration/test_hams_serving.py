@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -188,12 +187,16 @@ def test_a_bare_graph_restarts_a_lost_primary_and_answers_everything(tmp_path: P
         recorder = Recorder()
         results: list[dict] = []
         worker = threading.Thread(target=lambda: results.extend(
-            ask_many(url, 120, recorder, start=5)))
+            ask_many(url, 300, recorder, start=5)))
         worker.start()
-        time.sleep(0.3)
+        # under load (a state, not a sleep), then killed while requests are still to come
+        wait_until(lambda: len(recorder.seen) >= 20, 60)
         os.kill(pid, signal.SIGKILL)
+        with recorder.lock:
+            answered_at_kill = len(recorder.seen)
         worker.join(120)
-        assert len(results) == 120  # answered, though the state the learner had is gone
+        assert len(results) == 300  # answered, though the state the learner had is gone
+        assert answered_at_kill < 300  # the kill landed mid-load: requests were still to come
         assert graph_state(url)["operators"]["learner"]["primary_pid"] != pid
     finally:
         server.stop()
