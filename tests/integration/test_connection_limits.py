@@ -196,7 +196,7 @@ def test_connections_over_the_limit_get_a_json_503_and_service_resumes(few: str)
             assert _read_response(reader)[0] == 200
         with _connect(few) as extra:  # a health probe would be answered (test_edge_fairness)
             extra.sendall(b"GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            data, _ = _until_closed(extra, 5)
+            data, _ = _until_closed(extra, CEILING_S)
         assert f"max_connections={MAX_CONNECTIONS}" in _json_error(
             data, 503, "too_many_connections")
         assert _response(data)[1]["retry-after"] == "1"
@@ -206,7 +206,7 @@ def test_connections_over_the_limit_get_a_json_503_and_service_resumes(few: str)
         for sock, reader in zip(holders, readers, strict=True):
             reader.close()
             sock.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + CEILING_S
     while httpx.get(f"{few}/v2/health/live", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, "the closed connections were never released"
         time.sleep(0.05)

@@ -247,4 +247,8 @@ def test_invalid_fault_body_is_a_400_and_changes_nothing(served, client, body) -
     assert r.status_code == 400 and r.json()["code"] == "invalid_input" and r.json()["error"]
     with pytest.raises(InvalidInput):
         client.set_faults("delayed", body["replica"], **body["faults"])
-    assert _timed(client, "delayed", [float(len(str(body)))])[1] < 1.0  # still serving
+    # Still serving, with no delay of a second or more: the batch's time on its worker's
+    # clock (the replica served it), not a client's, which a loaded machine can stretch.
+    [worker_s] = _batch_times(client, "delayed", iter([[float(len(str(body)))]]),
+                              lambda t: len(t) == 1)
+    assert worker_s < 1.0, worker_s
