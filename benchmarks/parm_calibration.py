@@ -113,6 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="concurrent shuffles: ParM's numbers above are for 4")
     p.add_argument("--queries", type=int, default=10_000, help="queries per point")
     p.add_argument("--repeats", type=int, default=1, help="repetitions per point (medians)")
+    p.add_argument("--warmup", type=int, default=testbed.WARMUP,
+                   help="queries before each point's load (the testbed's --warmup)")
     p.add_argument("--results-dir", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true",
                    help="2,000 queries and two slowdowns per distribution: checks the "
@@ -183,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
                   if r["distribution"] == _dist_label(dist, args)]
         picks[dist] = crossing(points, middle)
     report = {"deployed": args.deployed, "rate": args.rate, "shuffles": args.shuffles,
-              "queries_per_point": args.queries, "repeats": args.repeats, "quick": args.quick,
+              "queries_per_point": args.queries, "repeats": args.repeats, "warmup": args.warmup,
+              "quick": args.quick,
               "paper": {"gap_cut": PAPER_GAP_CUT, "p999_cut": PAPER_P999_CUT,
                         "tail_ratio_band": [low, high], "tail_ratio_target": middle},
               "floor": floor, "rows": rows, "picks": picks,
@@ -232,8 +235,9 @@ def _grid_point(args: argparse.Namespace, folder: Path, dist: str, delay: float,
     argv = ["--modes", "equal-resources", "--ks", "2", "--deployed", str(args.deployed),
             "--rates", f"{args.rate:g}",
             "--queries", str(args.queries), "--repeats", str(args.repeats),
-            "--shuffles", str(shuffles), "--shuffle-delay-ms", f"{delay:g}",
-            "--shuffle-delay-distribution", dist, "--results-dir", str(out)]
+            "--warmup", str(args.warmup), "--shuffles", str(shuffles),
+            "--shuffle-delay-ms", f"{delay:g}", "--shuffle-delay-distribution", dist,
+            "--results-dir", str(out)]
     if dist == "pareto":
         argv += ["--shuffle-tail-index", f"{args.tail_index:g}"]
     if args.data_dir is not None:

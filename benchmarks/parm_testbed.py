@@ -143,6 +143,7 @@ RATES = (250.0,)  # q/s, the full run: near the knee of `none` at 12 instances (
 SWEEP_RATES = (100.0, 175.0, 250.0)  # --quick takes the first and last
 BUDGET_MIN = 45.0  # issue 21: the full run's wall time
 PARM_HEADLINE = 3.5  # "reduces the gap between 99.9th percentile and median latency by up to"
+WARMUP = 100  # queries before each point's load: connections open, first batches past
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -158,6 +159,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{','.join(f'{r:g}' for r in SWEEP_RATES)})")
     p.add_argument("--queries", type=int, default=20_000, help="queries per point")
     p.add_argument("--repeats", type=int, default=3, help="repetitions per point (medians)")
+    p.add_argument("--warmup", type=int, default=WARMUP,
+                   help="queries sent one after another before each point's load, answers "
+                        f"discarded (default {WARMUP}; fewer only to check the harness fast)")
     p.add_argument("--shuffles", type=int, default=4, help="concurrent background shuffles")
     p.add_argument("--shuffle-gbps", type=float, default=1.5,
                    help="link speed a shuffle runs at (sets how long one lasts)")
@@ -416,6 +420,10 @@ def run(args: argparse.Namespace) -> int:
                 "reactive_ms": args.reactive_ms}
     if args.berrut_group_wait_ms:
         settings["berrut_group_wait_ms"] = args.berrut_group_wait_ms
+    if args.warmup != WARMUP:  # absent: the committed runs' 100
+        if args.warmup < 0:
+            raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
+        settings["warmup"] = args.warmup
     name = "parm-testbed-quick" if args.quick else "parm-testbed"
     folder = args.results_dir / (".work" if args.quick else "parm-testbed-runs")
 
@@ -452,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
     cdf_rate = middle_rate(rates)
     report = {"label": profile.label, "profile": profile.name, "source": SOURCE,
               "rates": rates, "queries_per_point": args.queries, "repeats": args.repeats,
+              "warmup": args.warmup,
               "deployed": args.deployed, "shuffle": shuffle, "reactive_ms": args.reactive_ms,
               "seed": args.seed, "quick": args.quick, "cases": [c.__dict__ for c in cases],
               "points": points, "gaps": gap_rows(points, cases),
@@ -509,7 +518,7 @@ def _point(server: ServerProcess, case: Case, bodies: list[bytes], rate: float, 
 
     async def go() -> tuple[LoadResult, float, float, list[Snapshot]]:
         async with warmed_json_sender(server.url, "/bench/predict", bodies,
-                                      warmup=100) as send:  # the warm-up: no shuffles yet
+                                      warmup=args.warmup) as send:  # no shuffles yet
             # Per-task timing sums around the load alone (blocking calls, before it starts
             # and after it ends): the transport the simulator takes for this point.
             snapshots: list[Snapshot] = [replica_state(server.url, "bench")]

@@ -62,7 +62,8 @@ def test_bad_grids_are_refused_with_the_flag_named() -> None:
 @pytest.mark.timeout(300)
 def test_a_tiny_calibration_writes_its_table_and_the_testbed_command(
         tmp_path: Path, data_dir: Path) -> None:
-    code = cal.main(["--deployed", "2", "--rate", "40", "--queries", "150",
+    # 10 warm-up queries per grid point, not the testbed's 100 (a second each, not 3.5)
+    code = cal.main(["--deployed", "2", "--rate", "40", "--queries", "150", "--warmup", "10",
                      "--distributions", "exponential,pareto", "--exponential-ms", "5,40",
                      "--pareto-ms", "5", "--tail-index", "2.5",
                      "--results-dir", str(tmp_path), "--data-dir", str(data_dir)])
@@ -79,6 +80,7 @@ def test_a_tiny_calibration_writes_its_table_and_the_testbed_command(
         # the admin API took every exponential switch (a refused setting counts an error)
         assert testbed["points"][0]["fault_errors"] == 0
         assert testbed["shuffle"]["delay_distribution"] == row["distribution"].split()[0]
+        assert testbed["warmup"] == 10 == report["warmup"]  # passed on to every grid point
     assert Path(report["rows"][-1]["folder"]).name == "pareto-a2.5-5ms"
     md = (folder / "parm-calibration.md").read_text()
     assert "ParM's own latency is not measured here" in md and "no shuffles" in md

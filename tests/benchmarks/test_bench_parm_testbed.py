@@ -162,16 +162,18 @@ def test_berrut_cases_carry_the_group_wait_only_when_asked() -> None:
 
 @pytest.mark.timeout(300)
 def test_a_tiny_run_writes_labelled_results(tmp_path: Path, data_dir: Path) -> None:
+    # 10 warm-up queries, not 100: each is ~35 ms one after another, a second per server
     code = tb.main(["--deployed", "2", "--modes", "none,equal-resources,parm", "--ks", "2",
-                    "--rates", "40", "--queries", "150", "--repeats", "1",
+                    "--rates", "40", "--queries", "80", "--repeats", "1", "--warmup", "10",
                     "--shuffle-delay-ms", "20", "--results-dir", str(tmp_path),
                     "--data-dir", str(data_dir)])
     assert code == 0
     report = json.loads((tmp_path / "parm-testbed.json").read_text())
     assert report["label"].startswith("EMULATED accelerator 'parm-gpu-resnet18'")
+    assert report["warmup"] == 10 and report["queries_per_point"] == 80
     assert [p["case"] for p in report["points"]] == ["none", "equal-resources-3", "parm-k2"]
     for p in report["points"]:
-        assert p["n"] == 150 and p["errors"] == 0 and p["fault_errors"] == 0
+        assert p["n"] == 80 and p["errors"] == 0 and p["fault_errors"] == 0
         assert p["p50_ms"] >= 28.0  # the profile's 30 ms service time was held
         assert p["frontend_cpu_us"] > 0
         # the per-task split the simulator replays: the worker's hold and the transport
@@ -227,6 +229,16 @@ def test_the_distribution_joins_the_fingerprint_only_when_not_constant(tmp_path:
                               "--shuffle-tail-index", "3")
     # the tail index only means something to pareto: it leaves the others' files alone
     assert constant == run_file("--shuffle-tail-index", "3")
+    # the committed runs' 100 warm-up queries keep their file; another count gets its own
+    assert constant == run_file("--warmup", "100")
+    assert constant != run_file("--warmup", "10")
+
+
+def test_a_negative_warmup_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--warmup must be >= 0"):
+        tb.run(tb.build_parser().parse_args(
+            ["--report-only", "--modes", "none", "--results-dir", str(tmp_path),
+             "--warmup", "-1"]))
 
 
 def test_auto_order_goes_on_with_the_saved_run_when_resuming() -> None:
