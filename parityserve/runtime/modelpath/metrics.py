@@ -17,10 +17,11 @@ from prometheus_client import (
     generate_latest,
 )
 
+from parityserve.errors import RequestError
 from parityserve.runtime.modelpath.buffered_histogram import BufferedHistogram
 from parityserve.runtime.modelpath.state_metrics import ServingView, StateCollector
 
-__all__ = ["LATENCY_BUCKETS", "REFUSAL_REASONS", "Metrics"]
+__all__ = ["BAD_REQUEST_CODES", "LATENCY_BUCKETS", "REFUSAL_REASONS", "Metrics"]
 
 # From 50 us (a cache hit) to 10 s (a long timeout): sub-ms tails must stay visible.
 LATENCY_BUCKETS = (
@@ -35,6 +36,20 @@ _BATCH_BUCKETS = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536, the batc
 REFUSAL_REASONS = ("malformed", "too_many_connections", "too_many_connections_per_address",
                    "host_not_allowed", "body_timeout", "header_timeout", "idle_timeout",
                    "header_too_large")
+
+
+def _request_error_codes() -> set[str]:
+    found, todo = set(), [RequestError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.code)
+        todo += cls.__subclasses__()
+    return found
+
+
+# The ``code`` label values of parityserve_bad_requests, made at 0 at start for the same reason:
+# every RequestError's code (what the HTTP edge counts) and the router's own 404 and 405.
+BAD_REQUEST_CODES = tuple(sorted(_request_error_codes() | {"not_found", "method_not_allowed"}))
 
 
 class Metrics:
@@ -62,6 +77,8 @@ class Metrics:
                                           registry=reg)
         self._bad = Counter("parityserve_bad_requests", "Requests refused with a 4xx",
                             ["code"], registry=reg)
+        for code in BAD_REQUEST_CODES:  # at 0, as the refusals below
+            self._bad.labels(code)
         self._refused = Counter("parityserve_connections_refused",
                                 "Connections closed on a limit or an HTTP framing error",
                                 ["reason"], registry=reg)

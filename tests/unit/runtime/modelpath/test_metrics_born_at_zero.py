@@ -13,7 +13,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import parityserve.runtime.frontend.connection as connection
-from parityserve.runtime.modelpath.metrics import REFUSAL_REASONS, Metrics
+from parityserve.errors import RequestError
+from parityserve.runtime.modelpath.metrics import BAD_REQUEST_CODES, REFUSAL_REASONS, Metrics
 
 
 def _samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -45,3 +46,19 @@ def test_the_reasons_list_names_every_refusal_the_connection_guard_makes() -> No
                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Refusal"
                and len(call.args) >= 4 and isinstance(call.args[3], ast.Constant)}
     assert reasons and reasons == set(REFUSAL_REASONS)
+
+
+def test_every_bad_request_code_exists_at_zero() -> None:
+    """The 10-minute run's Bad requests panel stayed flat after its one bad request: the
+    malformed_request series was born at 1."""
+    seen = _samples(Metrics(), "parityserve_bad_requests_total")
+    assert seen == {(("code", c),): 0.0 for c in BAD_REQUEST_CODES}
+    assert {"malformed_request", "invalid_input", "too_many_streams", "not_found",
+            "method_not_allowed"} <= set(BAD_REQUEST_CODES)
+
+
+def test_the_codes_list_names_every_request_error() -> None:
+    """Each 4xx error type's code is listed, a new one included (the list is derived)."""
+    def codes(cls: type[RequestError]) -> set[str]:
+        return {cls.code}.union(*(codes(sub) for sub in cls.__subclasses__()))
+    assert codes(RequestError) <= set(BAD_REQUEST_CODES)
