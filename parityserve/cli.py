@@ -140,6 +140,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--queries", type=int, default=3000, help="queries in part 1")
     p.add_argument("--rate", type=float, default=300.0,
                    help="offered load in part 1, queries/s")
+    p.add_argument("--slo-ms", type=float, default=None,
+                   help="part 1's application SLO (default 50 ms): a query that "
+                        "cannot be answered in time is shed (503) or given the default "
+                        "answer; on a machine busy with other work, give it more")
     p.add_argument("--coding-queries", type=int, default=5000,
                    help="queries sent to each deployment in part 2 (at least 1,000 for the "
                         "verdict to judge p99.9; with fewer it judges p99 and says so)")
@@ -514,12 +518,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from parityserve.demo import run_demo
+    from parityserve.demo import DEMO_SLO_MS, run_demo
 
     for flag, value in (("--queries", args.queries), ("--coding-queries", args.coding_queries)):
         if value < 1:
             raise ParityServeError(f"{flag} must be at least 1, got {value}")
-    return run_demo(queries=args.queries, rate=args.rate, cache_dir=args.cache_dir,
+    slo_ms = DEMO_SLO_MS if args.slo_ms is None else args.slo_ms
+    if not slo_ms > 0:  # (NaN too)
+        raise ParityServeError(f"--slo-ms must be a positive number of ms, got {slo_ms:g}")
+    return run_demo(queries=args.queries, rate=args.rate, slo_ms=slo_ms,
+                    cache_dir=args.cache_dir,
                     keep_serving=args.serve, seed=args.seed, coding=not args.skip_coding,
                     coding_queries=args.coding_queries, coding_rate=args.coding_rate)
 

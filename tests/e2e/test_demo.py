@@ -39,11 +39,15 @@ def _check_verdict(flat: str, uncoded_p99: float, coded_p99: float) -> None:
 
 # Part 2 trains a parity model (about 15 s), starts 6 torch workers and sends 2 x 700 queries:
 # about a minute on a quiet 2-core machine, more when it is shared.
+# Part 1's SLO is 1 s here, not the demo's 50 ms: make test shares the cores with another test
+# file (and in CI, other jobs), where admission rightly shed 2 of 400 queries it could not
+# answer in 50 ms (a fresh-clone run beside a CPU hog), and the demo counts a shed query as an
+# error. Every query must still be answered, with no error and no default.
 @pytest.mark.timeout(300)
 def test_demo_trains_serves_loads_and_reports(tmp_path: Path) -> None:
     run = subprocess.run(
-        [PARITYSERVE, "demo", "--queries", "400", "--rate", "200", "--coding-queries", "600",
-         "--cache-dir", str(tmp_path / "cache")],
+        [PARITYSERVE, "demo", "--queries", "400", "--rate", "200", "--slo-ms", "1000",
+         "--coding-queries", "600", "--cache-dir", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=290, cwd=tmp_path)
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
@@ -53,6 +57,7 @@ def test_demo_trains_serves_loads_and_reports(tmp_path: Path) -> None:
     accuracy = float(re.search(r"accuracy vs labels\s*│\s*([\d.]+)%", out).group(1))
     assert accuracy > 90.0
     assert re.search(r"errors\s*│\s*0\s", out)
+    assert re.search(r"default answers \(SLO misses\)\s*│\s*0\s", out)
     assert "/digits/predict" in out and "/metrics" in out
     assert "server stopped (exit code 0); no worker left behind" in out
     assert (tmp_path / "cache" / "digits-logreg-seed0.joblib").is_file()  # cached for next time

@@ -23,3 +23,21 @@ def test_both_deployments_run_three_processes_with_replica_0_slowed(tmp_path: Pa
         assert model.faults_for(1).is_noop
     assert config.server.cache_bytes == 0  # every query reaches a replica
     assert {a.name for a in config.applications} == {arm.app for arm in ARMS}
+
+
+def test_part_one_keeps_its_tight_slo_unless_asked_for_another(tmp_path: Path) -> None:
+    """--slo-ms reaches part 1's application (50 ms by default, as before)."""
+    from parityserve.demo import DEMO_SLO_MS, demo_config
+
+    model = tmp_path / "m.joblib"
+    assert DEMO_SLO_MS == 50.0
+    assert parse_config(demo_config(model)).applications[0].slo_ms == 50.0
+    assert parse_config(demo_config(model, 1000.0)).applications[0].slo_ms == 1000.0
+
+
+def test_a_non_positive_slo_is_refused_by_name(capsys) -> None:
+    from parityserve.cli import main
+
+    for bad in ("0", "-5", "nan"):
+        assert main(["demo", "--slo-ms", bad, "--skip-coding", "--queries", "1"]) != 0
+        assert "--slo-ms must be a positive number of ms" in capsys.readouterr().err
