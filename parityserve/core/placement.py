@@ -7,7 +7,9 @@ their parity replicas, or the Berrut workers) go on distinct nodes whenever the 
 room. Within that, replicas of one model spread across nodes, and load evens out.
 
 ``place`` is a greedy pass: members in order, each to the node that fits its demand with the
-fewest members of its own group, then of its own model, then the least loaded. It never
+fewest members of its own group, then of the members it is asked to keep ``apart`` from (a
+soft wish: HAMS graph members use it for the primary of one operator and the backup of the
+next, see ``core/hams/placement.py``), then of its own model, then the least loaded. It never
 exceeds a node's capacity. When every node can hold one member of every group and there are
 at least as many nodes as the largest group has members, it places every group on distinct
 nodes (each node then has room left for any group it does not yet hold).
@@ -27,7 +29,7 @@ too few nodes dies, Ray cannot reschedule the lost bundle, and a replacement mus
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from parityserve.core.scheduling.pools import DATA_POOL, parity_pool
@@ -110,7 +112,9 @@ class Placement:
 class _Ledger:
     """What is placed so far: free resources and group/model counts per node."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node],
+                 apart: Mapping[str, Collection[str]] | None = None) -> None:
+        self.apart = apart or {}
         self.order = {n.node_id: i for i, n in enumerate(nodes)}
         self.capacity = {n.node_id: n.capacity for n in nodes}
         self.free = dict(self.capacity)
@@ -129,22 +133,27 @@ class _Ledger:
         fits = [n for n in fits if n != avoid] or fits
         return min(fits, key=lambda n: self._score(member, n), default=None)
 
-    def _score(self, member: Member, node_id: str) -> tuple[int, int, float, int]:
+    def _score(self, member: Member, node_id: str) -> tuple[int, int, int, float, int]:
         cap, free = self.capacity[node_id], self.free[node_id]
         used = cap.cpu - free.cpu + member.demand.cpu
         load = used / cap.cpu if cap.cpu > 0 else used
-        return (self.groups[node_id][member.group_key], self.models[node_id][member.model],
-                load, self.order[node_id])
+        shunned = sum(self.assigned.get(k) == node_id for k in self.apart.get(member.key, ()))
+        return (self.groups[node_id][member.group_key], shunned,
+                self.models[node_id][member.model], load, self.order[node_id])
 
 
 def place(members: Sequence[Member], nodes: Sequence[Node],
           fixed: Mapping[str, str] | None = None,
-          avoid: Mapping[str, str] | None = None) -> Placement:
+          avoid: Mapping[str, str] | None = None,
+          apart: Mapping[str, Collection[str]] | None = None) -> Placement:
     """Assign every member a node (or say why not). ``fixed`` members keep their node (it must
     be one of ``nodes``) and count against its resources. A member in ``avoid`` goes on
     another node than the one named there whenever another has room: a replacement for a
-    replica that died goes elsewhere, since its node may be dying before the cluster says so."""
-    ledger = _Ledger(nodes)
+    replica that died goes elsewhere, since its node may be dying before the cluster says so.
+    A member in ``apart`` prefers nodes holding fewest of the keys named there, but never at
+    the cost of sharing a node with its own group (a wish about correlated failures across
+    groups ranks below the guarantee within one)."""
+    ledger = _Ledger(nodes, apart)
     by_key = {m.key: m for m in members}
     for key, node_id in (fixed or {}).items():
         if key in by_key and node_id in ledger.free:

@@ -13,7 +13,9 @@
 * ``bisect``: which rows of a failed batch fail it, found in row order;
 * ``streams``: a per-stream operator's slot table (which idle stream a new one evicts);
 * ``inflight``: an operator's batches in flight, their deadlines and its progress;
-* ``door``: the row shape a graph refuses before any batch, from declarations only.
+* ``door``: the row shape a graph refuses before any batch, from declarations only;
+* ``placement``: which node runs each operator's primary, backup and spare (issue 41, imported
+  from its module: the runtime does not use it yet).
 """
 
 from parityserve.core.hams.bisect import Part, RowBisection
