@@ -104,6 +104,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("parallelism-limit-off-by-one", "core/scheduling", _SCHED,
        "if data and room is not None and room <= 0:",
        "if data and room is not None and room < 0:", SCHEDULING_TESTS),
+    _m("one-estimate-for-every-replica", "core/scheduling", _SCHED,
+       "replica.service = replica.service.observe(round_trip, rows)\n"
+       "            self.service = admission.pooled(",
+       "self.service = self.service.observe(round_trip, rows)\n"
+       "            _ = (", SCHEDULING_TESTS),
     _m("doomed-queries-computed", "core/scheduling", _SCHED,
        "fits = admission.can_finish(self.service, now, entry.deadline)", "fits = True",
        SCHEDULING_TESTS),
@@ -164,6 +169,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("service-estimate-not-smoothed", "core/admission", _ADM,
        "return ServiceEstimate(self.batch_s + alpha * (batch_s - self.batch_s),",
        "return ServiceEstimate(batch_s,", ADMISSION_TESTS),
+    _m("pooled-batch-time-is-the-stragglers", "core/admission", _ADM,
+       "batch_s = sorted(e.batch_s for e in measured)[(len(measured) - 1) // 2]",
+       "batch_s = max(e.batch_s for e in measured)", ADMISSION_TESTS),
     # ---- core/coding -------------------------------------------------------------------------
     _m("berrut-decodes-zeros", "core/coding", _BERRUT,
        "outputs=outputs.astype(result_dtype(results[w] for w in workers)),",

@@ -2,9 +2,14 @@
 
 The rule (the default when ``server.max_queue`` is not set):
 
-* A model's **service estimate** is an EWMA over its completed data batches of the batch's
-  round-trip time and of its rows. Per-query service time is ``batch_s / rows``; ``c`` ready
-  replicas complete ``c * rows / batch_s`` queries per second.
+* Each replica's **service estimate** is an EWMA over its completed data batches of the
+  batch's round-trip time and of its rows. The model's (``pooled``) is the mean of its
+  replicas' rates, ``rows / batch_s``, and the median replica's batch time: ``c`` ready
+  replicas complete ``c`` times the mean rate queries per second (``per_query_s`` is one over
+  it). Pooling per replica, not one EWMA over every batch, is what keeps one straggler from
+  passing for the whole model: a replica slowed to 3 s, whose batches ParM rebuilds in
+  milliseconds, adds its small rate, where a shared EWMA took its 3 s batches for the model's
+  batch time and shed queries the fast replicas would have answered in time.
 * Its **queue bound** is what those replicas can still finish within the SLO (the tightest
   SLO of the applications that use the model, else the deployment's ``timeout_ms``):
   ``bound = floor((slo_s - batch_s) * c / per_query_s)``, at least ``c`` (one query per
@@ -27,10 +32,11 @@ Everything here is pure: the runtime passes in the clock's reading and the repli
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish",
-           "queue_bound", "retry_after"]
+           "pooled", "queue_bound", "retry_after"]
 
 UNMEASURED_BATCHES = 4  # queued full batches per replica allowed before any measurement
 _ALPHA = 0.2  # EWMA weight of the newest batch
@@ -60,6 +66,19 @@ class ServiceEstimate:
             return ServiceEstimate(batch_s, float(rows), 1)
         return ServiceEstimate(self.batch_s + alpha * (batch_s - self.batch_s),
                                self.rows + alpha * (rows - self.rows), self.batches + 1)
+
+
+def pooled(estimates: Iterable[ServiceEstimate]) -> ServiceEstimate:
+    """A model's estimate from its replicas' own (the measured ones): per query, one over the
+    replicas' mean rate; per batch, the median replica's time (the lower of two middles, so
+    that of two replicas the straggler is not the one that speaks for the model). One
+    replica's is its own."""
+    measured = [e for e in estimates if e.measured]
+    if not measured:
+        return ServiceEstimate()
+    rate = math.fsum(e.rows / e.batch_s for e in measured) / len(measured)  # queries/s each
+    batch_s = sorted(e.batch_s for e in measured)[(len(measured) - 1) // 2]
+    return ServiceEstimate(batch_s, batch_s * rate, sum(e.batches for e in measured))
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,7 +91,7 @@ class Scheduler:
         self.slo_s = slo_s  # admission's horizon: the tightest SLO of the model's applications
         self.assemble = assemble  # queries' inputs -> one payload (stacked, or a list)
         self.queue: DeadlineQueue[Query] = DeadlineQueue(max_queue)
-        self.service = ServiceEstimate()  # measured from completed data batches
+        self.service = ServiceEstimate()  # its replicas' pooled (core/admission.py)
         self.shed = 0  # queries refused at admission or not dispatched (too late to finish)
         self.replicas: dict[str, Replica] = {}
         self.inflight: dict[int, InflightBatch] = {}
@@ -478,7 +478,10 @@ class Scheduler:
         # AIMD learns from the rows the replica computed (a coded task answers no query).
         replica.aimd.observe(rows, round_trip)
         if task.kind == TaskKind.DATA and computed:  # the model's own service rate
-            self.service = self.service.observe(round_trip, rows)
+            replica.service = replica.service.observe(round_trip, rows)
+            self.service = admission.pooled(
+                r.service for r in self.replicas.values()
+                if r.pool == DATA_POOL and r.state != ReplicaState.DEAD)
 
     def _flush(self) -> list[Action]:
         self._announce()

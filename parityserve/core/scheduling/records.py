@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from parityserve.core.admission import ServiceEstimate
 from parityserve.core.batching import AIMDController
 from parityserve.core.deadline_queue import Entry
 from parityserve.core.isolation import Bisection
@@ -189,6 +190,8 @@ class Replica:
     # and socket queueing: what the replica is held for beyond its own work.
     round_trip_s: float = field(default=0.0, kw_only=True)
     worker_s: float = field(default=0.0, kw_only=True)
+    # Its own service estimate (data batches it computed); admission pools the replicas'.
+    service: ServiceEstimate = field(default_factory=ServiceEstimate, kw_only=True)
 
     @property
     def idle(self) -> bool:

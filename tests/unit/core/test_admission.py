@@ -12,6 +12,7 @@ from parityserve.core.admission import (
     ServiceEstimate,
     admit,
     can_finish,
+    pooled,
     queue_bound,
     retry_after,
 )
@@ -25,7 +26,7 @@ UNMEASURED = ServiceEstimate()
 
 def test_public_names() -> None:
     assert sorted(admission.__all__) == sorted([
-        "UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish",
+        "UNMEASURED_BATCHES", "Admission", "ServiceEstimate", "admit", "can_finish", "pooled",
         "queue_bound", "retry_after"])
     assert sorted(inputs.__all__) == [
         "BYTES_PREFIX", "EXACT_IN_FLOAT64", "Leaves", "array_dtype", "as_array", "check_leaves",
@@ -164,3 +165,19 @@ def test_scan_refuses_more_elements_than_allowed(value: object, ok: bool) -> Non
     else:
         with pytest.raises(LimitExceeded, match="max_input_elements = 10"):
             scan(value, max_depth=8, max_elements=10)
+
+
+def test_the_model_pools_its_replicas_rates_so_a_straggler_adds_little() -> None:
+    """Guards the pooled estimate: one replica slowed to 3 s beside two answering in 5 ms is a
+    model that serves about 400 queries a second, not one whose batches take 3 s (which made
+    admission shed the queries a ParM model rebuilds in time, on a loaded machine)."""
+    fast = ServiceEstimate(batch_s=0.005, rows=1.0, batches=20)
+    slow = ServiceEstimate(batch_s=3.0, rows=1.0, batches=1)
+    model = pooled([fast, slow, fast, ServiceEstimate()])  # the unmeasured one is left out
+    assert model.batch_s == 0.005 and model.batches == 41
+    assert 3 / model.per_query_s == pytest.approx(2 / 0.005 + 1 / 3.0)  # the rates' sum
+    assert queue_bound(model, 10.0, 3, 4) > queue_bound(fast, 10.0, 2, 4)  # it adds, a bit
+    # of two, the straggler's batch time does not speak for the model; one is its own
+    assert pooled([slow, fast]).batch_s == 0.005
+    assert pooled([slow]) == slow and pooled([]) == ServiceEstimate()
+    assert not pooled([ServiceEstimate()]).measured

@@ -8,6 +8,7 @@ supervisor) and a deadline miss (query 3's short deadline passes while it waits)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -442,3 +443,26 @@ def test_finished_coding_groups_are_freed_without_the_cyclic_collector(mode: str
     assert result.summary()["n"] == 400
     assert result.counters["groups"] > 50  # the run coded many groups...
     assert left == []  # ...and refcounting alone freed every one of them and their tasks
+
+
+def test_a_straggler_replica_does_not_shrink_the_models_queue_bound() -> None:
+    """Guards per-replica service estimates: one replica's 3 s batch coming back after twenty
+    5 ms ones on the other replica once made the model's one EWMA read 0.6 s a batch, and
+    admission shed 'the queue holds 4 of the 4 it can serve in time' for a ParM model whose
+    answers never waited for that replica (test_redundancy_serving, beside a CPU hog)."""
+    rig = Rig(ModeSettings(), max_batch=1, slo_s=10.0)
+    rig.add("r0")
+    rig.add("r1")
+    rig.submit()  # to r0, the straggler
+    for _ in range(20):
+        rig.submit()  # to r1
+        rig.at(0.005).echo("r1")
+    rig.at(3.0 - 20 * 0.005).echo("r0")
+    service = rig.machine.service
+    assert service.batch_s == pytest.approx(0.005) and service.batches == 21
+    # at least what r1 alone finishes within the SLO; the one EWMA gave 31
+    assert rig.machine.queue_bound() >= math.floor((10.0 - 0.005) / 0.005)
+    rig.crash("r1")  # a replica that is gone no longer speaks for the model
+    rig.submit()
+    rig.at(3.0).echo("r0")
+    assert rig.machine.service.batch_s == pytest.approx(3.0)
