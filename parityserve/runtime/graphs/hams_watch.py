@@ -6,12 +6,23 @@ state, else keeps it and waits until it speaks again (``RecoveryPlan.suspected``
 under load, a promoted backup starved past the timeout was fenced, and the graph gave up
 for good). bare and checkpoint-replay have no plan: a lost primary is started afresh
 (``hams_baselines``). Each tick also runs the batches' watchdog (``Dispatch.expire``).
+
+Silence alone is not a hang when the member is starved of CPU: a member with a thread that is
+runnable (state R in ``/proc``: running, or waiting for a core) is given up to
+``STARVED_GRACE`` times the timeout before it is suspected. Without this, three test workers
+and a busy loop on two cores left healthy members 200-300 ms without a core, and they were
+declared lost: a bare graph restarted a primary and lost its streams' state, and a kill was
+seen as a timeout (a fresh-clone make test beside a CPU hog, 2026-11-29). A stopped member
+(SIGSTOP, state T) or one blocked for good (every thread asleep) is still suspected at the
+timeout; one spinning forever is suspected at the grace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from parityserve.runtime.graphs.hams_baselines import Baselines
@@ -24,6 +35,7 @@ from parityserve.runtime.graphs.hams_recovery import RecoveryDriver
 __all__ = ["Watch"]
 
 _CHECK_EVERY_S = 0.005
+STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
 
 
 class Watch:
@@ -83,9 +95,8 @@ class Watch:
             return "exit" if member.exited() else None
         if self.ctx.graph.detection == "exit" and member.exited():
             return "exit"
-        if now - member.last_beat > self._silence_limit_s():
-            return "timeout"
-        return None
+        return silence_verdict(now - member.last_beat, self._silence_limit_s(),
+                               lambda: runnable(member.pid))
 
     def _silence_limit_s(self) -> float:
         """A hung member is a lost one, whatever the detection mode: exit detection sees a
@@ -93,3 +104,33 @@ class Watch:
         stalled backup would hold every reply, a stalled primary every request). The
         frontend's own stalls are forgiven (``_forgive_stall``)."""
         return self.ctx.graph.heartbeat_timeout_ms / 1000
+
+
+def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], bool]
+                    ) -> str | None:
+    """``"timeout"`` when a member silent this long is suspected (see the module docstring);
+    ``is_runnable`` is asked only past the limit."""
+    if silent_s <= limit_s:
+        return None
+    if silent_s <= limit_s * STARVED_GRACE and is_runnable():
+        return None  # starved of CPU, not hung
+    return "timeout"
+
+
+def runnable(pid: int) -> bool:
+    """Whether any thread of process ``pid`` is running or waiting for a core (Linux's state
+    R). A Python heartbeat thread waiting for the GIL sleeps (S), but then the thread holding
+    it is the runnable one."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
+            return True
+    return False

@@ -1,0 +1,64 @@
+"""A silent graph member that is starved of CPU is not a hung one (hams_watch): the verdict,
+and ``runnable`` read from /proc of real processes (busy, asleep, stopped, gone)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from parityserve.runtime.graphs.hams_watch import STARVED_GRACE, runnable, silence_verdict
+
+
+def wait_until(condition: Callable[[], bool], ceiling_s: float) -> None:
+    """Poll a process state until it holds; the ceiling is for a machine that is very busy."""
+    end = time.monotonic() + ceiling_s
+    while not condition():
+        assert time.monotonic() < end, "the state never came"
+        time.sleep(0.01)
+
+
+def test_silence_within_the_limit_is_no_verdict_and_asks_nothing() -> None:
+    def never() -> bool:
+        raise AssertionError("asked /proc within the limit")
+
+    assert silence_verdict(0.2, 0.2, never) is None
+
+
+def test_a_runnable_member_gets_the_grace_and_no_more() -> None:
+    assert silence_verdict(0.21, 0.2, lambda: True) is None  # starved, not hung
+    assert silence_verdict(0.2 * STARVED_GRACE, 0.2, lambda: True) is None
+    assert silence_verdict(0.2 * STARVED_GRACE + 0.01, 0.2, lambda: True) == "timeout"  # spins
+    assert silence_verdict(0.21, 0.2, lambda: False) == "timeout"  # stopped, or blocked
+
+
+@pytest.fixture
+def process():
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(code: str) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen([sys.executable, "-c", code]))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def test_runnable_reads_real_processes(process) -> None:
+    busy = process("while True: pass")
+    asleep = process("import time; time.sleep(60)")
+    wait_until(lambda: runnable(busy.pid), 30)  # running or waiting for a core
+    wait_until(lambda: not runnable(asleep.pid), 30)  # once it has started, asleep for good
+    busy.send_signal(signal.SIGSTOP)  # a frozen member: state T
+    wait_until(lambda: not runnable(busy.pid), 30)
+    busy.send_signal(signal.SIGCONT)
+    wait_until(lambda: runnable(busy.pid), 30)
+    busy.kill()
+    busy.wait()
+    assert not runnable(busy.pid)  # gone (its pid not reused within this test)
