@@ -131,6 +131,7 @@ def runnable(pid: int) -> bool:
                 stat = f.read()
         except OSError:
             continue
-        if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
+        state = stat.rfind(b")") + 2  # after the command name, which may hold spaces or ')'
+        if stat[state:state + 1] == b"R":
             return True
     return False

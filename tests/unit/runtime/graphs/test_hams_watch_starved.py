@@ -6,20 +6,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import pytest
 
 from parityserve.runtime.graphs.hams_watch import STARVED_GRACE, runnable, silence_verdict
-
-
-def wait_until(condition: Callable[[], bool], ceiling_s: float) -> None:
-    """Poll a process state until it holds; the ceiling is for a machine that is very busy."""
-    end = time.monotonic() + ceiling_s
-    while not condition():
-        assert time.monotonic() < end, "the state never came"
-        time.sleep(0.01)
+from tests.integration.conftest import wait_until
 
 
 def test_silence_within_the_limit_is_no_verdict_and_asks_nothing() -> None:
