@@ -1,0 +1,92 @@
+"""Where one new member of a stateful operator goes, given where the running ones are, and which
+state link it gets (issue 41).
+
+The runtime launches members one at a time (a graph's start, then each replacement a recovery
+asks for), so this places one member with every running member fixed, by the same rule as
+``placement.place_graph``: an operator's members apart first (``core.placement.place``'s group
+rule: the operator is the group), then away from the correlated pair's node (an operator's
+primary and the next stateful operator's backup, HAMS Fig. 6), then primaries spread. A node
+in ``suspect`` (one where a member was just lost: a dead machine stays "alive" to Ray until its
+health checks give up) takes the member only when no other node has room.
+
+The state link: a backup listens on a Unix socket only when every other member of its
+operator runs on its own node (then any primary it will serve is there); otherwise on TCP,
+with CURVE, at its node's address. Roles change with failovers, so the link is chosen for the
+operator, not for the primary of the moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from parityserve.core.hams.placement import PRIMARY, ROLES, StatefulGraph
+from parityserve.core.placement import Member, Node, place
+
+__all__ = ["MemberSpot", "RunningMember", "place_member", "state_link"]
+
+
+@dataclass(frozen=True)
+class RunningMember:
+    op: str
+    role: str  # PRIMARY | BACKUP | SPARE
+    node: str
+
+
+@dataclass(frozen=True)
+class MemberSpot:
+    """The node for the new member (None: no live node has room; Ray's scheduler then
+    decides), and why it shares a node with its operator, when it does."""
+
+    node: str | None
+    note: str | None = None
+
+
+def place_member(graph: StatefulGraph, op: str, key: str, role: str,
+                 running: Mapping[str, RunningMember], alive: Sequence[Node],
+                 suspect: Collection[str] = ()) -> MemberSpot:
+    """The node for member ``key`` of ``op`` in ``role``; ``running`` keep their nodes."""
+    trusted = [n for n in alive if n.node_id not in suspect]
+    for nodes in (trusted, alive) if trusted else (alive,):
+        spot = _place_on(graph, op, key, role, running, nodes)
+        if spot.node is not None:
+            return spot
+    return MemberSpot(None, f"operator {op}: no live node has room for {key}")
+
+
+def _place_on(graph: StatefulGraph, op: str, key: str, role: str,
+              running: Mapping[str, RunningMember], nodes: Sequence[Node]) -> MemberSpot:
+    ids = {n.node_id for n in nodes}
+    live = {k: m for k, m in running.items() if m.node in ids}
+    members = [Member(k, m.role, graph.demand_of(m.op), m.op) for k, m in live.items()]
+    members.append(Member(key, role, graph.demand_of(op), op))
+    apart = _apart(graph, {**live, key: RunningMember(op, role, "")})
+    placed = place(members, nodes, {k: m.node for k, m in live.items()}, apart=apart)
+    node = placed.nodes.get(key)
+    sharing = sorted(m.role for m in live.values() if m.op == op and m.node == node)
+    if node is None or not sharing:
+        return MemberSpot(node)
+    why = (f"the cluster has only {len(nodes)} usable live node{'s' if len(nodes) != 1 else ''}"
+           if len(nodes) < len(ROLES) else "the other nodes had no room left")
+    return MemberSpot(node, f"operator {op}: its new {role} {key} shares node {node} with its "
+                            f"{' and '.join(sharing)} ({why}); losing {node} takes both")
+
+
+def _apart(graph: StatefulGraph, members: Mapping[str, RunningMember]) -> dict[str, set[str]]:
+    """Each operator's primary and the backups (and spares, the next backups) of the stateful
+    operators right downstream, both ways."""
+    apart: dict[str, set[str]] = {}
+    for up_key, up in members.items():
+        if up.role != PRIMARY:
+            continue
+        for down_key, down in members.items():
+            if down.role != PRIMARY and down.op in graph.downstream.get(up.op, ()):
+                apart.setdefault(up_key, set()).add(down_key)
+                apart.setdefault(down_key, set()).add(up_key)
+    return apart
+
+
+def state_link(node: str | None, others: Collection[str | None]) -> str:
+    """``"unix"`` when the member and every other member of its operator share one known node,
+    else ``"tcp"``."""
+    return "unix" if node is not None and all(o == node for o in others) else "tcp"

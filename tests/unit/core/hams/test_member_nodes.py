@@ -1,0 +1,97 @@
+"""One new graph member's node given the running members' nodes, and its state link
+(``core/hams/member_nodes.py``, issue 41): pure, no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from parityserve.core.hams.member_nodes import RunningMember, place_member, state_link
+from parityserve.core.hams.placement import StatefulGraph
+from parityserve.core.placement import Node, Resources
+
+GRAPH = StatefulGraph.chain(["seq1", "seq2"], {"seq1": Resources(cpu=1), "seq2": Resources(cpu=1)})
+
+
+def nodes(n: int, cpu: float = 4) -> list[Node]:
+    return [Node(f"n{i}", Resources(cpu=cpu)) for i in range(n)]
+
+
+def launch_all(alive: list[Node]) -> dict[str, RunningMember]:
+    """The runtime's start: each operator's primary, backup and spare, one after another."""
+    running: dict[str, RunningMember] = {}
+    for op in GRAPH.operators:
+        for role in ("primary", "backup", "spare"):
+            spot = place_member(GRAPH, op, f"{op}/{role}", role, running, alive)
+            assert spot.node is not None
+            running[f"{op}/{role}"] = RunningMember(op, role, spot.node)
+    return running
+
+
+def nodes_of(running: dict[str, RunningMember], op: str) -> list[str]:
+    return [m.node for m in running.values() if m.op == op]
+
+
+def test_each_operators_members_start_on_three_distinct_nodes() -> None:
+    running = launch_all(nodes(3))
+    for op in GRAPH.operators:
+        assert len(set(nodes_of(running, op))) == 3, running
+
+
+def test_the_correlated_pair_is_kept_apart_when_a_fourth_node_allows_it() -> None:
+    running = launch_all(nodes(4))
+    assert running["seq1/primary"].node != running["seq2/backup"].node, running
+
+
+def test_a_replacement_goes_to_a_node_holding_none_of_its_operators_members() -> None:
+    running = launch_all(nodes(4))
+    lost = running.pop("seq1/primary").node  # its node is gone
+    alive = [n for n in nodes(4) if n.node_id != lost]
+    running = {k: m for k, m in running.items() if m.node != lost}
+    spot = place_member(GRAPH, "seq1", "seq1/spare2", "spare", running, alive)
+    assert spot.note is None
+    assert spot.node not in nodes_of(running, "seq1")
+
+
+def test_a_suspect_node_still_reported_alive_is_the_last_choice() -> None:
+    """Ray lists a crashed machine as alive until its health checks give up."""
+    running = launch_all(nodes(4))
+    lost = running.pop("seq1/primary").node
+    free = next(n.node_id for n in nodes(4) if n.node_id not in nodes_of(running, "seq1")
+                and n.node_id != lost)
+    spot = place_member(GRAPH, "seq1", "seq1/new", "spare",
+                        {k: m for k, m in running.items() if m.node != lost}, nodes(4),
+                        suspect={lost})
+    assert spot.node == free
+    # with no other node, the suspect one is used rather than none
+    only = place_member(GRAPH, "seq1", "x", "spare", {}, [nodes(1)[0]], suspect={"n0"})
+    assert only.node == "n0"
+
+
+def test_too_few_nodes_place_as_apart_as_possible_and_say_so() -> None:
+    alive = nodes(2)
+    running = {"seq1/primary": RunningMember("seq1", "primary", "n0"),
+               "seq1/backup": RunningMember("seq1", "backup", "n1")}
+    spot = place_member(GRAPH, "seq1", "seq1/spare", "spare", running, alive)
+    assert spot.node in ("n0", "n1")
+    assert spot.note is not None and "only 2 usable live nodes" in spot.note
+    assert "seq1/spare" in spot.note
+
+
+def test_no_room_anywhere_leaves_it_to_ray_with_a_note() -> None:
+    spot = place_member(GRAPH, "seq1", "seq1/primary", "primary", {}, nodes(3, cpu=0.5))
+    assert spot.node is None and spot.note is not None and "no live node" in spot.note
+
+
+@pytest.mark.parametrize(("node", "others", "link"), [
+    ("a", ["a", "a"], "unix"),  # the whole operator on one node (a one-node cluster)
+    ("a", [], "unix"),  # the first member: nothing elsewhere yet
+    ("b", ["a"], "tcp"),  # a backup apart from its primary
+    ("c", ["a", "b"], "tcp"),  # a spare: either survivor may be its primary later
+    ("a", ["a", "b"], "tcp"),
+    ("a", ["a", None], "tcp"),  # a member whose node Ray has not said yet
+    (None, [], "tcp"),  # left to Ray's scheduler: node unknown
+], ids=["all-on-one", "first", "apart", "spare-apart", "one-elsewhere", "unknown-other",
+        "unknown-self"])
+def test_state_link_is_unix_only_when_the_whole_operator_shares_a_node(node, others, link
+                                                                      ) -> None:
+    assert state_link(node, others) == link
