@@ -544,7 +544,8 @@ class Graph(_Frozen):
     state_link: Literal["unix", "tcp"] = Field(
         "unix", description="how a primary sends states to its backup: a Unix socket in a "
         "0700 folder (same host; the kernel checks the user), or TCP with CURVE (encrypted, "
-        "for hosts apart; costs the encryption of every state byte)")
+        "for hosts apart; costs the encryption of every state byte). With launcher kind ray, "
+        "members on different nodes use TCP whatever this says")
     input_shape: tuple[StrictInt, ...] | None = Field(
         None, description="the shape of one row (e.g. [4]): rows of another shape get 400 "
         "before any batch. null: only an entry model's declared input shape is checked, "

@@ -121,6 +121,12 @@ class GraphContext:
         """Replies wait for a backup (hams, remus): there are backups and spares."""
         return self.mode not in UNHELD
 
+    def member_roles(self) -> dict[str, str]:
+        """Worker id -> its role now, as the plan says (placement keeps roles apart)."""
+        return {m.worker_id: role for pair in self.pairs.values()
+                for role in ("primary", "backup", "spare")
+                if (m := getattr(pair, role)) is not None}
+
     def failover_plan(self, resumed: Mapping[str, int], epoch: int) -> Failover:
         """``plan_failover`` over what the router saw: which other operators ran on the
         speculation the operators that took over discard (``RecoveryPlan``'s planner)."""

@@ -41,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from parityserve.config import Deployment, Graph
+from parityserve.config import Deployment, Graph, LauncherConfig
 from parityserve.core.hams import Failover, GraphRouter, InFlight, OutputCommit, RecoveryPlan
-from parityserve.errors import UnknownModel
+from parityserve.core.hams.placement import StatefulGraph
+from parityserve.errors import ConfigError, UnknownModel
+from parityserve.runtime.fleet.placement_plan import demand as placement_demand
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs.hams_baselines import Baselines
 from parityserve.runtime.graphs.hams_context import (
@@ -71,7 +73,8 @@ __all__ = ["FailoverRecord", "GraphAnswer", "GraphRuntime", "Infer"]
 class GraphRuntime:
     def __init__(self, graph: Graph, deployments: dict[str, Deployment], infer: Infer, *,
                  keys: ServerKeys | None, clock: Callable[[], float],
-                 log_dir: Path | None = None, host: str = "127.0.0.1") -> None:
+                 log_dir: Path | None = None, host: str = "127.0.0.1",
+                 launcher: LauncherConfig | None = None) -> None:
         router: GraphRouter[np.ndarray] = GraphRouter(graph.topology(), _combine)
         link = WorkerLink(host, 0, keys=keys, on_reject=RejectLog())
         # checkpoint-replay's "global storage": a private folder; its log is in ``replay``
@@ -83,7 +86,7 @@ class GraphRuntime:
         # primary -> backup on this host: Unix sockets in a folder only this user can enter
         self._ipc_dir = tempfile.mkdtemp(prefix="parityserve-hams-") \
             if graph.state_link == "unix" else ""
-        self.launcher = MemberLauncher(link, keys, log_dir)
+        self.launcher = member_launcher(ctx, keys, log_dir, launcher)
         self.members = members = Membership(ctx, self.launcher, host, self._ipc_dir)
         self.requests = Requests(ctx, graph.door(deployments.values()))
         self.dispatch = Dispatch(ctx, self.requests, infer)
@@ -145,7 +148,8 @@ class GraphRuntime:
         return await self.inspection.state_digests()
 
     def statistics(self) -> dict[str, Any]:
-        return self.inspection.statistics()
+        """The inspection's record, and why members of an operator share a node, if any do."""
+        return {**self.inspection.statistics(), "placement_notes": dict(self.launcher.notes)}
 
     # ---- what the server, the benchmarks and the tests read ---------------------------------
     @property
@@ -209,6 +213,22 @@ class GraphRuntime:
     def _planner(self, resumed: Mapping[str, int], epoch: int) -> Failover:
         """The failover the plan would make now (``test_hams_sequences`` asks it)."""
         return self.ctx.failover_plan(resumed, epoch)
+
+
+def member_launcher(ctx: GraphContext, keys: ServerKeys | None, log_dir: Path | None,
+                    launcher: LauncherConfig | None) -> MemberLauncher:
+    """Members as local processes, or as Ray actors on distinct nodes (``kind: ray``; Ray is
+    imported only then)."""
+    if launcher is None or launcher.kind != "ray":
+        return MemberLauncher(ctx.link, keys, log_dir)
+    try:
+        from parityserve.runtime.graphs.hams_ray_members import RayMemberLauncher
+    except ImportError as exc:
+        raise ConfigError("launcher kind ray needs Ray installed: "
+                          f"pip install 'parityserve[ray]' ({exc})") from exc
+    demand = {op: placement_demand(ctx.deployments[ctx.ops[op].model]) for op in ctx.pairs}
+    return RayMemberLauncher(ctx.link, keys, log_dir, graph=StatefulGraph.of(ctx.topology),
+                             demand=demand, roles=ctx.member_roles, address=launcher.address)
 
 
 def _combine(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -109,4 +109,7 @@ class Inspection:
                     since_checkpoint=replay.since_checkpoint,
                     answered_since_checkpoint=replay.answered_since_checkpoint,
                     checkpoint=replay.checkpoint, whole=self.whole(pair),
-                    spare_pid=pair.spare.pid if pair.spare else None)
+                    spare_pid=pair.spare.pid if pair.spare else None,
+                    primary_node=pair.primary.node if pair.primary else None,
+                    backup_node=pair.backup.node if pair.backup else None,
+                    spare_node=pair.spare.node if pair.spare else None)

@@ -44,6 +44,17 @@ class Member:
     def pid(self) -> int:
         return self.popen.pid
 
+    @property
+    def node(self) -> str | None:
+        """The Ray node it runs on (None until Ray says), or "local": the frontend's host."""
+        node: str | None = getattr(self.popen, "node_id", "local")
+        return node
+
+    @property
+    def on_this_host(self) -> bool:
+        """Whether ``/proc`` here shows its process (a Ray member may run on another host)."""
+        return bool(getattr(self.popen, "local", True))
+
     def exited(self) -> bool:
         return self.popen.poll() is not None
 
@@ -58,6 +69,7 @@ class MemberLauncher:
         self._count = 0
         # the server's zygote (runtime/graphs/registry.py sets it): members are forked, not spawned
         self.forks: ForkServer | None = None
+        self.notes: dict[str, str] = {}  # operator -> why its members share a node (Ray)
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         keys = self.keys.client() if self.keys is not None else None

@@ -14,7 +14,8 @@ and a busy loop on two cores left healthy members 200-300 ms without a core, and
 declared lost: a bare graph restarted a primary and lost its streams' state, and a kill was
 seen as a timeout (a fresh-clone make test beside a CPU hog, 2026-11-29). A stopped member
 (SIGSTOP, state T) or one blocked for good (every thread asleep) is still suspected at the
-timeout; one spinning forever is suspected at the grace.
+timeout; one spinning forever is suspected at the grace. A member on another host (a Ray
+actor, ``hams_ray_members``) has no ``/proc`` here to read: it gets the plain timeout.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class Watch:
         if self.ctx.graph.detection == "exit" and member.exited():
             return "exit"
         return silence_verdict(now - member.last_beat, self._silence_limit_s(),
-                               lambda: runnable(member.pid))
+                               lambda: member.on_this_host and runnable(member.pid))
 
     def _silence_limit_s(self) -> float:
         """A hung member is a lost one, whatever the detection mode: exit detection sees a

@@ -58,7 +58,8 @@ class Graphs:
         deployments = {m.name: m for m in config.models}
         self.limits = config.server.limits
         self.runtimes = {g.name: GraphRuntime(g, deployments, infer, keys=keys, clock=clock,
-                                              log_dir=log_dir, host=config.server.host)
+                                              log_dir=log_dir, host=config.server.host,
+                                              launcher=config.launcher)
                          for g in config.graphs}
         # The server's one zygote (its model replicas' too, runtime/fleet/zygote.py): the
         # serving system opens and closes it, around the graphs

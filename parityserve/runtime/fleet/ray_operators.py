@@ -1,0 +1,192 @@
+"""Stateful graph operators as Ray actors (issue 41): one actor per member, on a chosen node.
+
+The actor only holds the operator process, as ``ray_launcher.ReplicaActor`` holds a replica's
+worker: it runs the same command line the local launcher runs (``zygote.command_of(OPERATOR,
+...)``) as its child, with the member's CURVE keys in the child's environment, never its command
+line. The operator speaks to the frontend and to its backup over ZeroMQ, never through Ray.
+
+``RayOperatorProcess`` is the frontend's handle, with ``ProcessHandle``'s ``poll``/``pid``/
+``kill``/``wait`` so that ``hams_members.Member`` and the graph's watchdog use it unchanged. It
+never blocks on a live actor: it keeps one ``poll`` call in flight and looks at it with a zero
+timeout. An actor that dies under it (killed, or its node lost) fails that call, and the handle
+reports an exit (``ACTOR_DIED``): detection by Ray's own report, with the graph's heartbeats as
+the backstop for a machine Ray has not yet given up on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from parityserve.core.placement import Resources
+from parityserve.runtime.fleet.processes import log_file, worker_env
+from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE
+from parityserve.runtime.fleet.zygote import OPERATOR, command_of
+from parityserve.runtime.workers.keys import ENV_VAR
+
+__all__ = ["OperatorActor", "RayOperatorProcess", "connect_ray", "node_addresses",
+           "start_operator"]
+
+log = logging.getLogger(__name__)
+
+_POLL_EVERY_S = 0.05  # a new poll call at most this often: death is seen by its failure
+_LOOK_EVERY_S = 0.01  # the watchdog asks every 5 ms per member; Ray is asked at most this often
+_KILL_CHILD_S = 1.0  # how long a kill waits for the actor to SIGKILL its child first
+
+
+@ray.remote(max_restarts=0)
+class OperatorActor:
+    """One operator process on this actor's node. The operator asks the kernel for SIGTERM when
+    its parent exits (``hams_worker.main``), so a killed actor or node leaves no orphan."""
+
+    def __init__(self, args: list[str], keys_env: str | None, ipc_dir: str,
+                 log_dir: str | None, name: str) -> None:
+        if ipc_dir:  # the frontend made it on its own host; on another node it is made here
+            os.makedirs(ipc_dir, mode=0o700, exist_ok=True)
+        env = worker_env(1, None)
+        if keys_env is not None:
+            env[ENV_VAR] = keys_env
+        stderr = None
+        with contextlib.suppress(OSError):  # a log folder this node cannot write: inherit
+            stderr = log_file(Path(log_dir), name) if log_dir else None
+        try:
+            self.popen = subprocess.Popen(command_of(OPERATOR, args), env=env,
+                                          stdin=subprocess.DEVNULL, stderr=stderr)
+        finally:
+            if stderr is not None:
+                os.close(stderr)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def where(self) -> tuple[str, str, int]:
+        """(Ray node id, host name, the operator's pid)."""
+        return (str(ray.get_runtime_context().get_node_id()), socket.gethostname(),
+                self.popen.pid)
+
+    def send_signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+
+class RayOperatorProcess:
+    """The frontend's handle on one operator actor (see the module docstring)."""
+
+    def __init__(self, actor: Any, node_id: str | None) -> None:
+        self.actor = actor
+        self.node_id = node_id  # where it was pinned; where Ray put it once ``where`` says
+        self.returncode: int | None = None
+        self.death: str | None = None  # why Ray says the actor died, when it did
+        self.host: str | None = None
+        self._pid = 0
+        self._where: Any = actor.where.remote()
+        self._poll: Any = None
+        self._next_poll = self._next_look = 0.0
+
+    @property
+    def pid(self) -> int:
+        """The operator's pid on its node (0 until the actor says)."""
+        self._look_where()
+        return self._pid
+
+    @pid.setter
+    def pid(self, value: int) -> None:  # ProcessHandle declares a plain attribute
+        self._pid = value
+
+    @property
+    def local(self) -> bool:
+        """Whether it runs on this host, where ``/proc`` can tell starved from hung."""
+        self._look_where()
+        return self.host == socket.gethostname()
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        now = time.monotonic()
+        if now < self._next_look:
+            return None
+        self._next_look = now + _LOOK_EVERY_S
+        if self._poll is None and now >= self._next_poll:
+            self._poll, self._next_poll = self.actor.poll.remote(), now + _POLL_EVERY_S
+        if self._poll is not None and ray.wait([self._poll], timeout=0)[0]:
+            self.returncode, self._poll = self._collect(self._poll), None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("operator actor", timeout or 0.0)
+            time.sleep(_LOOK_EVERY_S)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.kill()
+        else:
+            with contextlib.suppress(RayError):
+                self.actor.send_signal.remote(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the operator (through its actor, so that a demoted member sends nothing
+        more), then end the actor. Never raises: the actor may be gone with its node."""
+        if self.returncode is None:
+            with contextlib.suppress(RayError, GetTimeoutError):
+                ray.get(self.actor.send_signal.remote(signal.SIGKILL), timeout=_KILL_CHILD_S)
+            self.returncode = ACTOR_DIED
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(self.actor, no_restart=True)
+
+    def _collect(self, ref: Any) -> int | None:
+        try:
+            code: int | None = ray.get(ref)
+            return code
+        except RayError as exc:  # the actor died: killed, out of memory, or its node is gone
+            self.death = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            log.warning("operator actor on node %s died (%s)", self.node_id, self.death)
+            return ACTOR_DIED
+
+    def _look_where(self) -> None:
+        if self._where is None or not ray.wait([self._where], timeout=0)[0]:
+            return
+        with contextlib.suppress(RayError):
+            node, self.host, self._pid = ray.get(self._where)
+            self.node_id = self.node_id or node
+        self._where = None
+
+
+def start_operator(args: list[str], *, keys_env: str | None, ipc_dir: str,
+                   log_dir: Path | None, name: str, node_id: str | None,
+                   demand: Resources) -> RayOperatorProcess:
+    """An operator actor pinned to ``node_id`` (hard affinity: placement chose it so that one
+    node's loss takes at most one member of the operator), or spread by Ray when None."""
+    strategy: Any = ("SPREAD" if node_id is None
+                     else NodeAffinitySchedulingStrategy(node_id, soft=False))
+    actor = OperatorActor.options(  # type: ignore[attr-defined]
+        name=name, namespace=NAMESPACE, num_cpus=demand.cpu, num_gpus=demand.gpu,
+        memory=int(demand.memory) or None, scheduling_strategy=strategy,
+    ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name)
+    return RayOperatorProcess(actor, node_id)
+
+
+def connect_ray(address: str | None) -> None:
+    """Join the Ray the server's launcher connected to (or ``address``)."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
+                 log_to_driver=True, configure_logging=False)
+
+
+def node_addresses() -> dict[str, str]:
+    """Live node id -> the address its processes bind and are reached at."""
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}

@@ -1,0 +1,116 @@
+"""A graph's members as Ray actors on distinct nodes (``launcher: {kind: ray}``, issue 41).
+
+Everything else about a member is as in ``hams_members``: its keys, its hello, its loss. Only
+where it runs changes. Each new member is placed by ``core.hams.member_nodes.place_member``
+with every running member fixed: an operator's primary, backup and spare on three distinct
+nodes when the cluster has them, else as apart as it allows (the note goes to the log and to
+``/admin/state``). A node where one of the graph's members was just lost is the last choice
+for a replacement for a minute: Ray reports a crashed machine alive until its health checks
+give up, and a member pinned there would never start.
+
+The state link follows the nodes (``member_nodes.state_link``): a backup whose operator's other
+members all share its node listens on a Unix socket; otherwise on TCP at its node's address,
+with CURVE when workers authenticate.
+
+Importing this module imports Ray: ``hams_graph`` loads it only for the Ray launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from parityserve.core.hams.member_nodes import RunningMember, place_member, state_link
+from parityserve.core.hams.placement import StatefulGraph
+from parityserve.core.placement import Resources
+from parityserve.runtime.fleet.launcher import ProcessHandle
+from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, alive_nodes, reachable
+from parityserve.runtime.fleet.ray_operators import (
+    RayOperatorProcess,
+    connect_ray,
+    node_addresses,
+    start_operator,
+)
+from parityserve.runtime.graphs.hams_context import log
+from parityserve.runtime.graphs.hams_members import Member, MemberLauncher
+from parityserve.runtime.graphs.hams_protocol import OperatorSpec
+from parityserve.runtime.workers.keys import ClientKeys, ServerKeys
+from parityserve.runtime.workers.rpc import WorkerLink
+
+__all__ = ["RayMemberLauncher"]
+
+
+class RayMemberLauncher(MemberLauncher):
+    def __init__(self, link: WorkerLink, keys: ServerKeys | None, log_dir: Path | None, *,
+                 graph: StatefulGraph, demand: Mapping[str, Resources],
+                 roles: Callable[[], Mapping[str, str]], address: str | None) -> None:
+        super().__init__(link, keys, log_dir)
+        connect_ray(address)
+        self.graph, self.demand = graph, demand
+        self.roles = roles  # worker id -> its role now (failovers change them)
+        self.handles: dict[str, tuple[str, RayOperatorProcess]] = {}  # worker id -> (op, h)
+        self.suspects: dict[str, float] = {}  # node id -> until when it is the last choice
+        self._pin: tuple[str | None, str] = (None, "")  # the next actor's node and address
+        self._tag = secrets.token_hex(3)  # actor names unique across frontends on a cluster
+
+    def start(self, spec: OperatorSpec, now: float) -> Member:
+        node = self._node_for(spec)
+        ip = node_addresses().get(node or "", "")
+        others = [self._node(wid) for wid, (op, _) in self._running().items() if op == spec.op]
+        if state_link(node, others) == "tcp":  # primary and backup may be on two nodes
+            spec = dataclasses.replace(spec, ipc_dir="", bind_host=ip or spec.bind_host)
+        self._pin = (node, reachable(self.link.address, ip) if ip else self.link.address)
+        return super().start(spec, now)
+
+    def _process(self, spec: OperatorSpec, keys: ClientKeys | None) -> ProcessHandle:
+        node, connect = self._pin
+        handle = start_operator(
+            ["--connect", connect, "--spec", spec.to_json()],
+            keys_env=keys.to_env() if keys is not None else None, ipc_dir=spec.ipc_dir,
+            log_dir=self.log_dir, name=f"{spec.worker_id}#{self._tag}", node_id=node,
+            demand=self.demand.get(spec.op, Resources(cpu=1.0)))
+        self.handles[spec.worker_id] = (spec.op, handle)
+        return handle
+
+    def forget(self, member: Member) -> None:
+        _, handle = self.handles.pop(member.worker_id, (None, None))
+        if handle is not None and (member.lost is not None or handle.death is not None) \
+                and handle.node_id is not None:
+            self.suspects[handle.node_id] = time.monotonic() + SUSPECT_S
+        super().forget(member)
+
+    def node_of(self, member: Member) -> str | None:
+        return self._node(member.worker_id)
+
+    def _node_for(self, spec: OperatorSpec) -> str | None:
+        roles = self.roles()
+        running = {wid: RunningMember(op, roles.get(wid, "backup"), node)
+                   for wid, (op, _) in self._running().items()
+                   if (node := self._node(wid)) is not None}
+        spot = place_member(self.graph, spec.op, spec.worker_id, spec.role, running,
+                            alive_nodes(), self._suspect_nodes())
+        if spot.note:
+            log.warning("graph placement: %s", spot.note)
+            self.notes[spec.op] = spot.note
+        else:
+            self.notes.pop(spec.op, None)
+        return spot.node
+
+    def _running(self) -> dict[str, tuple[str, RayOperatorProcess]]:
+        return {wid: (op, h) for wid, (op, h) in self.handles.items() if h.poll() is None}
+
+    def _node(self, worker_id: str) -> str | None:
+        found = self.handles.get(worker_id)
+        return found[1].node_id if found is not None else None
+
+    def _suspect_nodes(self) -> set[str]:
+        """Nodes where a member was lost in the last minute, or whose actor Ray says died."""
+        now = time.monotonic()
+        for _, handle in self.handles.values():
+            if handle.death is not None and handle.node_id is not None:
+                self.suspects.setdefault(handle.node_id, now + SUSPECT_S)
+        self.suspects = {n: t for n, t in self.suspects.items() if t > now}
+        return set(self.suspects)
