@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Resources
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 _POLL_EVERY_S = 0.05  # a new poll call at most this often: death is seen by its failure
 _LOOK_EVERY_S = 0.01  # the watchdog asks every 5 ms per member; Ray is asked at most this often
-_KILL_CHILD_S = 1.0  # how long a kill waits for the actor to SIGKILL its child first
 
 
 @ray.remote(max_restarts=0)
@@ -139,12 +138,22 @@ class RayOperatorProcess:
                 self.actor.send_signal.remote(sig)
 
     def kill(self) -> None:
-        """SIGKILL the operator (through its actor, so that a demoted member sends nothing
-        more), then end the actor. Never raises: the actor may be gone with its node."""
-        if self.returncode is None:
-            with contextlib.suppress(RayError, GetTimeoutError):
-                ray.get(self.actor.send_signal.remote(signal.SIGKILL), timeout=_KILL_CHILD_S)
-            self.returncode = ACTOR_DIED
+        """SIGKILL the operator through its actor (a demoted member must send nothing more: its
+        own death-with-parent signal is a SIGTERM it may take time over), then end the actor
+        once that is done. Never blocks (it runs on the frontend's loop, also for a member
+        whose node is gone and cannot answer) and never raises."""
+        if self.returncode is not None:
+            self._end_actor()
+            return
+        self.returncode = ACTOR_DIED
+        try:
+            done = self.actor.send_signal.remote(signal.SIGKILL).future()
+        except RayError:
+            self._end_actor()
+            return
+        done.add_done_callback(lambda _: self._end_actor())  # failed (node gone) counts too
+
+    def _end_actor(self) -> None:
         with contextlib.suppress(RayError, ValueError):
             ray.kill(self.actor, no_restart=True)
 

@@ -1,0 +1,199 @@
+"""Graph members as Ray actors (issue 41), with Ray's API replaced by fakes (no cluster, no
+processes): the handle reports an actor's death as an exit and never blocks, and the graph's
+Ray launcher pins each member where placement says, with the state link its nodes call for.
+The real cluster is in tests/integration/test_hams_ray_nodes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install 'parityserve[ray]'")
+
+from ray.exceptions import RayError  # noqa: E402
+
+from parityserve.core.hams.placement import StatefulGraph  # noqa: E402
+from parityserve.core.placement import Node, Resources  # noqa: E402
+from parityserve.runtime.fleet import ray_operators  # noqa: E402
+from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED  # noqa: E402
+from parityserve.runtime.graphs import hams_ray_members  # noqa: E402
+from parityserve.runtime.graphs.hams_members import Member  # noqa: E402
+from parityserve.runtime.graphs.hams_protocol import OperatorSpec  # noqa: E402
+
+
+class FakeRef:
+    """An ObjectRef: ready or not, its value or the error Ray would raise."""
+
+    def __init__(self, value: Any = None, ready: bool = True) -> None:
+        self.value, self.ready = value, ready
+        self.callbacks: list[Callable[[Any], None]] = []
+
+    def future(self) -> FakeRef:
+        return self
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self.callbacks.append(fn)
+
+    def finish(self) -> None:
+        for fn in self.callbacks:
+            fn(self)
+
+
+class FakeMethod:
+    def __init__(self, refs: list[FakeRef]) -> None:
+        self.refs, self.calls = refs, []
+
+    def remote(self, *args: Any) -> FakeRef:
+        self.calls.append(args)
+        return self.refs.pop(0) if self.refs else FakeRef()
+
+
+class FakeActor:
+    def __init__(self, polls: list[FakeRef], where: FakeRef) -> None:
+        self.poll, self.where = FakeMethod(polls), FakeMethod([where])
+        self.send_signal = FakeMethod([FakeRef(ready=False)])
+
+
+class FakeRay:
+    def __init__(self) -> None:
+        self.killed: list[Any] = []
+
+    def wait(self, refs: list[FakeRef], timeout: float) -> tuple[list[FakeRef], list[FakeRef]]:
+        assert timeout == 0  # never blocks
+        return [r for r in refs if r.ready], [r for r in refs if not r.ready]
+
+    def get(self, ref: FakeRef) -> Any:
+        if isinstance(ref.value, BaseException):
+            raise ref.value
+        return ref.value
+
+    def kill(self, actor: Any, no_restart: bool) -> None:
+        self.killed.append(actor)
+
+
+@pytest.fixture()
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeRay, list[float]]:
+    ray, now = FakeRay(), [100.0]
+    monkeypatch.setattr(ray_operators, "ray", ray)
+    monkeypatch.setattr(ray_operators, "time", SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    return ray, now
+
+
+def test_an_actor_that_dies_under_its_operator_is_an_exit(fake_ray) -> None:
+    _, now = fake_ray
+    died = RayError("ActorDiedError: the actor's node was lost\nmore")
+    actor = FakeActor([FakeRef(None), FakeRef(died)], FakeRef(("n1", "host", 4321)))
+    handle = ray_operators.RayOperatorProcess(actor, "n1")
+    assert handle.poll() is None  # alive: the actor's poll said None
+    assert handle.poll() is None  # asked again within 10 ms: Ray is not asked
+    assert len(actor.poll.calls) == 1
+    now[0] += 0.06
+    assert handle.poll() == ACTOR_DIED  # Ray's report of the actor's death
+    assert handle.death is not None and "node was lost" in handle.death
+    assert handle.wait(timeout=0) == ACTOR_DIED
+
+
+def test_pid_node_and_host_come_from_the_actor_without_waiting(fake_ray) -> None:
+    where = FakeRef(("n2", "elsewhere", 4321), ready=False)
+    handle = ray_operators.RayOperatorProcess(FakeActor([], where), None)
+    assert (handle.pid, handle.node_id) == (0, None)  # not said yet: never blocks
+    where.ready = True
+    assert (handle.pid, handle.node_id, handle.local) == (4321, "n2", False)
+
+
+def test_kill_sigkills_the_operator_then_ends_the_actor_without_blocking(fake_ray) -> None:
+    ray, _ = fake_ray
+    actor = FakeActor([], FakeRef(("n1", "h", 1)))
+    sigkill = actor.send_signal.refs[0]  # not done: the node may be gone and never answer
+    handle = ray_operators.RayOperatorProcess(actor, "n1")
+    handle.kill()
+    assert actor.send_signal.calls == [(signal.SIGKILL,)]
+    assert handle.poll() == ACTOR_DIED and ray.killed == []  # the SIGKILL is under way
+    sigkill.finish()  # done, or failed with its node: the actor is ended then
+    assert ray.killed == [actor]
+    handle.kill()  # again: already dead, the actor is ended at once
+    assert ray.killed == [actor, actor]
+
+
+# ---- the graph's Ray launcher ----------------------------------------------------------------
+class FakeHandle:
+    def __init__(self, node_id: str | None) -> None:
+        self.node_id, self.returncode, self.death, self.pid = node_id, None, None, 1
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = ACTOR_DIED
+
+    def wait(self, timeout: float | None = None) -> int:
+        return ACTOR_DIED
+
+
+def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int) -> tuple[Any, list[dict]]:
+    nodes = [Node(f"n{i}", Resources(cpu=4)) for i in range(n_nodes)]
+    started: list[dict] = []
+
+    def start_operator(args: list[str], **kw: Any) -> FakeHandle:
+        started.append({"args": args, **kw})
+        return FakeHandle(kw["node_id"])
+
+    monkeypatch.setattr(hams_ray_members, "connect_ray", lambda address: None)
+    monkeypatch.setattr(hams_ray_members, "alive_nodes", lambda: nodes)
+    monkeypatch.setattr(hams_ray_members, "node_addresses",
+                        lambda: {n.node_id: f"10.0.0.{i}" for i, n in enumerate(nodes)})
+    monkeypatch.setattr(hams_ray_members, "start_operator", start_operator)
+    link = SimpleNamespace(address="tcp://0.0.0.0:5555", forget=lambda wid: None)
+    launcher = hams_ray_members.RayMemberLauncher(
+        link, None, None, graph=StatefulGraph.chain(["seq1"]), demand={},  # type: ignore[arg-type]
+        roles=dict, address=None)
+    return launcher, started
+
+
+def spec(role: str, n: int) -> OperatorSpec:
+    return OperatorSpec(worker_id=f"g/seq1/{role}-{n}", op="seq1", source="zoo:echo",
+                        role=role, ipc_dir="/tmp/ps-hams-x", bind_host="127.0.0.1")
+
+
+def launch(launcher: Any, roles: list[str]) -> list[Member]:
+    async def run() -> list[Member]:
+        return [launcher.start(spec(r, i), 0.0) for i, r in enumerate(roles)]
+    return asyncio.run(run())
+
+
+def test_members_go_to_three_nodes_and_backups_listen_on_tcp_at_their_node(monkeypatch
+                                                                          ) -> None:
+    launcher, started = graph_launcher(monkeypatch, 3)
+    primary, backup, spare = launch(launcher, ["primary", "backup", "backup"])
+    assert len({s["node_id"] for s in started}) == 3
+    for member in (backup, spare):
+        node = member.popen.node_id
+        assert member.spec.ipc_dir == "" and member.spec.bind_host == f"10.0.0.{node[1]}"
+    # the frontend bound to every interface is dialled at the member's node address
+    assert started[1]["args"][:2] == ["--connect", f"tcp://10.0.0.{backup.node[1]}:5555"]
+    assert launcher.notes == {}
+
+
+def test_one_node_keeps_the_unix_link_and_says_why_they_share(monkeypatch) -> None:
+    launcher, started = graph_launcher(monkeypatch, 1)
+    _, backup, _ = launch(launcher, ["primary", "backup", "backup"])
+    assert backup.spec.ipc_dir == "/tmp/ps-hams-x" and started[1]["ipc_dir"] == "/tmp/ps-hams-x"
+    assert "shares node n0" in launcher.notes["seq1"]
+
+
+def test_a_replacement_avoids_the_node_where_a_member_was_just_lost(monkeypatch) -> None:
+    """Ray still lists the crashed node alive; the lost member's node is the last choice."""
+    launcher, started = graph_launcher(monkeypatch, 4)
+    primary, backup, spare = launch(launcher, ["primary", "backup", "backup"])
+    primary.lost = "timeout"
+    primary.popen.returncode = None  # Ray has not reported the actor dead yet
+    launcher.forget(primary)
+    lost_node = started[0]["node_id"]
+    (new,) = launch(launcher, ["backup"])
+    assert new.node not in (lost_node, backup.node, spare.node)
