@@ -14,7 +14,12 @@ and a busy loop on two cores left healthy members 200-300 ms without a core, and
 declared lost: a bare graph restarted a primary and lost its streams' state, and a kill was
 seen as a timeout (a fresh-clone make test beside a CPU hog, 2026-11-29). A stopped member
 (SIGSTOP, state T) or one blocked for good (every thread asleep) is still suspected at the
-timeout; one spinning forever is suspected at the grace. A member on another host (a Ray
+timeout; one spinning forever is suspected at the grace. A thread in uninterruptible sleep
+(state D: waiting on the kernel for a disk read, a page fault, a log write) counts as busy
+too: under another job's heavy I/O a member waits there, alive (a fresh-clone make test
+beside a Ray cluster starting up lost five healthy members at once by the 200 ms timeout).
+Each suspicion is logged with how long the member was silent and its threads' states, so the
+next one says which it was. A member on another host (a Ray
 actor, ``hams_ray_members``) has no ``/proc`` here to read: it gets the plain timeout.
 """
 
@@ -68,9 +73,11 @@ class Watch:
         if how is None:
             return
         member.lost = how
+        silent = "exited" if how == "exit" else (
+            f"silent past the timeout ({(now - member.last_beat) * 1e3:.0f} ms; threads "
+            f"{thread_states(member.pid) if member.on_this_host else 'on another host'})")
         log.warning("graph %s: %s %s %s (exit code %s)", self.ctx.graph.name, op,
-                    member.worker_id, "exited" if how == "exit" else "silent past the timeout",
-                    member.popen.poll())
+                    member.worker_id, silent, member.popen.poll())
         if self.ctx.plan is None:
             self._note_loss(member, how, now)
             self.ctx.spawn(self.baselines.recover(op, member, how, now))
@@ -120,12 +127,25 @@ def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], b
 
 def runnable(pid: int) -> bool:
     """Whether any thread of process ``pid`` is running or waiting for a core (Linux's state
-    R). A Python heartbeat thread waiting for the GIL sleeps (S), but then the thread holding
-    it is the runnable one."""
+    R) or for the kernel (D: a disk read, a page fault). A Python heartbeat thread waiting for
+    the GIL sleeps (S), but then the thread holding it is the busy one."""
+    return busy(thread_states(pid))
+
+
+def busy(states: str) -> bool:
+    """Whether threads in these states (``thread_states``' letters) are doing or waiting for
+    work rather than for a message: running or runnable (R), or in the kernel (D)."""
+    return "R" in states or "D" in states
+
+
+def thread_states(pid: int) -> str:
+    """The state letter of each thread of ``pid``, sorted (``"RSS"``: one runnable, two
+    asleep); empty when the process is gone."""
     try:
         threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return ""
+    letters = []
     for tid in threads:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
@@ -133,6 +153,5 @@ def runnable(pid: int) -> bool:
         except OSError:
             continue
         state = stat.rfind(b")") + 2  # after the command name, which may hold spaces or ')'
-        if stat[state:state + 1] == b"R":
-            return True
-    return False
+        letters.append(stat[state:state + 1].decode("ascii", "replace"))
+    return "".join(sorted(letters))

@@ -9,7 +9,13 @@ import sys
 
 import pytest
 
-from parityserve.runtime.graphs.hams_watch import STARVED_GRACE, runnable, silence_verdict
+from parityserve.runtime.graphs.hams_watch import (
+    STARVED_GRACE,
+    busy,
+    runnable,
+    silence_verdict,
+    thread_states,
+)
 from tests.integration.conftest import wait_until
 
 
@@ -53,3 +59,20 @@ def test_runnable_reads_real_processes(process) -> None:
     busy.kill()
     busy.wait()
     assert not runnable(busy.pid)  # gone (its pid not reused within this test)
+
+
+def test_a_thread_waiting_on_the_kernel_is_busy_not_hung() -> None:
+    """State D (a disk read, a page fault, a log write under another job's heavy I/O) is a
+    member waiting on the kernel, not one blocked for good: it gets the grace, as R does."""
+    assert busy("DSS") and busy("RS") and busy("D")
+    assert not busy("SSS") and not busy("T") and not busy("tS") and not busy("")
+
+
+def test_thread_states_names_each_thread(process) -> None:
+    asleep = process("import time; time.sleep(60)")
+    wait_until(lambda: thread_states(asleep.pid) == "S", 30)  # one thread, asleep
+    asleep.send_signal(signal.SIGSTOP)
+    wait_until(lambda: thread_states(asleep.pid) == "T", 30)
+    asleep.kill()
+    asleep.wait()
+    assert thread_states(asleep.pid) == ""
