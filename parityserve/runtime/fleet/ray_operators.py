@@ -78,6 +78,13 @@ class OperatorActor:
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
 
+    def stop(self) -> None:
+        """SIGKILL the operator, reap it, and end this actor (Ray counts it an intended exit)."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        ray.actor.exit_actor()
+
 
 class RayOperatorProcess:
     """The frontend's handle on one operator actor (see the module docstring)."""
@@ -138,24 +145,14 @@ class RayOperatorProcess:
                 self.actor.send_signal.remote(sig)
 
     def kill(self) -> None:
-        """SIGKILL the operator through its actor (a demoted member must send nothing more: its
-        own death-with-parent signal is a SIGTERM it may take time over), then end the actor
-        once that is done. Never blocks (it runs on the frontend's loop, also for a member
-        whose node is gone and cannot answer) and never raises."""
-        if self.returncode is not None:
-            self._end_actor()
-            return
-        self.returncode = ACTOR_DIED
-        try:
-            done = self.actor.send_signal.remote(signal.SIGKILL).future()
-        except RayError:
-            self._end_actor()
-            return
-        done.add_done_callback(lambda _: self._end_actor())  # failed (node gone) counts too
-
-    def _end_actor(self) -> None:
+        """SIGKILL the operator and end the actor, both done by the actor itself (a demoted
+        member must send nothing more, and its own death-with-parent signal is a SIGTERM it
+        may take time over). Fire and forget: it runs on the frontend's loop, also for a
+        member whose node is gone and cannot answer. (No ``ray.kill`` from a done-callback:
+        that runs on Ray's own thread and deadlocked ``ray.shutdown``.) Never raises."""
+        self.returncode = ACTOR_DIED if self.returncode is None else self.returncode
         with contextlib.suppress(RayError, ValueError):
-            ray.kill(self.actor, no_restart=True)
+            self.actor.stop.remote()
 
     def _collect(self, ref: Any) -> int | None:
         try:

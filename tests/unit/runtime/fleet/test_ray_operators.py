@@ -6,8 +6,6 @@ The real cluster is in tests/integration/test_hams_ray_nodes.py."""
 from __future__ import annotations
 
 import asyncio
-import signal
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,17 +29,6 @@ class FakeRef:
 
     def __init__(self, value: Any = None, ready: bool = True) -> None:
         self.value, self.ready = value, ready
-        self.callbacks: list[Callable[[Any], None]] = []
-
-    def future(self) -> FakeRef:
-        return self
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self.callbacks.append(fn)
-
-    def finish(self) -> None:
-        for fn in self.callbacks:
-            fn(self)
 
 
 class FakeMethod:
@@ -56,7 +43,7 @@ class FakeMethod:
 class FakeActor:
     def __init__(self, polls: list[FakeRef], where: FakeRef) -> None:
         self.poll, self.where = FakeMethod(polls), FakeMethod([where])
-        self.send_signal = FakeMethod([FakeRef(ready=False)])
+        self.send_signal, self.stop = FakeMethod([]), FakeMethod([])
 
 
 class FakeRay:
@@ -107,18 +94,15 @@ def test_pid_node_and_host_come_from_the_actor_without_waiting(fake_ray) -> None
     assert (handle.pid, handle.node_id, handle.local) == (4321, "n2", False)
 
 
-def test_kill_sigkills_the_operator_then_ends_the_actor_without_blocking(fake_ray) -> None:
+def test_kill_asks_the_actor_to_sigkill_its_operator_and_end_without_waiting(fake_ray
+                                                                             ) -> None:
     ray, _ = fake_ray
-    actor = FakeActor([], FakeRef(("n1", "h", 1)))
-    sigkill = actor.send_signal.refs[0]  # not done: the node may be gone and never answer
+    actor = FakeActor([FakeRef(ready=False)], FakeRef(("n1", "h", 1)))
     handle = ray_operators.RayOperatorProcess(actor, "n1")
-    handle.kill()
-    assert actor.send_signal.calls == [(signal.SIGKILL,)]
-    assert handle.poll() == ACTOR_DIED and ray.killed == []  # the SIGKILL is under way
-    sigkill.finish()  # done, or failed with its node: the actor is ended then
-    assert ray.killed == [actor]
-    handle.kill()  # again: already dead, the actor is ended at once
-    assert ray.killed == [actor, actor]
+    assert handle.poll() is None
+    handle.kill()  # the actor may be gone with its node: nothing here waits on it
+    assert actor.stop.calls == [()] and ray.killed == []
+    assert handle.poll() == ACTOR_DIED and handle.wait(timeout=0) == ACTOR_DIED
 
 
 # ---- the graph's Ray launcher ----------------------------------------------------------------
