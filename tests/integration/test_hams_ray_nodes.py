@@ -102,6 +102,7 @@ def test_members_on_distinct_nodes_and_a_lost_node_loses_no_request(cluster, tmp
                 assert spec.ipc_dir == "" and spec.bind_host != "127.0.0.1", spec
         assert state["placement_notes"] == {}
         before = {role: m.worker_id for role, m in members(runtime, "seq1").items()}
+        pids = {role: m.pid for role, m in members(runtime, "seq1").items()}
         victim_id = ray_nodes(runtime, "seq1")["primary"]
         victim = next(n for n in nodes if n.node_id == victim_id)
         killed: list[float] = []
@@ -115,8 +116,9 @@ def test_members_on_distinct_nodes_and_a_lost_node_loses_no_request(cluster, tmp
         after = graph_state(url)
         assert after["broken"] is None
         lost = [f for f in after["failovers"] if f["op"] == "seq1"]
-        assert lost, after["failovers"]
-        assert runtime.pairs["seq1"].primary.worker_id == before["backup"]  # promoted
+        assert [f["lost_pid"] for f in lost] == [pids["primary"]], after["failovers"]
+        assert runtime.pairs["seq1"].primary.worker_id == before["backup"]  # promoted,
+        assert lost[0]["first_reply_at"] is not None  # and it answered past the failover
         wait_until(lambda: synced(url), 120)
         survivors = {n.node_id for n in nodes if n is not victim}
         for op in STATEFUL:
@@ -124,7 +126,11 @@ def test_members_on_distinct_nodes_and_a_lost_node_loses_no_request(cluster, tmp
             assert set(where.values()) <= survivors and len(set(where.values())) == 3, where
         seq1 = ray_nodes(runtime, "seq1")
         assert members(runtime, "seq1")["spare"].worker_id not in before.values()  # new one
-        print(f"seq1's primary's node lost; failovers {[(f['op'], f['detection']) for f in lost]}; "
-              f"seq1 now on {seq1}; synced again {time.monotonic() - killed[0]:.1f}s after")
+        f = lost[0]
+        print(f"node with seq1's primary crashed; seen by {f['detection']} "
+              f"{(f['detected_at'] - killed[0]) * 1e3:.0f} ms after, protocol "
+              f"{f['protocol_ms']:.0f} ms, first reply from the promoted backup "
+              f"{(f['first_reply_at'] - f['detected_at']) * 1e3:.0f} ms after detection; "
+              f"seq1 on {seq1}; synced again {time.monotonic() - killed[0]:.1f}s after")
     finally:
         running.stop()
