@@ -69,7 +69,8 @@ from parityserve.runtime.fleet.placement_plan import deployment_members, slot_ke
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "ray_bundle", "reachable"]
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "node_of", "ray_bundle",
+           "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +189,14 @@ def reachable(connect: str, node_ip: str) -> str:
 
 def alive_nodes() -> list[Node]:
     """The nodes Ray reports alive, with their total CPU, GPU and memory."""
-    nodes = []
-    for info in ray.nodes():
-        if info.get("Alive"):
-            res = info.get("Resources", {})
-            nodes.append(Node(info["NodeID"], Resources(
-                res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0))))
-    return nodes
+    return [node_of(info) for info in ray.nodes() if info.get("Alive")]
+
+
+def node_of(info: dict[str, Any]) -> Node:
+    """One record of ``ray.nodes()`` as placement sees it."""
+    res = info.get("Resources", {})
+    return Node(info["NodeID"], Resources(res.get("CPU", 0.0), res.get("GPU", 0.0),
+                                          res.get("memory", 0.0)))
 
 
 def ray_bundle(demand: Resources) -> dict[str, float]:

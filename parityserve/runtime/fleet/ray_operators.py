@@ -29,14 +29,13 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from parityserve.core.placement import Resources
+from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.processes import log_file, worker_env
-from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE
+from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, node_of
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
 from parityserve.runtime.workers.keys import ENV_VAR
 
-__all__ = ["OperatorActor", "RayOperatorProcess", "connect_ray", "node_addresses",
-           "start_operator"]
+__all__ = ["OperatorActor", "RayOperatorProcess", "connect_ray", "live_nodes", "start_operator"]
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +192,10 @@ def connect_ray(address: str | None) -> None:
                  log_to_driver=True, configure_logging=False)
 
 
-def node_addresses() -> dict[str, str]:
-    """Live node id -> the address its processes bind and are reached at."""
-    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+def live_nodes() -> tuple[list[Node], dict[str, str]]:
+    """The nodes Ray reports alive (``ray_launcher.alive_nodes``'s records), and each one's
+    address, which its processes bind and are reached at: one call to the GCS, made on the
+    frontend's loop for each member started."""
+    infos = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [node_of(info) for info in infos]
+    return nodes, {n["NodeID"]: n["NodeManagerAddress"] for n in infos}

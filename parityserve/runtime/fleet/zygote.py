@@ -108,11 +108,13 @@ def start_process(kind: Kind, args: list[str], *, threads: int, keys: ClientKeys
     return spawn_worker_process(command_of(kind, args), threads, keys, log_dir, name)
 
 
-def preload_for(config: ServingConfig, *, local_replicas: bool) -> tuple[str, ...]:
+def preload_for(config: ServingConfig, *, local_replicas: bool,
+                local_operators: bool = True) -> tuple[str, ...]:
     """What a server's zygote imports: the replica's code when replicas run here, the
-    operators' (torch included) when a graph has a stateful operator, torch when a model's
-    source needs it. Nothing (no zygote) when no child of either kind can start here."""
-    stateful = any(op.stateful for g in config.graphs for op in g.operators)
+    operators' (torch included) when a graph has a stateful operator whose members run here
+    (not with the Ray launcher: they are Ray actors), torch when a model's source needs it.
+    Nothing (no zygote) when no child of either kind can start here."""
+    stateful = local_operators and any(op.stateful for g in config.graphs for op in g.operators)
     torch = local_replicas and any(need.extra == "torch" for d in config.models
                                    for need in deployment_needs(d))
     modules = [*(WORKER_PRELOAD if local_replicas else ()),

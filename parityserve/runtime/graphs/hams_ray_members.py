@@ -25,13 +25,13 @@ from pathlib import Path
 
 from parityserve.core.hams.member_nodes import RunningMember, place_member, state_link
 from parityserve.core.hams.placement import StatefulGraph
-from parityserve.core.placement import Resources
+from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.launcher import ProcessHandle
-from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, alive_nodes, reachable
+from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, reachable
 from parityserve.runtime.fleet.ray_operators import (
     RayOperatorProcess,
     connect_ray,
-    node_addresses,
+    live_nodes,
     start_operator,
 )
 from parityserve.runtime.graphs.hams_context import log
@@ -57,8 +57,9 @@ class RayMemberLauncher(MemberLauncher):
         self._tag = secrets.token_hex(3)  # actor names unique across frontends on a cluster
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
-        node = self._node_for(spec)
-        ip = node_addresses().get(node or "", "")
+        nodes, addresses = live_nodes()
+        node = self._node_for(spec, nodes)
+        ip = addresses.get(node or "", "")
         others = [self._node(wid) for wid, (op, _) in self._running().items() if op == spec.op]
         if state_link(node, others) == "tcp":  # primary and backup may be on two nodes
             spec = dataclasses.replace(spec, ipc_dir="", bind_host=ip or spec.bind_host)
@@ -85,13 +86,13 @@ class RayMemberLauncher(MemberLauncher):
     def node_of(self, member: Member) -> str | None:
         return self._node(member.worker_id)
 
-    def _node_for(self, spec: OperatorSpec) -> str | None:
+    def _node_for(self, spec: OperatorSpec, nodes: list[Node]) -> str | None:
         roles = self.roles()
         running = {wid: RunningMember(op, roles.get(wid, "backup"), node)
                    for wid, (op, _) in self._running().items()
                    if (node := self._node(wid)) is not None}
         spot = place_member(self.graph, spec.op, spec.worker_id, spec.role, running,
-                            alive_nodes(), self._suspect_nodes())
+                            nodes, self._suspect_nodes())
         if spot.note:
             log.warning("graph placement: %s", spot.note)
             self.notes[spec.op] = spot.note

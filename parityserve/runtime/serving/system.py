@@ -160,8 +160,9 @@ class ServingSystem:
     ) -> None:
         server = self.config.server
         self.controllers.check(self.config.models)  # a bad scheduler profile fails first
+        local = self.config.launcher.kind != "ray"  # Ray: replicas and members are actors
         self._forks = fork_server_for(server.fork_server, self.log_dir, preload_for(
-            self.config, local_replicas=self.config.launcher.kind != "ray"))
+            self.config, local_replicas=local, local_operators=local))
         if self._forks is not None:  # it imports while the rest starts
             self._forks.open()
         # Opened first: an unreachable Redis or unwritable SQLite file fails before any worker.

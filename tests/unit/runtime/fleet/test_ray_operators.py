@@ -129,9 +129,8 @@ def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int) -> tuple[Any, 
         return FakeHandle(kw["node_id"])
 
     monkeypatch.setattr(hams_ray_members, "connect_ray", lambda address: None)
-    monkeypatch.setattr(hams_ray_members, "alive_nodes", lambda: nodes)
-    monkeypatch.setattr(hams_ray_members, "node_addresses",
-                        lambda: {n.node_id: f"10.0.0.{i}" for i, n in enumerate(nodes)})
+    monkeypatch.setattr(hams_ray_members, "live_nodes", lambda: (
+        nodes, {n.node_id: f"10.0.0.{i}" for i, n in enumerate(nodes)}))
     monkeypatch.setattr(hams_ray_members, "start_operator", start_operator)
     link = SimpleNamespace(address="tcp://0.0.0.0:5555", forget=lambda wid: None)
     launcher = hams_ray_members.RayMemberLauncher(

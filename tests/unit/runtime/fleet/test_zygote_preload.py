@@ -36,3 +36,10 @@ def test_a_stateful_graph_preloads_the_operators_code_and_ray_replicas_nothing()
     ray_only = parse_config({"models": [ECHO]})
     assert preload_for(ray_only, local_replicas=False) == ()
     assert fork_server_for(True, None, ()) is None  # no child to fork: no zygote
+
+
+def test_graph_members_on_ray_preload_nothing_here() -> None:
+    """With the Ray launcher a graph's members are Ray actors (issue 41): a zygote importing
+    torch for them on the frontend's host would fork nothing."""
+    graph = parse_config(GRAPH)
+    assert preload_for(graph, local_replicas=False, local_operators=False) == ()
