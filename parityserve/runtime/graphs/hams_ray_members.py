@@ -58,13 +58,15 @@ class RayMemberLauncher(MemberLauncher):
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         nodes, addresses = live_nodes()
-        node = self._node_for(spec, nodes)
+        node, note = self._node_for(spec, nodes)
         ip = addresses.get(node or "", "")
         others = [self._node(wid) for wid, (op, _) in self._running().items() if op == spec.op]
         if state_link(node, others) == "tcp":  # primary and backup may be on two nodes
             spec = dataclasses.replace(spec, ipc_dir="", bind_host=ip or spec.bind_host)
         self._pin = (node, reachable(self.link.address, ip) if ip else self.link.address)
-        return super().start(spec, now)
+        member = super().start(spec, now)
+        self._note(spec.op, note)
+        return member
 
     def _process(self, spec: OperatorSpec, keys: ClientKeys | None) -> ProcessHandle:
         node, connect = self._pin
@@ -83,10 +85,7 @@ class RayMemberLauncher(MemberLauncher):
             self.suspects[handle.node_id] = time.monotonic() + SUSPECT_S
         super().forget(member)
 
-    def node_of(self, member: Member) -> str | None:
-        return self._node(member.worker_id)
-
-    def _node_for(self, spec: OperatorSpec, nodes: list[Node]) -> str | None:
+    def _node_for(self, spec: OperatorSpec, nodes: list[Node]) -> tuple[str | None, str | None]:
         roles = self.roles()
         running = {wid: RunningMember(op, roles.get(wid, "backup"), node)
                    for wid, (op, _) in self._running().items()
@@ -95,10 +94,16 @@ class RayMemberLauncher(MemberLauncher):
                             nodes, self._suspect_nodes())
         if spot.note:
             log.warning("graph placement: %s", spot.note)
-            self.notes[spec.op] = spot.note
-        else:
-            self.notes.pop(spec.op, None)
-        return spot.node
+        return spot.node, spot.note
+
+    def _note(self, op: str, note: str | None) -> None:
+        """The operator's note: the newest placement's, kept while any of its running members
+        share a node, dropped once none do."""
+        nodes = [self._node(wid) for wid, (o, _) in self._running().items() if o == op]
+        if len(set(nodes)) == len(nodes):
+            self.notes.pop(op, None)
+        elif note:
+            self.notes[op] = note
 
     def _running(self) -> dict[str, tuple[str, RayOperatorProcess]]:
         return {wid: (op, h) for wid, (op, h) in self.handles.items() if h.poll() is None}

@@ -180,3 +180,13 @@ def test_a_replacement_avoids_the_node_where_a_member_was_just_lost(monkeypatch)
     lost_node = started[0]["node_id"]
     (new,) = launch(launcher, ["backup"])
     assert new.node not in (lost_node, backup.node, spare.node)
+
+
+def test_the_note_stays_while_members_share_even_when_the_newest_is_apart(monkeypatch) -> None:
+    launcher, _ = graph_launcher(monkeypatch, 2)
+    primary, backup, spare = launch(launcher, ["primary", "backup", "backup"])
+    assert "shares node" in launcher.notes["seq1"]  # two nodes for three members
+    launcher.forget(backup)  # retired, not lost
+    (new,) = launch(launcher, ["backup"])
+    assert new.node == backup.node  # apart from the primary and the spare, which still share
+    assert "shares node" in launcher.notes["seq1"]
