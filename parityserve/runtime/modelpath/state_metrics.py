@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["ServingView", "StateCollector", "failover_phases"]
+__all__ = ["ServingView", "StateCollector", "failover_phases", "member_nodes"]
 
 
 class ServingView(Protocol):
@@ -43,6 +43,7 @@ class _Families:
     expected: GaugeMetricFamily
     lag: GaugeMetricFamily
     synced: GaugeMetricFamily
+    member_nodes: GaugeMetricFamily
     recovering: GaugeMetricFamily
     failovers: CounterMetricFamily
     phases: SummaryMetricFamily
@@ -63,6 +64,10 @@ def _families() -> _Families:
                           labels=op),
         GaugeMetricFamily("parityserve_graph_backup_synced", "1 if the stateful operator's "
                           "backup holds a full copy of its state", labels=op),
+        GaugeMetricFamily("parityserve_graph_member_nodes", "Distinct nodes the stateful "
+                          "operator's running members (primary, backup, spare) are on: 3 when "
+                          "one node's loss takes at most one of them; 1 on the local launcher "
+                          "(the frontend's host)", labels=op),
         GaugeMetricFamily("parityserve_graph_recovering", "1 while the graph recovers from a "
                           "lost member", labels=g),
         CounterMetricFamily("parityserve_graph_failovers", "Stateful primaries lost and "
@@ -73,6 +78,12 @@ def _families() -> _Families:
                             "(resumed to the first reply past the rollback)",
                             labels=["graph", "operator", "phase"]),
     )
+
+
+def member_nodes(entry: Mapping[str, Any]) -> int:
+    """How many nodes an operator's members are on, from ``/admin/state``'s entry (a member
+    whose node Ray has not said yet is left out)."""
+    return len({entry.get(f"{role}_node") for role in ("primary", "backup", "spare")} - {None})
 
 
 def failover_phases(record: Mapping[str, Any]) -> dict[str, float]:
@@ -120,6 +131,7 @@ def _graph(name: str, stats: Mapping[str, Any], fam: _Families) -> None:
         if durable is not None:
             fam.lag.add_metric([name, op], max(0, entry["last_seq"] - durable))
         fam.synced.add_metric([name, op], 1.0 if entry.get("backup_synced") else 0.0)
+        fam.member_nodes.add_metric([name, op], member_nodes(entry))
     stateful = [op for op, entry in stats.get("operators", {}).items() if entry.get("stateful")]
     _failovers(name, stateful, stats.get("failovers", ()), fam)
 

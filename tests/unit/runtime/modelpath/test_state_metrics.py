@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from parityserve.core.reconstruction import ExpectedAccuracy
 from parityserve.runtime.modelpath.metrics import Metrics
-from parityserve.runtime.modelpath.state_metrics import failover_phases
+from parityserve.runtime.modelpath.state_metrics import failover_phases, member_nodes
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -97,3 +97,19 @@ def test_failovers_are_counted_with_their_phases():
                   phase="protocol") == 0.75
     assert _value(s, "parityserve_graph_failover_phase_seconds_count", **labels,
                   phase="first_reply") == 1
+
+
+def test_member_nodes_per_stateful_operator():
+    """The graph's placement (issue 41): on how many nodes each operator's members run."""
+    stats = _graph_stats([])
+    ops = stats["operators"]
+    ops["seq1"].update(primary_node="n1", backup_node="n2", spare_node="n3")
+    ops["seq2"].update(primary_node="n1", backup_node="n1", spare_node=None)  # spare pending
+    metrics = Metrics()
+    metrics.watch_state(lambda: _system(stats))
+    s = _samples(metrics)
+    assert _value(s, "parityserve_graph_member_nodes", graph="stocks", operator="seq1") == 3
+    assert _value(s, "parityserve_graph_member_nodes", graph="stocks", operator="seq2") == 1
+    assert _value(s, "parityserve_graph_member_nodes", graph="stocks", operator="feat") is None
+    local = {"primary_node": "local", "backup_node": "local", "spare_node": "local"}
+    assert member_nodes(local) == 1
