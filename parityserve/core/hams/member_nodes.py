@@ -87,6 +87,10 @@ def _apart(graph: StatefulGraph, members: Mapping[str, RunningMember]) -> dict[s
 
 
 def state_link(node: str | None, others: Collection[str | None]) -> str:
-    """``"unix"`` when the member and every other member of its operator share one known node,
-    else ``"tcp"``."""
-    return "unix" if node is not None and all(o == node for o in others) else "tcp"
+    """``"unix"`` when the member and at least one other member of its operator run, all of
+    them on one known node, else ``"tcp"``. A member with no running peer gets TCP: the next
+    one is placed apart when the cluster allows (a backup started while its primary was being
+    started again, after that one's actor could not be scheduled, got a Unix socket, and the
+    primary placed on another node could never have reached it). TCP works on one host too;
+    the Unix socket is only the cheaper form."""
+    return "unix" if node is not None and others and all(o == node for o in others) else "tcp"

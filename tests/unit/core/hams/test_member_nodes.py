@@ -84,13 +84,13 @@ def test_no_room_anywhere_leaves_it_to_ray_with_a_note() -> None:
 
 @pytest.mark.parametrize(("node", "others", "link"), [
     ("a", ["a", "a"], "unix"),  # the whole operator on one node (a one-node cluster)
-    ("a", [], "unix"),  # the first member: nothing elsewhere yet
+    ("a", [], "tcp"),  # no running peer: the next one may be placed on another node
     ("b", ["a"], "tcp"),  # a backup apart from its primary
     ("c", ["a", "b"], "tcp"),  # a spare: either survivor may be its primary later
     ("a", ["a", "b"], "tcp"),
     ("a", ["a", None], "tcp"),  # a member whose node Ray has not said yet
     (None, [], "tcp"),  # left to Ray's scheduler: node unknown
-], ids=["all-on-one", "first", "apart", "spare-apart", "one-elsewhere", "unknown-other",
+], ids=["all-on-one", "alone", "apart", "spare-apart", "one-elsewhere", "unknown-other",
         "unknown-self"])
 def test_state_link_is_unix_only_when_the_whole_operator_shares_a_node(node, others, link
                                                                       ) -> None:
