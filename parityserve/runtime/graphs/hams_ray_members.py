@@ -80,7 +80,10 @@ class RayMemberLauncher(MemberLauncher):
 
     def forget(self, member: Member) -> None:
         _, handle = self.handles.pop(member.worker_id, (None, None))
-        if handle is not None and (member.lost is not None or handle.death is not None) \
+        # Lost by its exit or its silence, or its actor died: its machine may be gone. A
+        # member fenced by a failover (a demoted primary) or retired is not a sign of that.
+        failed = member.lost in ("exit", "timeout")
+        if handle is not None and (failed or handle.death is not None) \
                 and handle.node_id is not None:
             self.suspects[handle.node_id] = time.monotonic() + SUSPECT_S
         super().forget(member)

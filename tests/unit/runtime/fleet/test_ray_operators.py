@@ -190,3 +190,17 @@ def test_the_note_stays_while_members_share_even_when_the_newest_is_apart(monkey
     (new,) = launch(launcher, ["backup"])
     assert new.node == backup.node  # apart from the primary and the spare, which still share
     assert "shares node" in launcher.notes["seq1"]
+
+
+def test_a_demoted_members_node_stays_a_first_choice(monkeypatch) -> None:
+    """A primary fenced because its backup took over (HAMS rolling an operator forward) is not
+    a machine failure: its node keeps its place, and the new spare goes there when it is the
+    one node holding none of the operator's members. (It was kept out for a minute, and on
+    four nodes less the crashed one the new spare shared a node with its primary.)"""
+    launcher, started = graph_launcher(monkeypatch, 3)
+    primary, backup, spare = launch(launcher, ["primary", "backup", "backup"])
+    primary.lost = "fenced: demoted: its backup took over"
+    launcher.forget(primary)
+    (new,) = launch(launcher, ["backup"])
+    assert new.node == started[0]["node_id"]
+    assert "seq1" not in launcher.notes
