@@ -42,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
@@ -69,8 +69,8 @@ from parityserve.runtime.fleet.placement_plan import deployment_members, slot_ke
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "alive_nodes", "node_of", "ray_bundle",
-           "reachable"]
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "actor_exit", "alive_nodes", "node_of",
+           "ray_bundle", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +154,9 @@ class RayReplica:
         return self._code
 
     def _collect(self, ref: Any) -> int | None:
-        try:
-            code: int | None = ray.get(ref)
-            return code
-        except RayError as exc:  # the actor died: killed, out of memory, or its node is gone
-            self.death = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            log.warning("replica %s: its Ray actor died (%s)", self.spec.replica_id, self.death)
-            return ACTOR_DIED
+        code, death = actor_exit(lambda: ray.get(ref), f"replica {self.spec.replica_id}")
+        self.death = death or self.death
+        return code
 
     def kill(self) -> None:
         self._code = self._code if self._code is not None else ACTOR_DIED
@@ -190,6 +186,19 @@ def reachable(connect: str, node_ip: str) -> str:
 def alive_nodes() -> list[Node]:
     """The nodes Ray reports alive, with their total CPU, GPU and memory."""
     return [node_of(info) for info in ray.nodes() if info.get("Alive")]
+
+
+def actor_exit(answer: Callable[[], int | None], what: str) -> tuple[int | None, str | None]:
+    """What an actor's ``poll`` call came back with (``answer`` fetches it: ``ray.get`` of the
+    call): ``(exit code, None)``, the code None while its process runs; or ``(ACTOR_DIED,
+    why)`` when the actor itself died under it (killed, out of memory, or its node gone), with
+    a warning naming ``what`` it held. Replicas and graph members alike."""
+    try:
+        return answer(), None
+    except RayError as exc:
+        death = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        log.warning("%s: its Ray actor died (%s)", what, death)
+        return ACTOR_DIED, death
 
 
 def node_of(info: dict[str, Any]) -> Node:

@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.processes import log_file, worker_env
-from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, node_of
+from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, actor_exit, node_of
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
 from parityserve.runtime.workers.keys import ENV_VAR
 
@@ -154,13 +154,9 @@ class RayOperatorProcess:
             self.actor.stop.remote()
 
     def _collect(self, ref: Any) -> int | None:
-        try:
-            code: int | None = ray.get(ref)
-            return code
-        except RayError as exc:  # the actor died: killed, out of memory, or its node is gone
-            self.death = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            log.warning("operator actor on node %s died (%s)", self.node_id, self.death)
-            return ACTOR_DIED
+        code, death = actor_exit(lambda: ray.get(ref), f"operator on node {self.node_id}")
+        self.death = death or self.death
+        return code
 
     def _look_where(self) -> None:
         if self._where is None or not ray.wait([self._where], timeout=0)[0]:
