@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SYSTEM_CONFIG", "ClusterUnavailable", "LocalCluster", "local_cluster"]
+__all__ = ["SYSTEM_CONFIG", "ClusterUnavailable", "LocalCluster", "crash_node", "local_cluster"]
 
 OBJECT_STORE_BYTES = 80 * 2**20  # Ray refuses less than 75 MiB
 SYSTEM_CONFIG: dict[str, Any] = {
@@ -84,6 +84,21 @@ def local_cluster(nodes: int = 3, cpus: float = 3, attempts: int = 2,
             _stop(cluster, temp_dir)
         return
     raise ClusterUnavailable("; ".join(failures))
+
+
+def crash_node(cluster: Any, node: Any) -> None:
+    """A machine's crash: its raylet and every actor on it die at once. (Killing only the
+    raylet of a logical node leaves its actors running on this host until Ray's health checks
+    notice; a real machine takes them down with it.) An actor's child (a replica's worker, a
+    graph operator) follows it: it dies with its parent."""
+    import ray
+
+    pids = [a["Pid"] for a in ray._private.state.actors().values()
+            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
+    cluster.remove_node(node, allow_graceful=False)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _start(nodes: int, cpus: float, temp_dir: str) -> tuple[Any, list[Any]]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -130,19 +129,6 @@ def _cluster() -> Iterator[tuple[Any, list[Any], float]]:
         yield local.cluster, local.nodes, local.startup_s
 
 
-def _crash(c: Any, node: Any) -> None:
-    """A machine's crash: its raylet and every process on it (replica actors, and with them
-    their workers) die at once, as tests/integration/test_ray_cluster.py does."""
-    import ray
-
-    pids = [a["Pid"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
-    c.remove_node(node, allow_graceful=False)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _config(address: str) -> dict[str, Any]:
     models = [{"name": n, "source": "zoo:echo", "replicas": 2, "input": VECTOR,
                "batching": {"max_batch_size": 4}, **extra}
@@ -236,6 +222,8 @@ def _under_load(args: argparse.Namespace, server: Any, c: Any, nodes: list[Any],
                 window: float, after_kill: float) -> dict[str, Any]:
     import ray
 
+    from benchmarks._ray_local import crash_node
+
     where = {a["Name"].split("#")[0]: a["Address"]["NodeID"]
              for a in ray._private.state.actors().values()
              if a["State"] == "ALIVE" and a["ActorClassName"] == "ReplicaActor"}
@@ -250,7 +238,7 @@ def _under_load(args: argparse.Namespace, server: Any, c: Any, nodes: list[Any],
         time.sleep(window)
         loaded = cost(before, _sample(), time.monotonic() - t_load)
         killed_at = time.monotonic()
-        _crash(c, victim)
+        crash_node(c, victim)
         recovered_at = None
         while time.monotonic() < killed_at + after_kill or recovered_at is None:
             if recovered_at is None and _all_ready(server, survivors):

@@ -16,8 +16,6 @@ actors too), so a node left with no free CPU for a member pinned to it would hol
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install "
                           "'parityserve[ray]'")
 
-from benchmarks._ray_local import ClusterUnavailable, local_cluster  # noqa: E402
+from benchmarks._ray_local import ClusterUnavailable, crash_node, local_cluster  # noqa: E402
 from tests.integration.conftest import start_server, wait_until  # noqa: E402
 from tests.integration.test_hams_sequences import (  # noqa: E402
     STEPS,
@@ -74,17 +72,6 @@ def ray_nodes(runtime: Any, op: str) -> dict[str, str]:
     return {role: actors[m.worker_id]["node"] for role, m in members(runtime, op).items()}
 
 
-def crash(c: Any, node: Any) -> None:
-    """A machine's crash, as tests/integration/test_ray_cluster.py makes one: its raylet and
-    every actor on it die at once (each operator follows its actor: it dies with its parent)."""
-    pids = [a["Pid"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
-    c.remove_node(node, allow_graceful=False)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def ray_config(address: str) -> dict:
     """The stocks graph on the Ray launcher. Its stateless operators' models get two replicas
     (spread over two nodes): one replica on the lost node would be a single point of failure
@@ -123,7 +110,7 @@ def test_members_on_distinct_nodes_and_a_lost_node_loses_no_request(cluster, tmp
 
         def kill_node() -> None:
             killed.append(time.monotonic())
-            crash(c, victim)
+            crash_node(c, victim)
 
         replies = send_streams(url, data, {STEPS // 2: kill_node})
         check_against_replay(replies, data)  # every request answered once, state kept

@@ -13,8 +13,6 @@ dashboard, so the actor table is read from the GCS client that API sits on.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -27,9 +25,8 @@ from conftest import model_state, start_server, wait_until
 ray = pytest.importorskip("ray", reason="the Ray launcher needs ray: pip install "
                           "'parityserve[ray]'")
 
-from ray.cluster_utils import Cluster  # noqa: E402
 
-from benchmarks._ray_local import ClusterUnavailable, local_cluster  # noqa: E402
+from benchmarks._ray_local import ClusterUnavailable, crash_node, local_cluster  # noqa: E402
 from parityserve.client import Client  # noqa: E402
 from parityserve.config import parse_config  # noqa: E402
 from parityserve.runtime.fleet.placement_plan import deployment_members, slot_key  # noqa: E402
@@ -106,18 +103,6 @@ def groups() -> dict[str, list[str]]:
     return out
 
 
-def crash(c: Cluster, node: object) -> None:
-    """A machine's crash: its raylet and every process on it die at once. (Killing only the
-    raylet of a logical node leaves its actors running on this host until Ray's health checks
-    notice; a real machine takes them down with it.)"""
-    pids = [a["Pid"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
-    c.remove_node(node, allow_graceful=False)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # its worker follows (it dies with its parent)
-
-
 def nodes_by_slot() -> dict[str, str]:
     return {slot_key(rid): node for rid, node in alive_actors().items()}
 
@@ -191,7 +176,7 @@ def test_node_killed_under_load_loses_no_query_and_replicas_come_back(cluster, s
                    for i, app in enumerate(["parm", "plain"] * 3)]
         time.sleep(1.0)  # load is flowing before the kill
         killed_at = time.monotonic()
-        crash(c, victim)
+        crash_node(c, victim)
 
         def serving_again() -> bool:
             """Every replica ready, each pinned to a surviving node (the frontend's view)."""
