@@ -33,6 +33,7 @@ from parityserve.core.hams import (
     RecoveryPlan,
     plan_failover,
 )
+from parityserve.core.hams.placement import ROLES
 from parityserve.errors import Unavailable
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs.hams_members import Member
@@ -124,7 +125,7 @@ class GraphContext:
     def member_roles(self) -> dict[str, str]:
         """Worker id -> its role now, as the plan says (placement keeps roles apart)."""
         return {m.worker_id: role for pair in self.pairs.values()
-                for role in ("primary", "backup", "spare")
+                for role in ROLES
                 if (m := getattr(pair, role)) is not None}
 
     def failover_plan(self, resumed: Mapping[str, int], epoch: int) -> Failover:

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 
 from parityserve.core.hams import FRONTEND
+from parityserve.core.hams.placement import ROLES
 from parityserve.errors import ModelLoadError
 from parityserve.runtime.graphs.hams_context import GraphContext, log
 from parityserve.runtime.graphs.hams_members import Member, MemberLauncher
@@ -67,7 +68,7 @@ class Membership:
         """Every member loaded. One killed while loading (no state yet to lose) is launched
         again; one whose model cannot load stops the start with the reason."""
         for pair in self.ctx.pairs.values():
-            for role in ("primary", "backup", "spare"):
+            for role in ROLES:
                 for attempt in itertools.count(1):
                     member = getattr(pair, role)
                     if member is None:

@@ -19,8 +19,8 @@ timeout; one spinning forever is suspected at the grace. A thread in uninterrupt
 too: under another job's heavy I/O a member waits there, alive (a fresh-clone make test
 beside a Ray cluster starting up lost five healthy members at once by the 200 ms timeout).
 Each suspicion is logged with how long the member was silent and its threads' states, so the
-next one says which it was. A member on another host (a Ray
-actor, ``hams_ray_members``) has no ``/proc`` here to read: it gets the plain timeout.
+next one says which it was. A member on another host (a Ray actor, ``hams_ray_members``)
+has no ``/proc`` here to read: it gets the plain timeout.
 """
 
 from __future__ import annotations

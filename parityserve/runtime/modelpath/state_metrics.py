@@ -20,6 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from parityserve.core.hams.placement import ROLES
+
 __all__ = ["ServingView", "StateCollector", "failover_phases", "member_nodes"]
 
 
@@ -83,7 +85,7 @@ def _families() -> _Families:
 def member_nodes(entry: Mapping[str, Any]) -> int:
     """How many nodes an operator's members are on, from ``/admin/state``'s entry (a member
     whose node Ray has not said yet is left out)."""
-    return len({entry.get(f"{role}_node") for role in ("primary", "backup", "spare")} - {None})
+    return len({entry.get(f"{role}_node") for role in ROLES} - {None})
 
 
 def failover_phases(record: Mapping[str, Any]) -> dict[str, float]:
