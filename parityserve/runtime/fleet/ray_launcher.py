@@ -69,8 +69,8 @@ from parityserve.runtime.fleet.placement_plan import deployment_members, slot_ke
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "actor_exit", "alive_nodes", "node_of",
-           "ray_bundle", "reachable"]
+__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "actor_exit", "alive_nodes", "connect_ray",
+           "node_of", "ray_bundle", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,17 @@ def reachable(connect: str, node_ip: str) -> str:
     return connect
 
 
+def connect_ray(address: str | None) -> bool:
+    """Connect this process to the Ray at ``address`` ('auto', ray://HOST:PORT, or None for a
+    private local Ray) in our namespace, unless it is connected already (the graphs' member
+    launcher joins the Ray the model launcher connected to). True when this call connected."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
+             log_to_driver=True, configure_logging=False)
+    return True
+
+
 def alive_nodes() -> list[Node]:
     """The nodes Ray reports alive, with their total CPU, GPU and memory."""
     return [node_of(info) for info in ray.nodes() if info.get("Alive")]
@@ -232,10 +243,7 @@ class RayLauncher:
         # pods) and a restarted frontend whose old groups Ray has not removed yet can all
         # deploy the same model.
         self._tag = secrets.token_hex(4)
-        if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
-            self.started_ray = address is None
+        self.started_ray = connect_ray(address) and address is None
         self.connect = reachable(connect, ray.util.get_node_ip_address())
         self.deployments: dict[tuple[str, int], Deployment] = {}
         self.running: dict[str, RayReplica] = {}  # slot key -> its latest replica

@@ -35,7 +35,7 @@ from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, actor_
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
 from parityserve.runtime.workers.keys import ENV_VAR
 
-__all__ = ["OperatorActor", "RayOperatorProcess", "connect_ray", "live_nodes", "start_operator"]
+__all__ = ["OperatorActor", "RayOperatorProcess", "live_nodes", "start_operator"]
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +179,6 @@ def start_operator(args: list[str], *, keys_env: str | None, ipc_dir: str,
         memory=int(demand.memory) or None, scheduling_strategy=strategy,
     ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name)
     return RayOperatorProcess(actor, node_id)
-
-
-def connect_ray(address: str | None) -> None:
-    """Join the Ray the server's launcher connected to (or ``address``)."""
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False,
-                 log_to_driver=True, configure_logging=False)
 
 
 def live_nodes() -> tuple[list[Node], dict[str, str]]:

@@ -27,10 +27,9 @@ from parityserve.core.hams.member_nodes import RunningMember, place_member, stat
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.launcher import ProcessHandle
-from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, reachable
+from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, connect_ray, reachable
 from parityserve.runtime.fleet.ray_operators import (
     RayOperatorProcess,
-    connect_ray,
     live_nodes,
     start_operator,
 )
