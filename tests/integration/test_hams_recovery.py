@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from parityserve.client import Client
+from parityserve.runtime.graphs.hams_protocol import SEED_LIMIT_S
 from tests.integration.conftest import model_state, start_server, wait_until
 from tests.integration.test_hams_sequences import (
     STEPS,
@@ -59,7 +60,10 @@ def test_a_primary_and_its_spare_lost_together_keep_the_graph_answering(tmp_path
                                                                         ) -> None:
     """Case 2: the spare's loss is seen after the primary's. Its process is frozen the
     moment the primary is killed (a loss not yet seen), so the recovery meets a spare that
-    answers nothing: it must replace it, not give up (before: 'did not answer h.allow')."""
+    answers nothing: it must replace it, not give up (before: 'did not answer h.allow').
+    The promoted backup, seeding that spare, is told to stop once the spare is found lost
+    (``UNSEED``): the recovery takes a heartbeat timeout, not the seeding limit (before:
+    the promoted member waited out its 2 s, and every reply of the graph with it)."""
     running = start_server(config(), tmp_path)
     spare = 0
     try:
@@ -77,6 +81,9 @@ def test_a_primary_and_its_spare_lost_together_keep_the_graph_answering(tmp_path
         state = graph_state(url)
         assert state["broken"] is None
         assert state["failovers"][0]["lost_pid"] == before["primary_pid"]
+        # not a timing goal: the old code waited SEED_LIMIT_S here by construction, the
+        # new one a heartbeat timeout (200 ms) and the protocol (ms)
+        assert state["failovers"][0]["protocol_ms"] < 1000 * SEED_LIMIT_S, state["failovers"]
         after = state["operators"]["seq1"]
         assert after["primary_pid"] == before["backup_pid"]  # the backup took over
         assert spare not in (after["backup_pid"], after["spare_pid"])  # replaced

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from parityserve.core.hams.recovery import Failover
 
 __all__ = ["Allow", "Attach", "Fail", "Fence", "Inform", "Pause", "Planner", "Promote",
-           "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start", "Suspect"]
+           "RecoveryAction", "RecoveryPlan", "Resume", "RollBack", "Start", "Suspect", "Unseed"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,16 @@ class Promote:
 
 
 @dataclass(frozen=True)
+class Unseed:
+    """``member``, taking over, stops seeding the spare its ``Promote`` attached: that spare
+    is lost, so the state will never be applied there, and waiting out the member's seeding
+    limit (2 s) would hold every reply of the graph for nothing (a primary and its spare
+    lost together). It answers ``took_over`` at once, unseeded; a spare is started after."""
+    op: str
+    member: str
+
+
+@dataclass(frozen=True)
 class RollBack:
     """``member`` (the primary, whose backup holds nothing) rolls back to its retained
     copy (Fig. 6); answer ``took_over``."""
@@ -147,8 +157,8 @@ class Fail:
     reason: str
 
 
-RecoveryAction = (Start | Fence | Suspect | Allow | Inform | Attach | Promote | RollBack | Pause
-                  | Resume | Fail)
+RecoveryAction = (Start | Fence | Suspect | Allow | Inform | Attach | Promote | Unseed | RollBack
+                  | Pause | Resume | Fail)
 Planner = Callable[[Mapping[str, int], int], Failover]  # (resumed points, epoch) -> plan
 
 
@@ -170,6 +180,7 @@ class _Op:
     starting: int = 0  # Start actions not answered yet
     taker: str | None = None  # the member taking over in the recovery under way
     rolling: bool = False  # the taker is the primary itself, rolling back in place
+    seeding: str | None = None  # the spare the taker's Promote attached
     pristine: bool = True  # nothing past the initial state durable: any loaded member will do
 
 
@@ -289,7 +300,7 @@ class RecoveryPlan:
             actions.append(self._drop(found.op, o.primary, "demoted: its backup took over"))
         if o.rolling and o.backup is not None:  # it may hold states of the discarded run:
             self._members[o.backup].allow_for = None  # attach it again, from a new base
-        o.primary, o.taker, o.rolling = member, None, False
+        o.primary, o.taker, o.rolling, o.seeding = member, None, False, None
         o.pristine = o.pristine and seq == 0  # (a state past 0 was changed by a batch)
         rec.resumed[found.op] = seq
         return actions + self._advance()
@@ -324,7 +335,11 @@ class RecoveryPlan:
             return []
         op, o = found.op, self._ops[found.op]
         taker, primary = o.taker == member, o.primary == member
+        seeder = o.taker if o.seeding == member else None  # it was seeding this spare
         actions: list[RecoveryAction] = [self._drop(op, member, why)]
+        if seeder is not None:
+            o.seeding = None
+            actions.append(Unseed(op, seeder))
         if self.failed is not None:
             return actions
         if taker:
@@ -365,8 +380,8 @@ class RecoveryPlan:
                 o.spare = None
             else:
                 o.backup = None
-            o.taker = candidate
-            return Promote(op, candidate, self._loaded_spare(o))
+            o.taker, o.seeding = candidate, self._loaded_spare(o)
+            return Promote(op, candidate, o.seeding)
         return None
 
     def _has_state(self, member: _Member) -> bool:
@@ -374,7 +389,7 @@ class RecoveryPlan:
 
     def _taker_lost(self, op: str, member: str, why: str) -> list[RecoveryAction]:
         o = self._ops[op]
-        o.taker = None
+        o.taker = o.seeding = None
         if not o.rolling:  # a spare the lost member seeded (Promote.attach) holds the state
             promote = self._promote_successor(op)  # it took over with: it takes over instead
             if promote is not None:

@@ -30,7 +30,8 @@ from parityserve.runtime.workers.fields import boolean, integer, number, optiona
 __all__ = ["Allow", "Allowed", "Applied", "Attach", "BadAnswer", "BadBatch", "Batch", "Beat",
            "Checkpointed", "Digest", "DigestAsk", "Durable", "Failed", "Hello", "Notify",
            "Order", "Out", "Promote", "Promoted", "Received", "Report", "Rollback", "Slow",
-           "State", "StateLink", "Stop", "parse_order", "parse_report", "parse_state_link"]
+           "State", "StateLink", "Stop", "Unseed", "parse_order", "parse_report",
+           "parse_state_link"]
 
 Wire = tuple[dict[str, Any], list[Any]]
 
@@ -253,6 +254,11 @@ class Promote(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Unseed(_Record):
+    KIND = hp.UNSEED  # to a member taking over: the spare it seeds is lost, stop waiting
+
+
+@dataclass(frozen=True, slots=True)
 class Rollback(_Record):
     KIND = hp.ROLLBACK
 
@@ -276,7 +282,8 @@ class DigestAsk(_Record):
     KIND = hp.DIGEST
 
 
-Order = Batch | Attach | Allow | Notify | Promote | Rollback | Stop | Slow | DigestAsk
+Order = (Batch | Attach | Allow | Notify | Promote | Unseed | Rollback | Stop | Slow
+         | DigestAsk)
 
 # ---- a primary and its backup ---------------------------------------------------------------
 
@@ -448,6 +455,7 @@ _ORDERS: dict[str, _Parser] = {
     hp.PROMOTE: lambda h, _: Promote(optional(h, "attach", text), optional(h, "key", text)
                                      or ""),
     hp.ROLLBACK: lambda h, _: Rollback(), hp.STOP: lambda h, _: Stop(),
+    hp.UNSEED: lambda h, _: Unseed(),
     hp.SLOW: lambda h, _: Slow(optional(h, "s", number) or 0.0),
     hp.DIGEST: lambda h, _: DigestAsk(),
 }

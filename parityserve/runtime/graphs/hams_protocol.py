@@ -18,15 +18,19 @@ from parityserve.errors import ProtocolError
 
 __all__ = ["ALLOW", "APPLIED", "ATTACH", "BATCH", "BEAT", "CHECKPOINT", "DIGEST", "DURABLE",
            "FAILED", "HELLO", "NOTIFY", "OUT", "PROMOTE", "PROMOTED", "RECEIVED", "ROLLBACK",
-           "SLOW", "STATE", "STOP", "OperatorSpec", "Refusal", "checkpoint_file",
-           "lineage_from_wire", "lineage_to_wire", "refusal"]
+           "SEED_LIMIT_S", "SLOW", "STATE", "STOP", "UNSEED", "OperatorSpec", "Refusal",
+           "checkpoint_file", "lineage_from_wire", "lineage_to_wire", "refusal"]
 
 # message types on the frontend <-> operator and primary <-> backup links
 HELLO, BEAT, BATCH, OUT, FAILED = "h.hello", "h.hb", "h.batch", "h.out", "h.failed"
 ATTACH, ALLOW, NOTIFY, DURABLE = "h.attach", "h.allow", "h.notify", "h.durable"
 PROMOTE, PROMOTED, ROLLBACK, STOP = "h.promote", "h.promoted", "h.rollback", "h.stop"
 STATE, RECEIVED, APPLIED, SLOW = "h.state", "h.recv", "h.applied", "h.slow"
-CHECKPOINT, DIGEST = "h.ckpt", "h.digest"
+CHECKPOINT, DIGEST, UNSEED = "h.ckpt", "h.digest", "h.unseed"
+
+# the longest a promoted member waits for the spare it seeds to apply the state before it
+# answers unseeded (the frontend cuts it short with UNSEED when that spare is lost)
+SEED_LIMIT_S = 2.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from parityserve.core.hams.recovery_plan import (
     RollBack,
     Start,
     Suspect,
+    Unseed,
 )
 from parityserve.errors import Unavailable
 from parityserve.runtime.graphs import hams_messages as hm
@@ -97,6 +98,9 @@ class RecoveryDriver:
             self.handover.inform(action)
         elif isinstance(action, Promote | RollBack):
             ctx.spawn(self._take_over(action))
+        elif isinstance(action, Unseed):
+            if (found := self.members.member(action.member)) is not None:
+                ctx.tell(found, hm.Unseed())
         elif isinstance(action, Pause):
             ctx.paused = True
         elif isinstance(action, Resume):

@@ -145,6 +145,7 @@ class Primary:
         self.received_upto = start_seq
         self.receipt = threading.Lock()  # guards received_upto
         self.applied_upto = threading.Event()  # a backup applied a state (the seeding wait)
+        self.seeding = False  # seed() waits: an APPLIED wakes it through the receipt pipe
         self.slow_s = 0.0  # injected delay before each state leaves (the Fig. 6 case), or
         # checkpoint-replay: between storing each checkpoint and announcing it
         self.batches = 0
@@ -298,15 +299,38 @@ class Primary:
         self.proc.tell(hm.Out(bid, array, None if rows is None else tuple(rows),
                               tuple(refused or ())))
 
-    def seed(self, address: str, key: str, limit_s: float = 2.0) -> bool:
-        """Attach a backup and wait (heartbeats going on) until it applied the base."""
+    def seed(self, address: str, key: str, limit_s: float = hp.SEED_LIMIT_S) -> bool:
+        """Attach a backup and wait (heartbeats going on) until it applied the base, or
+        until the frontend says that spare is lost (``Unseed``: waiting out the limit then
+        held every reply of the graph for 2 s). Batches wait their turn in ``deferred``."""
         self.applied_upto.clear()
+        self.seeding = True
         self._to_state_thread("attach", (address, key.encode()))
         deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            if self.applied_upto.wait(self.proc.spec.heartbeat_s / 2):
-                return True
-            self.proc.beat_if_due()
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if self.applied_upto.is_set():
+                    return True
+                wait_ms = int(1000 * min(left, self.proc.spec.heartbeat_s / 2)) + 1
+                ready = dict(self.receipt_poller.poll(wait_ms))
+                with contextlib.suppress(zmq.Again):  # drain every wake-up
+                    while self.receipt_in in ready:
+                        self.receipt_in.recv(zmq.NOBLOCK)
+                if self.proc.front in ready and self._seeding_order(self.proc.receive()):
+                    return self.applied_upto.is_set()
+                self.proc.beat_if_due()
+            return self.applied_upto.is_set()
+        finally:
+            self.seeding = False
+
+    def _seeding_order(self, order: hm.Order | None) -> bool:
+        """An order heard while seeding; True: stop waiting (the spare is lost)."""
+        if isinstance(order, hm.Unseed):
+            return True
+        if isinstance(order, hm.Batch | hm.Stop):
+            self.deferred.append(order)
+        elif order is not None:
+            self.handle(order)
         return False
 
     def roll_back(self) -> None:
@@ -412,6 +436,9 @@ class _StateThread:
             return
         if isinstance(receipt, hm.Applied):
             self.p.applied_upto.set()
+            if self.p.seeding:
+                with contextlib.suppress(zmq.Again):
+                    self.p.receipt_out.send(b"", zmq.NOBLOCK)
             with self.p.mutex:
                 self.p.shipper.applied(receipt.seq)
                 self.p.copies = _fold(self.p.copies, self.p.shipper.retained_seq)

@@ -52,6 +52,7 @@ from parityserve.core.hams.recovery_plan import (
     RollBack,
     Start,
     Suspect,
+    Unseed,
 )
 from tests.unit.core.hams.hams_sim import Backup, Msg, Primary, Sim, Snapshot
 from tests.unit.core.hams.test_hams_protocol import ADJACENT, CHAIN, THREE
@@ -75,6 +76,7 @@ class PlanSim(Sim):
         self.early: dict[int, dict[str, int]] = {}  # notices a backup heard before its base
         self.attached: dict[int, int] = {}  # primary -> the backup it sent its base to
         self.suspects: set[int] = set()  # kept by the plan though silent: stalled, alive
+        self.seeders: set[tuple[str, str]] = set()  # (op, member) told to seed a spare
         self.loaded: set[int] = set()  # members that said hello (their model is loaded)
         self.pristine = set(self.topology.stateful)  # nothing past the initial state durable
         trios = {}
@@ -112,8 +114,13 @@ class PlanSim(Sim):
             elif isinstance(action, Promote):
                 self._pristine_taker(action.op, action.member)
                 self.pending.append(("promote", action.op, action.member, action.attach))
+                if action.attach is not None:
+                    self.seeders.add((action.op, action.member))
             elif isinstance(action, RollBack):
                 self.pending.append(("take", action.op, action.member, True, None))
+            elif isinstance(action, Unseed):  # only a member told to seed a spare is told
+                assert (action.op, action.member) in self.seeders, action  # to stop; here
+                # a promotion seeds no dead spare anyway (``_seed_spare``): nothing to undo
             elif isinstance(action, Pause):
                 self.paused = True
             elif isinstance(action, Resume):
@@ -568,7 +575,8 @@ def test_a_lost_spare_during_a_promotion_is_replaced_and_the_promotion_goes_on()
     plan.allowed("b")
     plan.seeded_at("b")
     plan.lost("p", "exit")
-    assert plan.lost("x", "exit") == [Fence("s", "x", "exit")]  # nothing started mid-plan
+    # nothing started mid-plan; b, seeding x, stops waiting for it (no 2 s pause)
+    assert plan.lost("x", "exit") == [Fence("s", "x", "exit"), Unseed("s", "b")]
     after = plan.took_over("b", 3)
     assert [a for a in after if isinstance(a, Start)] == [Start("s"), Start("s")]
     assert plan.failed is None and plan.roles("s") == ("b", None, None)
