@@ -58,6 +58,16 @@ class LocalCluster:
     nodes: list[Any]  # its worker nodes (ray._private.node.Node), the head excluded
     startup_s: float
     attempts: int
+    cpus: float = 3
+    temp_dir: str = ""
+
+    def add_node(self, timeout_s: float = 60) -> Any:
+        """One more worker node like the others (a machine back after a crash), once the
+        GCS lists it; it joins ``nodes``."""
+        node = _add_worker(self.cluster, self.cpus, self.temp_dir)
+        self.cluster.wait_for_nodes(timeout=timeout_s)
+        self.nodes.append(node)
+        return node
 
 
 @contextmanager
@@ -79,7 +89,8 @@ def local_cluster(nodes: int = 3, cpus: float = 3, attempts: int = 2,
             continue
         say(f"ray cluster up in {time.monotonic() - started:.1f}s (attempt {attempt})")
         try:
-            yield LocalCluster(cluster, workers, time.monotonic() - started, attempt)
+            yield LocalCluster(cluster, workers, time.monotonic() - started, attempt, cpus,
+                               temp_dir)
         finally:
             _stop(cluster, temp_dir)
         return
@@ -112,8 +123,7 @@ def _start(nodes: int, cpus: float, temp_dir: str) -> tuple[Any, list[Any]]:
     cluster = Cluster(initialize_head=False)
     try:
         cluster.add_node(temp_dir=temp_dir, **_HEAD_ARGS)
-        workers = [cluster.add_node(num_cpus=cpus, temp_dir=temp_dir, **_NODE_ARGS)
-                   for _ in range(nodes)]
+        workers = [_add_worker(cluster, cpus, temp_dir) for _ in range(nodes)]
         cluster.wait_for_nodes(timeout=60)
         cluster.connect()
     except BaseException:
@@ -122,6 +132,10 @@ def _start(nodes: int, cpus: float, temp_dir: str) -> tuple[Any, list[Any]]:
             cluster.shutdown()
         raise
     return cluster, workers
+
+
+def _add_worker(cluster: Any, cpus: float, temp_dir: str) -> Any:
+    return cluster.add_node(num_cpus=cpus, temp_dir=temp_dir, **_NODE_ARGS)
 
 
 def _stop(cluster: Any, temp_dir: str) -> None:

@@ -26,29 +26,30 @@ def latency_summary(latencies_s: Sequence[float], rows: int, wall_s: float) -> d
             "rows_per_s": rows / wall_s if wall_s > 0 else 0.0}
 
 
-def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
-                  ) -> list[dict[str, Any]]:
+def overhead_rows(cells: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+                  base: str = "bare") -> list[dict[str, Any]]:
     """Per mode and batch size: the median over repetitions of each statistic, and the
-    ratio of the mean latency and of the throughput to ``bare``'s at the same batch size
+    ratio of the mean latency and of the throughput to ``base``'s at the same batch size
     (ratios of the medians; ``mean_vs_bare_paired`` is the median of each repetition's own
-    ratio, the steadier figure on a noisy machine), with every repetition's mean."""
+    ratio, the steadier figure on a noisy machine), with every repetition's mean. The
+    ratios' keys name the base (``mean_vs_unix`` against mode ``unix``)."""
     out = []
-    bare = cells.get("bare", {})
+    bare = cells.get(base, {})
     for mode, by_batch in cells.items():
         for batch, reps in sorted(by_batch.items()):
             row: dict[str, Any] = {"mode": mode, "batch": batch, "reps": len(reps)}
             for key in ("mean_ms", "p50_ms", "p99_ms", "p999_ms", "rows_per_s", "n"):
                 row[key] = float(np.median([r[key] for r in reps])) if reps else float("nan")
             row["each_mean_ms"] = [float(r["mean_ms"]) for r in reps]
-            base = bare.get(batch)
-            if base:
-                row["mean_vs_bare"] = row["mean_ms"] / float(np.median([r["mean_ms"]
-                                                                        for r in base]))
-                row["tput_vs_bare"] = row["rows_per_s"] / float(np.median([r["rows_per_s"]
-                                                                           for r in base]))
-                if len(base) == len(reps):  # repetition i of both ran back to back
-                    row["mean_vs_bare_paired"] = float(np.median(
-                        [r["mean_ms"] / b["mean_ms"] for r, b in zip(reps, base, strict=True)]))
+            same = bare.get(batch)
+            if same:
+                row[f"mean_vs_{base}"] = row["mean_ms"] / float(np.median([r["mean_ms"]
+                                                                           for r in same]))
+                row[f"tput_vs_{base}"] = row["rows_per_s"] / float(np.median([r["rows_per_s"]
+                                                                              for r in same]))
+                if len(same) == len(reps):  # repetition i of both ran back to back
+                    row[f"mean_vs_{base}_paired"] = float(np.median(
+                        [r["mean_ms"] / b["mean_ms"] for r, b in zip(reps, same, strict=True)]))
             out.append(row)
     return out
 

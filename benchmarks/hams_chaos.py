@@ -146,27 +146,32 @@ def gap_table(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def render_stocks(part: Mapping[str, Any]) -> list[str]:
-    """The overhead table on the stocks graph, paired ratios first."""
+def render_stocks(part: Mapping[str, Any], base: str = "bare",
+                  heading: str = "Normal-case overhead on the README's stocks graph",
+                  intro: str | None = None) -> list[str]:
+    """The overhead table on the stocks graph, paired ratios (to ``base``) first; ``intro``
+    says how it was measured ({sat}: ``base``'s saturation per request size)."""
     rows = part.get("rows") or []
     if not rows:
         return []
     sat = ", ".join(f"{rate:.0f} at {b} rows" for b, rate in sorted(
-        part["bare_saturation_rows_per_s"].items(), key=lambda x: int(x[0])))
-    lines = ["## Normal-case overhead on the README's stocks graph", "",
-             f"Open-loop Poisson arrivals of requests of B rows (B streams each) at "
-             f"{part['load_share']:.0%} of `bare`'s saturation (rows/s: {sat}); the three "
-             "modes' servers run side by side, measured in rotating order in each "
-             f"repetition ({part.get('seconds', 0):g} s a cell); latency from each "
-             "request's intended send time. `paired`: the median over repetitions of each "
-             "repetition's hams (or remus) mean over bare's.", "",
+        part[f"{base}_saturation_rows_per_s"].items(), key=lambda x: int(x[0])))
+    intro = intro or (
+        "Open-loop Poisson arrivals of requests of B rows (B streams each) at "
+        f"{part['load_share']:.0%} of `bare`'s saturation (rows/s: {{sat}}); the three "
+        "modes' servers run side by side, measured in rotating order in each "
+        f"repetition ({part.get('seconds', 0):g} s a cell); latency from each "
+        "request's intended send time. `paired`: the median over repetitions of each "
+        "repetition's hams (or remus) mean over bare's.")
+    lines = [f"## {heading}", "", intro.format(sat=sat), "",
              "| mode | rows per request | mean ms | p50 ms | p99 ms | p99.9 ms | requests "
-             "(median) | errors | mean vs bare (paired) | mean ms per rep |", "|---" * 10 + "|"]
+             f"(median) | errors | mean vs {base} (paired) | mean ms per rep |",
+             "|---" * 10 + "|"]
     for r in rows:
         lines.append(
             f"| {r['mode']} | {r['batch']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['n']:.0f} | {r.get('errors', 0):.0f} | "
-            f"{_ratio(r.get('mean_vs_bare_paired'))} | "
+            f"{_ratio(r.get(f'mean_vs_{base}_paired'))} | "
             f"{' / '.join(f'{m:.2f}' for m in r.get('each_mean_ms', []))} |")
     verdicts = part.get("targets") or {}
     if verdicts:

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -133,38 +133,45 @@ class _Closed:
         return latency_summary(done, len(done) * self.batch, wall)
 
 
-def stocks_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def stocks_overhead(args: argparse.Namespace, tmp: Path,
+                    configs: Mapping[str, dict[str, Any]] | None = None, base: str = "bare",
+                    label: str = "stocks") -> dict[str, Any]:
+    """``configs`` (mode -> server config; the stocks graph in ``bare``, ``remus`` and
+    ``hams`` unless given) side by side; ratios and the offered load are ``base``'s."""
     batches = [int(b) for b in args.stocks_batches.split(",")]
     seconds = args.stocks_seconds
-    servers = {mode: h.Server(stocks_config(mode), tmp) for mode in h.MODES}
+    configs = configs or {mode: stocks_config(mode) for mode in h.MODES}
+    modes = tuple(configs)
+    servers = {mode: h.Server(config, tmp) for mode, config in configs.items()}
     try:
         for mode, server in servers.items():
-            h._await_spare(server, OPS, need_backup=mode != "bare")
-        bare = servers["bare"]
-        saturation = {b: _Closed(bare.url, b).run(max(3.0, seconds / 2))["rows_per_s"]
+            backed = configs[mode]["graphs"][0]["fault_tolerance"] != "bare"
+            h._await_spare(server, OPS, need_backup=backed)
+        saturation = {b: _Closed(servers[base].url, b).run(max(3.0, seconds / 2))["rows_per_s"]
                       for b in batches}
-        print(f"stocks: bare saturates at {saturation} rows/s", flush=True)
+        print(f"{label}: {base} saturates at {saturation} rows/s", flush=True)
         cells: dict[str, dict[int, list[dict[str, Any]]]] = {
-            m: {b: [] for b in batches} for m in h.MODES}
+            m: {b: [] for b in batches} for m in modes}
         for rep in range(args.reps):
             for i, batch in enumerate(batches):
-                turn = (rep + i) % len(h.MODES)
-                for mode in h.MODES[turn:] + h.MODES[:turn]:
+                turn = (rep + i) % len(modes)
+                for mode in modes[turn:] + modes[:turn]:
                     cell = _open_loop(servers[mode].url, batch,
                                       h.LOAD_SHARE * saturation[batch], seconds,
                                       seed=rep * 1000 + batch)
                     cells[mode][batch].append(cell)
-                    print(f"stocks rep {rep + 1} batch {batch} {mode}: mean "
+                    print(f"{label} rep {rep + 1} batch {batch} {mode}: mean "
                           f"{cell['mean_ms']:.2f} ms p99 {cell['p99_ms']:.2f} ms n {cell['n']}"
                           f" errors {cell['errors']}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
-    rows = overhead_rows(cells)
+    rows = overhead_rows(cells, base)
     for row in rows:
         row["errors"] = sum(c["errors"] for c in cells[row["mode"]][row["batch"]])
-    return {"bare_saturation_rows_per_s": saturation, "load_share": h.LOAD_SHARE,
-            "seconds": seconds, "rows": rows, "targets": _targets(rows, batches)}
+    return {f"{base}_saturation_rows_per_s": saturation, "load_share": h.LOAD_SHARE,
+            "seconds": seconds, "rows": rows,
+            "targets": _targets(rows, batches) if base == "bare" else {}}
 
 
 def _targets(rows: list[dict[str, Any]], batches: list[int]) -> dict[str, bool]:
@@ -424,10 +431,10 @@ def _await_gone(server: h.Server, pids: list[int], timeout_s: float = 60) -> Non
     raise SystemExit(f"pids {pids} still listed {timeout_s:g} s after the event")
 
 
-def _await_whole(server: h.Server) -> None:
-    h._await_spare(server, OPS)
+def _await_whole(server: h.Server, timeout_s: float = 60) -> None:
+    h._await_spare(server, OPS, timeout_s=timeout_s)
     for model in ("features", "scorer"):
-        h._await_replicas(server, model, 1)
+        h._await_replicas(server, model, 1, timeout_s)
 
 
 def _fire(server: h.Server, kind: str, rng: random.Random, frozen: set[int]
