@@ -13,6 +13,14 @@ The state link: a backup listens on a Unix socket only when every other member o
 operator runs on its own node (then any primary it will serve is there); otherwise on TCP,
 with CURVE, at its node's address. Roles change with failovers, so the link is chosen for the
 operator, not for the primary of the moment.
+
+A node that joins (a machine back from a crash, or a new one) gets new spares, not old roles
+(``spares_to_renew``): an operator whose spare shares a node with another of its members, and
+for which a fresh member would now go to a node holding none of them, retires that spare, and
+the replacement the recovery plan starts is placed there. Only spares move: a spare holds no
+state, so retiring one costs a load, never a re-seed. (A primary and backup sharing a node
+with the spare apart stay as they are: moving one would leave the operator with one holder
+while the new backup is seeded.)
 """
 
 from __future__ import annotations
@@ -20,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from parityserve.core.hams.placement import PRIMARY, ROLES, StatefulGraph
+from parityserve.core.hams.placement import BACKUP, PRIMARY, ROLES, SPARE, StatefulGraph
 from parityserve.core.placement import Member, Node, place
 
-__all__ = ["MemberSpot", "RunningMember", "place_member", "state_link"]
+__all__ = ["MemberSpot", "RunningMember", "place_member", "spares_to_renew", "state_link"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +102,25 @@ def state_link(node: str | None, others: Collection[str | None]) -> str:
     primary placed on another node could never have reached it). TCP works on one host too;
     the Unix socket is only the cheaper form."""
     return "unix" if node is not None and others and all(o == node for o in others) else "tcp"
+
+
+def spares_to_renew(graph: StatefulGraph, running: Mapping[str, RunningMember],
+                    alive: Sequence[Node], suspect: Collection[str] = ()) -> dict[str, str]:
+    """Operator -> the key of its spare to retire: one that shares a node with another member
+    of its operator, when a fresh member (placed as the recovery plan's replacement will be,
+    by ``place_member``, with the spare gone) would land on a node holding none of the
+    operator's other members. Empty when nothing shares or nowhere better exists."""
+    renew: dict[str, str] = {}
+    for op in graph.operators:
+        mine = {k: m for k, m in running.items() if m.op == op}
+        spare = next((k for k, m in mine.items() if m.role == SPARE), None)
+        if spare is None:
+            continue
+        others = {m.node for k, m in mine.items() if k != spare}
+        if mine[spare].node not in others:
+            continue
+        rest = {k: m for k, m in running.items() if k != spare}
+        spot = place_member(graph, op, f"{spare}+renewed", BACKUP, rest, alive, suspect)
+        if spot.node is not None and spot.node not in others and spot.node not in suspect:
+            renew[op] = spare
+    return renew

@@ -70,6 +70,15 @@ class MemberLauncher:
         # the server's zygote (runtime/graphs/registry.py sets it): members are forked, not spawned
         self.forks: ForkServer | None = None
         self.notes: dict[str, str] = {}  # operator -> why its members share a node (Ray)
+        self.watches_nodes = False  # Ray: nodes join (``read_nodes``, ``spares_to_renew``)
+
+    def read_nodes(self) -> tuple[list[Any], bool]:
+        """The live nodes, and whether one joined since the last call (local: one, never)."""
+        return [], False
+
+    def spares_to_renew(self, nodes: list[Any]) -> dict[str, str]:
+        """Operator -> its spare to retire so that its replacement goes to a joined node."""
+        return {}
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         keys = self.keys.client() if self.keys is not None else None

@@ -12,6 +12,12 @@ The state link follows the nodes (``member_nodes.state_link``): a backup whose o
 members all share its node listens on a Unix socket; otherwise on TCP at its node's address,
 with CURVE when workers authenticate.
 
+A node that joins gets new spares, not old roles: the graph's watch calls ``read_nodes``
+every ``hams_watch.NODES_EVERY_S`` (Ray's node table, read off the loop), and once a node id
+it has not seen before is alive, ``spares_to_renew`` (``member_nodes``) names the spares
+that share a node with their operator and would now go apart; the recovery plan retires them
+and the replacement it starts is placed on the new node.
+
 Importing this module imports Ray: ``hams_graph`` loads it only for the Ray launcher.
 """
 
@@ -23,7 +29,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from parityserve.core.hams.member_nodes import RunningMember, place_member, state_link
+from parityserve.core.hams.member_nodes import (
+    RunningMember,
+    place_member,
+    spares_to_renew,
+    state_link,
+)
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.launcher import ProcessHandle
@@ -51,9 +62,11 @@ class RayMemberLauncher(MemberLauncher):
         self.graph, self.demand = graph, demand
         self.roles = roles  # worker id -> its role now (failovers change them)
         self.handles: dict[str, tuple[str, RayOperatorProcess]] = {}  # worker id -> (op, h)
+        self.watches_nodes = True
         self.suspects: dict[str, float] = {}  # node id -> until when it is the last choice
         self._pin: tuple[str | None, str] = (None, "")  # the next actor's node and address
         self._tag = secrets.token_hex(3)  # actor names unique across frontends on a cluster
+        self.seen: set[str] | None = None  # node ids ever seen alive (None: not read yet)
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         nodes, addresses = live_nodes()
@@ -86,13 +99,35 @@ class RayMemberLauncher(MemberLauncher):
                 and handle.node_id is not None:
             self.suspects[handle.node_id] = time.monotonic() + SUSPECT_S
         super().forget(member)
+        if handle is not None:
+            self._note(member.spec.op, None)  # (a retired spare: its operator may be apart now)
+
+    def read_nodes(self) -> tuple[list[Node], bool]:
+        """The live nodes, and whether one joined since the last call (the first call only
+        learns them). One GCS call: the watch makes it off the frontend's loop."""
+        nodes, _ = live_nodes()
+        ids = {n.node_id for n in nodes}
+        new = ids - self.seen if self.seen is not None else set()
+        self.seen = (self.seen or set()) | ids
+        if new:
+            log.warning("graph placement: node%s %s joined", "s" if len(new) > 1 else "",
+                        ", ".join(sorted(new)))
+        return nodes, bool(new)
+
+    def spares_to_renew(self, nodes: list[Node]) -> dict[str, str]:
+        """Operator -> its spare to retire, so that its replacement goes to a joined node."""
+        return spares_to_renew(self.graph, self._running_members(), nodes,
+                               self._suspect_nodes())
+
+    def _running_members(self) -> dict[str, RunningMember]:
+        roles = self.roles()
+        return {wid: RunningMember(op, roles.get(wid, "backup"), node)
+                for wid, (op, _) in self._running().items()
+                if (node := self._node(wid)) is not None}
 
     def _node_for(self, spec: OperatorSpec, nodes: list[Node]) -> tuple[str | None, str | None]:
-        roles = self.roles()
-        running = {wid: RunningMember(op, roles.get(wid, "backup"), node)
-                   for wid, (op, _) in self._running().items()
-                   if (node := self._node(wid)) is not None}
-        spot = place_member(self.graph, spec.op, spec.worker_id, spec.role, running,
+        spot = place_member(self.graph, spec.op, spec.worker_id, spec.role,
+                            self._running_members(),
                             nodes, self._suspect_nodes())
         if spot.note:
             log.warning("graph placement: %s", spot.note)

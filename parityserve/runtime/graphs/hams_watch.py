@@ -21,6 +21,12 @@ beside a Ray cluster starting up lost five healthy members at once by the 200 ms
 Each suspicion is logged with how long the member was silent and its threads' states, so the
 next one says which it was. A member on another host (a Ray actor, ``hams_ray_members``)
 has no ``/proc`` here to read: it gets the plain timeout.
+
+Where nodes can join (Ray members), the watch also reads the cluster's nodes every
+``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
+operator whose spare shares a node with another of its members, and would now go apart, has
+that spare retired through the plan, which starts its replacement: ``hams_ray_members``).
+A join seen during a recovery waits for its end.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ __all__ = ["Watch"]
 
 _CHECK_EVERY_S = 0.005
 STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
+NODES_EVERY_S = 1.0  # how often the cluster's nodes are read, where nodes can join (Ray)
+RETIRED = "retired: a node joined where its operator has no member; a fresh spare starts there"
 
 
 class Watch:
@@ -50,6 +58,9 @@ class Watch:
         self.ctx, self.members, self.dispatch = ctx, members, dispatch
         self.recovery, self.baselines = recovery, baselines
         self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
+        self._nodes_at = 0.0  # when the cluster's nodes are read next
+        self._reading = False  # a read is under way (off the loop)
+        self._joined = False  # a node joined, and its spares are not placed yet
 
     async def run(self) -> None:
         ctx = self.ctx
@@ -60,6 +71,10 @@ class Watch:
             self._forgive_stall(now - last - _CHECK_EVERY_S)
             last = now
             self.dispatch.expire(now)
+            if self.members.launcher.watches_nodes and now >= self._nodes_at \
+                    and not self._reading:
+                self._nodes_at, self._reading = now + NODES_EVERY_S, True
+                ctx.spawn(self._read_nodes())
             for op, member in list(self.members.by_id.values()):
                 if member.lost is None:
                     self._check(op, member, now)
@@ -67,6 +82,26 @@ class Watch:
                         and member.worker_id in ctx.plan.suspects():
                     self._note_loss(member, "exit", now)  # a kept suspect, gone for sure
                     self.recovery.lost(member, "exit")
+
+    async def _read_nodes(self) -> None:
+        launcher = self.members.launcher
+        try:
+            nodes, joined = await asyncio.to_thread(launcher.read_nodes)
+        except Exception as exc:  # the GCS busy or gone: the next read tries again
+            log.warning("graph %s: cannot read the cluster's nodes: %s", self.ctx.graph.name,
+                        exc)
+            return
+        finally:
+            self._reading = False
+        self._joined = self._joined or joined
+        plan = self.ctx.plan
+        if not self._joined or plan is None or plan.recovering() or plan.failed is not None:
+            return
+        self._joined = False
+        for op, spare in launcher.spares_to_renew(nodes).items():
+            log.warning("graph %s: %s's spare %s shares a node with its operator; %s",
+                        self.ctx.graph.name, op, spare, RETIRED.split(": ", 1)[1])
+            self.recovery.act(plan.lost(spare, RETIRED))
 
     def _check(self, op: str, member: Member, now: float) -> None:
         how = self._loss(member, now)

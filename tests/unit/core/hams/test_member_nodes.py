@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from parityserve.core.hams.member_nodes import RunningMember, place_member, state_link
+from parityserve.core.hams.member_nodes import (
+    RunningMember,
+    place_member,
+    spares_to_renew,
+    state_link,
+)
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
 
@@ -95,3 +100,41 @@ def test_no_room_anywhere_leaves_it_to_ray_with_a_note() -> None:
 def test_state_link_is_unix_only_when_the_whole_operator_shares_a_node(node, others, link
                                                                       ) -> None:
     assert state_link(node, others) == link
+
+
+def shared_on_two() -> dict[str, RunningMember]:
+    """After two nodes of four were lost: every operator on the two left, each spare sharing."""
+    return {"seq1/p": RunningMember("seq1", "primary", "n0"),
+            "seq1/b": RunningMember("seq1", "backup", "n1"),
+            "seq1/s": RunningMember("seq1", "spare", "n1"),
+            "seq2/p": RunningMember("seq2", "primary", "n1"),
+            "seq2/b": RunningMember("seq2", "backup", "n0"),
+            "seq2/s": RunningMember("seq2", "spare", "n0")}
+
+
+def test_a_node_that_joins_gets_new_spares_for_operators_whose_spare_shares() -> None:
+    running = shared_on_two()
+    assert spares_to_renew(GRAPH, running, nodes(2)) == {}  # nowhere better: none moves
+    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s", "seq2": "seq2/s"}
+    # and the replacement the plan starts then lands on the new node
+    rest = {k: m for k, m in running.items() if k != "seq1/s"}
+    assert place_member(GRAPH, "seq1", "seq1/new", "backup", rest, nodes(3)).node == "n2"
+
+
+def test_members_already_apart_keep_their_spares() -> None:
+    running = launch_all(nodes(3))
+    assert spares_to_renew(GRAPH, running, nodes(4)) == {}
+
+
+def test_a_joined_node_that_is_suspect_or_full_takes_no_spare() -> None:
+    running = shared_on_two()
+    assert spares_to_renew(GRAPH, running, nodes(3), suspect={"n2"}) == {}
+    full = [*nodes(2), Node("n2", Resources(cpu=0.5))]
+    assert spares_to_renew(GRAPH, running, full) == {}
+
+
+def test_only_a_sharing_spare_moves_not_a_primary_and_backup_together() -> None:
+    running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
+               "seq1/b": RunningMember("seq1", "backup", "n0"),
+               "seq1/s": RunningMember("seq1", "spare", "n1")}
+    assert spares_to_renew(GRAPH, running, nodes(3)) == {}
