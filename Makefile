@@ -20,7 +20,7 @@ ARGS ?=
 .PHONY: demo test lint typecheck deadcode bench-overhead bench-tail bench-accuracy bench-selection \
 	bench-simulate bench-frontend_wrk bench-parm_testbed bench-parm_calibration bench-serf bench-serf_noise \
 	bench-parity_curve bench-berrut_group_wait bench-ray_cluster bench-hams bench-cold_start \
-	bench-observability_run \
+	bench-observability_run bench-hams_nodes \
 	check-plain-install test-observability \
 	fuzz soak mutate docs clean venv
 
@@ -97,7 +97,7 @@ bench-overhead: $(BENCH_STAMP)
 
 # The paper reproductions, run from the project root: python -m benchmarks.NAME --help says more.
 BENCHES := tail accuracy selection simulate frontend_wrk parm_testbed parm_calibration serf serf_noise \
-	parity_curve berrut_group_wait ray_cluster hams cold_start soak observability_run
+	parity_curve berrut_group_wait ray_cluster hams hams_nodes cold_start soak observability_run
 $(addprefix bench-,$(BENCHES)): bench-%: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.$* $(ARGS)
 
