@@ -29,9 +29,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from parityserve.core.hams.placement import BACKUP, PRIMARY, ROLES, SPARE, StatefulGraph
-from parityserve.core.placement import Member, Node, place
+from parityserve.core.placement import Member, Node, Resources, place
 
-__all__ = ["MemberSpot", "RunningMember", "place_member", "spares_to_renew", "state_link"]
+__all__ = ["MemberSpot", "RunningMember", "place_member", "spares_to_renew", "state_link",
+           "usable_nodes"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,30 @@ def place_member(graph: StatefulGraph, op: str, key: str, role: str,
         if spot.node is not None:
             return spot
     return MemberSpot(None, f"operator {op}: no live node has room for {key}")
+
+
+def usable_nodes(graph: StatefulGraph, alive: Sequence[Node], free: Mapping[str, Resources],
+                 running: Mapping[str, RunningMember]) -> list[Node]:
+    """Each live node with the capacity this graph's members may count on: what the cluster
+    says is free on it now, plus what the graph's own running members hold there (the rule
+    counts those itself, as ``fixed``), never more than its total. What model replicas and
+    other graphs use is neither free nor ours, so it is left out: a member pinned to a node
+    whose CPUs the replicas took would wait in Ray's queue for good (hard affinity). A node
+    the cluster reports no free figure for keeps its total."""
+    ours: dict[str, Resources] = {}
+    for member in running.values():
+        ours[member.node] = ours.get(member.node, Resources()) + graph.demand_of(member.op)
+    out = []
+    for node in alive:
+        if node.node_id not in free:
+            out.append(node)
+            continue
+        room = free[node.node_id] + ours.get(node.node_id, Resources())
+        total = node.capacity
+        out.append(Node(node.node_id, Resources(min(room.cpu, total.cpu),
+                                                min(room.gpu, total.gpu),
+                                                min(room.memory, total.memory))))
+    return out
 
 
 def _place_on(graph: StatefulGraph, op: str, key: str, role: str,

@@ -35,7 +35,8 @@ from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, actor_
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
 from parityserve.runtime.workers.keys import ENV_VAR
 
-__all__ = ["OperatorActor", "RayOperatorProcess", "live_nodes", "start_operator"]
+__all__ = ["OperatorActor", "RayOperatorProcess", "free_resources", "live_nodes",
+           "start_operator"]
 
 log = logging.getLogger(__name__)
 
@@ -188,3 +189,18 @@ def live_nodes() -> tuple[list[Node], dict[str, str]]:
     infos = [n for n in ray.nodes() if n.get("Alive")]
     nodes = [node_of(info) for info in infos]
     return nodes, {n["NodeID"]: n["NodeManagerAddress"] for n in infos}
+
+
+def free_resources() -> dict[str, Resources]:
+    """Node id -> what Ray says is unreserved on it now (replicas, members, placement groups
+    all taken off): one GCS call. Empty when Ray cannot say (placement then reads totals)."""
+    from ray._private import state  # Ray's own figure; no public per-node form in 2.60
+
+    try:
+        per_node = state.available_resources_per_node()
+    except Exception as exc:  # an older or newer Ray without it: totals, as before
+        log.warning("graph placement: Ray's free resources per node unreadable (%s); "
+                    "placing by node totals", exc)
+        return {}
+    return {node: Resources(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0))
+            for node, res in per_node.items()}

@@ -227,8 +227,11 @@ def member_launcher(ctx: GraphContext, keys: ServerKeys | None, log_dir: Path | 
         raise ConfigError("launcher kind ray needs Ray installed: "
                           f"pip install 'parityserve[ray]' ({exc})") from exc
     demand = {op: placement_demand(ctx.deployments[ctx.ops[op].model]) for op in ctx.pairs}
-    return RayMemberLauncher(ctx.link, keys, log_dir, graph=StatefulGraph.of(ctx.topology),
-                             demand=demand, roles=ctx.member_roles, address=launcher.address)
+    # the demand goes to the rule too: without it every member counted as needing nothing,
+    # and a node any CPU-holding members or replicas had filled still looked like room
+    return RayMemberLauncher(ctx.link, keys, log_dir,
+                             graph=StatefulGraph.of(ctx.topology, demand), demand=demand,
+                             roles=ctx.member_roles, address=launcher.address)
 
 
 def _combine(parts: Sequence[np.ndarray]) -> np.ndarray:

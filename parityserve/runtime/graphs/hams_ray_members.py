@@ -4,9 +4,11 @@ Everything else about a member is as in ``hams_members``: its keys, its hello, i
 where it runs changes. Each new member is placed by ``core.hams.member_nodes.place_member``
 with every running member fixed: an operator's primary, backup and spare on three distinct
 nodes when the cluster has them, else as apart as it allows (the note goes to the log and to
-``/admin/state``). A node where one of the graph's members was just lost is the last choice
-for a replacement for a minute: Ray reports a crashed machine alive until its health checks
-give up, and a member pinned there would never start.
+``/admin/state``). A node counts with what Ray says is free on it plus what the graph's own
+members hold there (``usable_nodes``): model replicas' CPUs are not room for a member. A node
+where one of the graph's members was just lost is the last choice for a replacement for a
+minute: Ray reports a crashed machine alive until its health checks give up, and a member
+pinned there would never start.
 
 The state link follows the nodes (``member_nodes.state_link``): a backup whose operator's other
 members all share its node listens on a Unix socket; otherwise on TCP at its node's address,
@@ -34,6 +36,7 @@ from parityserve.core.hams.member_nodes import (
     place_member,
     spares_to_renew,
     state_link,
+    usable_nodes,
 )
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
@@ -41,6 +44,7 @@ from parityserve.runtime.fleet.launcher import ProcessHandle
 from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, connect_ray, reachable
 from parityserve.runtime.fleet.ray_operators import (
     RayOperatorProcess,
+    free_resources,
     live_nodes,
     start_operator,
 )
@@ -70,7 +74,7 @@ class RayMemberLauncher(MemberLauncher):
 
     def start(self, spec: OperatorSpec, now: float) -> Member:
         nodes, addresses = live_nodes()
-        node, note = self._node_for(spec, nodes)
+        node, note = self._node_for(spec, self._usable(nodes))
         ip = addresses.get(node or "", "")
         others = [self._node(wid) for wid, (op, _) in self._running().items() if op == spec.op]
         if state_link(node, others) == "tcp":  # primary and backup may be on two nodes
@@ -116,8 +120,12 @@ class RayMemberLauncher(MemberLauncher):
 
     def spares_to_renew(self, nodes: list[Node]) -> dict[str, str]:
         """Operator -> its spare to retire, so that its replacement goes to a joined node."""
-        return spares_to_renew(self.graph, self._running_members(), nodes,
+        return spares_to_renew(self.graph, self._running_members(), self._usable(nodes),
                                self._suspect_nodes())
+
+    def _usable(self, nodes: list[Node]) -> list[Node]:
+        """The live nodes with what replicas (and other graphs) hold on them left out."""
+        return usable_nodes(self.graph, nodes, free_resources(), self._running_members())
 
     def _running_members(self) -> dict[str, RunningMember]:
         roles = self.roles()

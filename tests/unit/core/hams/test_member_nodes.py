@@ -10,6 +10,7 @@ from parityserve.core.hams.member_nodes import (
     place_member,
     spares_to_renew,
     state_link,
+    usable_nodes,
 )
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
@@ -138,3 +139,33 @@ def test_only_a_sharing_spare_moves_not_a_primary_and_backup_together() -> None:
                "seq1/b": RunningMember("seq1", "backup", "n0"),
                "seq1/s": RunningMember("seq1", "spare", "n1")}
     assert spares_to_renew(GRAPH, running, nodes(3)) == {}
+
+
+def test_usable_nodes_leave_out_what_replicas_hold_but_count_our_own_members() -> None:
+    """Ray says n0 has 0 CPUs free: replicas took 3, our seq1 primary 1. The primary's CPU
+    is ours (the rule counts it as fixed), the replicas' is not."""
+    alive = nodes(2)
+    running = {"seq1/primary": RunningMember("seq1", "primary", "n0")}
+    usable = usable_nodes(GRAPH, alive, {"n0": Resources(cpu=0), "n1": Resources(cpu=4)},
+                          running)
+    assert [(n.node_id, n.capacity.cpu) for n in usable] == [("n0", 1), ("n1", 4)]
+    # never more than the node's total, and a node with no free figure keeps its total
+    assert usable_nodes(GRAPH, alive, {"n0": Resources(cpu=9)}, running)[0].capacity.cpu == 4
+    assert usable_nodes(GRAPH, alive, {}, running) == alive
+
+
+def test_a_node_full_of_replicas_takes_no_member_though_its_total_has_room() -> None:
+    """Before, placement read nodes' totals: n0 (4 CPUs, every one held by replicas) looked
+    empty and got the spare, which then waited in Ray's queue for good."""
+    alive = nodes(4)
+    running = {"seq1/primary": RunningMember("seq1", "primary", "n1"),
+               "seq1/backup": RunningMember("seq1", "backup", "n2")}
+    free = {"n0": Resources(cpu=0), "n1": Resources(cpu=3), "n2": Resources(cpu=3),
+            "n3": Resources(cpu=4)}
+    spot = place_member(GRAPH, "seq1", "seq1/spare", "spare", running,
+                        usable_nodes(GRAPH, alive, free, running))
+    assert spot.node == "n3", spot
+    free["n3"] = Resources(cpu=0.5)  # the only node apart is full too: share, and say so
+    spot = place_member(GRAPH, "seq1", "seq1/spare", "spare", running,
+                        usable_nodes(GRAPH, alive, free, running))
+    assert spot.node in ("n1", "n2") and spot.note is not None, spot

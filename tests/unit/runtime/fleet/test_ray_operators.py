@@ -120,7 +120,12 @@ class FakeHandle:
         return ACTOR_DIED
 
 
-def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int) -> tuple[Any, list[dict]]:
+DEMAND = {"seq1": Resources(cpu=1)}  # what each member's actor asks Ray for
+
+
+def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int,
+                   free: dict[str, Resources] | None = None) -> tuple[Any, list[dict]]:
+    """``free``: what Ray says is unreserved per node (default: every node empty)."""
     nodes = [Node(f"n{i}", Resources(cpu=4)) for i in range(n_nodes)]
     started: list[dict] = []
 
@@ -132,10 +137,12 @@ def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int) -> tuple[Any, 
     monkeypatch.setattr(hams_ray_members, "live_nodes", lambda: (
         nodes, {n.node_id: f"10.0.0.{i}" for i, n in enumerate(nodes)}))
     monkeypatch.setattr(hams_ray_members, "start_operator", start_operator)
+    monkeypatch.setattr(hams_ray_members, "free_resources", lambda: dict(
+        free if free is not None else {n.node_id: n.capacity for n in nodes}))
     link = SimpleNamespace(address="tcp://0.0.0.0:5555", forget=lambda wid: None)
     launcher = hams_ray_members.RayMemberLauncher(
-        link, None, None, graph=StatefulGraph.chain(["seq1"]), demand={},  # type: ignore[arg-type]
-        roles=dict, address=None)
+        link, None, None, graph=StatefulGraph.chain(["seq1"], DEMAND),  # type: ignore[arg-type]
+        demand=DEMAND, roles=dict, address=None)
     return launcher, started
 
 
@@ -204,3 +211,14 @@ def test_a_demoted_members_node_stays_a_first_choice(monkeypatch) -> None:
     (new,) = launch(launcher, ["backup"])
     assert new.node == started[0]["node_id"]
     assert "seq1" not in launcher.notes
+
+
+def test_a_node_whose_cpus_replicas_hold_gets_no_member(monkeypatch) -> None:
+    """Ray says n0's CPUs are all reserved (model replicas): its total (4) is no room. Before,
+    the first member went there by the node totals and waited in Ray's queue for good."""
+    free = {"n0": Resources(cpu=0), "n1": Resources(cpu=4), "n2": Resources(cpu=4),
+            "n3": Resources(cpu=4)}
+    launcher, started = graph_launcher(monkeypatch, 4, free)
+    launch(launcher, ["primary", "backup", "backup"])
+    assert "n0" not in {s["node_id"] for s in started}, started
+    assert len({s["node_id"] for s in started}) == 3
