@@ -296,6 +296,42 @@ def test_a_stateless_replica_lost_after_the_state_changed_is_sent_again_not_fail
         running.stop()
 
 
+def test_a_lost_first_replica_costs_no_accepted_request_an_error(tmp_path: Path) -> None:
+    """``feat`` (stateless, before any state) has one replica, killed under load and its
+    replacements too as they appear (the supervisor backs off with none running). Its rows
+    have changed no state, but each is an accepted request: it waits for the restarted
+    replica and is answered, as a model route's in-flight query is when its replica dies
+    (before: 503 'has no running replica' for whatever was at ``feat`` then; the chaos
+    run's 56 such 503s in hams mode). Every stream equals its replay."""
+    cfg = config()
+    cfg["models"][0]["timeout_ms"] = 150  # the model path gives up on queued rows in the
+    running = start_server(cfg, tmp_path)  # back-off: each fails, unless sent again
+    try:
+        url, data = running.url, series(10)
+        wait_until(lambda: synced(url), 60)
+        killed: list[int] = []
+
+        def feature_pids() -> list[int]:
+            with Client(url) as admin:
+                return [r["pid"] for r in model_state(admin, "features")["replicas"]
+                        if r["pid"] is not None]
+
+        def kill_the_features_three_times() -> None:
+            while len(killed) < 3:
+                fresh = poll(lambda: {"pids": feature_pids()},
+                             lambda s: bool(set(s["pids"]) - set(killed)))["pids"]
+                pid = next(p for p in fresh if p not in killed)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+        replies = send_streams(url, data, {STEPS // 2: kill_the_features_three_times})
+        check_against_replay(replies, data)
+        wait_until(lambda: bool(feature_pids()) and not set(feature_pids()) & set(killed), 60)
+    finally:
+        running.stop()
+
+
 def test_remus_never_makes_durable_a_state_whose_outputs_are_not_here(tmp_path: Path) -> None:
     """Case 3: in remus mode the outputs leave only after the backup's receipt, and the
     backup applied states on its own; a primary lost in between left requests at or below

@@ -21,6 +21,7 @@ from parityserve.errors import (
     DeadlineExceeded,
     InvalidInput,
     ModelError,
+    Overloaded,
     PredictError,
     ServiceError,
     WorkerError,
@@ -124,16 +125,17 @@ class Dispatch:
     async def _redispatched(self, op: str, bid: int, batch: Batch,
                             outcomes: list[np.ndarray | Exception]
                             ) -> list[np.ndarray | Exception]:
-        """A row that has passed a stateful operator changed its state: failing it for want
-        of a replica (one killed, restarting, backing off; the model path's own deadline
-        passed meanwhile) would have its client send it again and apply it twice. Such
-        rows go again, to a restarted or other replica, for as long as the batch is in
-        flight (the watchdog's timeout_ms bounds it, as for every batch)."""
+        """A row that failed for want of a replica (one killed, restarting, backing off; the
+        model path's own deadline passed meanwhile) goes again, to a restarted or other
+        replica, for as long as the batch is in flight (the watchdog's timeout_ms, the
+        client's own deadline, bounds it, as for every batch). A row that has passed a
+        stateful operator changed its state: failing it would have its client send it again
+        and apply it twice. One that has not is still an accepted request, answered as a
+        model route's in-flight query is when its replica dies; only a shed one
+        (``Overloaded``: the model's queue is full, by design a fast answer) fails as it is."""
         delay = _REDISPATCH_S
         while bid in self.ctx.inflight[op]:
-            again = [i for i, o in enumerate(outcomes)
-                     if isinstance(o, ServiceError | WorkerError)  # no row's fault:
-                     and self._applied_state(batch[i])]  # no replica, or none in time
+            again = [i for i, o in enumerate(outcomes) if self._again(o, batch[i])]
             if not again:
                 break
             await asyncio.sleep(delay)
@@ -143,6 +145,12 @@ class Dispatch:
             for i, outcome in zip(again, retried, strict=True):
                 outcomes[i] = outcome
         return outcomes
+
+    def _again(self, outcome: np.ndarray | Exception, entry: Executed[np.ndarray]) -> bool:
+        """Whether a row's failure is no fault of its own, and sending it again is owed."""
+        if not isinstance(outcome, ServiceError | WorkerError):
+            return False  # an answer, or the row's own fault
+        return not isinstance(outcome, Overloaded) or self._applied_state(entry)
 
     def _applied_state(self, entry: Executed[np.ndarray]) -> bool:
         return any(hop.op in self.ctx.pairs for hop in entry.lineage)
