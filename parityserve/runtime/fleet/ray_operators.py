@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.processes import log_file, worker_env
-from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED, NAMESPACE, actor_exit, node_of
+from parityserve.runtime.fleet.ray_launcher import (
+    ACTOR_DIED,
+    NAMESPACE,
+    actor_exit,
+    done_flag,
+    node_of,
+)
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
 from parityserve.runtime.workers.keys import ENV_VAR
 
@@ -41,7 +48,6 @@ __all__ = ["OperatorActor", "RayOperatorProcess", "free_resources", "live_nodes"
 log = logging.getLogger(__name__)
 
 _POLL_EVERY_S = 0.05  # a new poll call at most this often: death is seen by its failure
-_LOOK_EVERY_S = 0.01  # the watchdog asks every 5 ms per member; Ray is asked at most this often
 
 
 @ray.remote(max_restarts=0)
@@ -98,7 +104,8 @@ class RayOperatorProcess:
         self._pid = 0
         self._where: Any = actor.where.remote()
         self._poll: Any = None
-        self._next_poll = self._next_look = 0.0
+        self._polled = threading.Event()  # set by Ray's thread when ``_poll`` finished
+        self._next_poll = 0.0
 
     @property
     def pid(self) -> int:
@@ -120,12 +127,10 @@ class RayOperatorProcess:
         if self.returncode is not None:
             return self.returncode
         now = time.monotonic()
-        if now < self._next_look:
-            return None
-        self._next_look = now + _LOOK_EVERY_S
         if self._poll is None and now >= self._next_poll:
             self._poll, self._next_poll = self.actor.poll.remote(), now + _POLL_EVERY_S
-        if self._poll is not None and ray.wait([self._poll], timeout=0)[0]:
+            self._polled = done_flag(self._poll)
+        if self._poll is not None and self._polled.is_set():
             self.returncode, self._poll = self._collect(self._poll), None
         return self.returncode
 
@@ -134,7 +139,7 @@ class RayOperatorProcess:
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired("operator actor", timeout or 0.0)
-            time.sleep(_LOOK_EVERY_S)
+            time.sleep(0.01)
         return code
 
     def send_signal(self, sig: int) -> None:

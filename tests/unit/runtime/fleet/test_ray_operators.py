@@ -25,10 +25,15 @@ from parityserve.runtime.graphs.hams_protocol import OperatorSpec  # noqa: E402
 
 
 class FakeRef:
-    """An ObjectRef: ready or not, its value or the error Ray would raise."""
+    """An ObjectRef: ready or not, its value or the error Ray would raise. ``future()``'s
+    callback runs at once when ready (Ray's thread, in the real one)."""
 
     def __init__(self, value: Any = None, ready: bool = True) -> None:
         self.value, self.ready = value, ready
+
+    def future(self) -> Any:
+        ref = self
+        return SimpleNamespace(add_done_callback=lambda cb: cb(ref) if ref.ready else None)
 
 
 class FakeMethod:
