@@ -797,7 +797,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Data, Path], Any]] = {
 
 # ---- output --------------------------------------------------------------------------
 def _write(out: Path, stem: str, state: dict[str, Any]) -> None:
-    (out / f"{stem}.json").write_text(json.dumps(state, indent=1, default=float))
+    (out / f"{stem}.json").write_text(json.dumps(state, separators=(",", ":"), default=float))
     (out / f"{stem}.md").write_text(render_markdown(state))
     (out / f"{stem}-command.txt").write_text(state["command"] + "\n")
     if state.get("overhead"):

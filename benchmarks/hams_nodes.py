@@ -367,7 +367,7 @@ def _write(out: Path, stem: str, state: dict[str, Any]) -> None:
     process = ((state.get("kills") or {}).get("process") or {}).get("summary") or {}
     state["goals"] = goals(node, process, state["planned"]["node_kills"],
                            (state.get("link") or {}).get("rows") or [])
-    (out / f"{stem}.json").write_text(json.dumps(state, indent=1, default=float))
+    (out / f"{stem}.json").write_text(json.dumps(state, separators=(",", ":"), default=float))
     (out / f"{stem}.md").write_text(render_markdown(state) + "\n")
     (out / f"{stem}-command.txt").write_text(
         "\n".join([state["command"], *state.get("more_commands", [])]) + "\n")

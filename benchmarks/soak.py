@@ -581,7 +581,7 @@ def _print_window(w: dict[str, Any]) -> None:
 
 def _save(path: Path, store: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(store) + "\n")
+    tmp.write_text(json.dumps(store, separators=(",", ":")) + "\n")
     tmp.replace(path)
 
 
