@@ -19,7 +19,8 @@
     │   ├── Conflict           409   e.g. adding an application that exists
     │   ├── PayloadTooLarge    413
     │   ├── UnsupportedMediaType 415 an admin body that is not application/json
-    │   └── TooManyStreams     429   a stateful operator has no room for a new stream now
+    │   ├── TooManyStreams     429   a stateful operator has no room for a new stream now
+    │   └── TooManyInFlight    429   one client address's graph requests waited too long
     ├── ServiceError                 the server's state: maps to an HTTP 5xx
     │   ├── Unavailable        503   no ready replica
     │   ├── Overloaded   503 or 429   shed at admission: the queue holds all it can serve in time
@@ -162,6 +163,19 @@ class TooManyStreams(RequestError):
 
     status_code = 429
     code = "too_many_streams"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TooManyInFlight(RequestError):
+    """One client address already has ``server.limits.max_graph_requests_per_address``
+    requests inside a graph, and this one waited the graph's deadline for a place
+    (``runtime/frontend/client_gate.py``); come back after ``retry_after_s``."""
+
+    status_code = 429
+    code = "too_many_in_flight"
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from importlib import metadata
 from time import perf_counter
 from typing import Any, TypeVar
@@ -49,6 +50,7 @@ from parityserve.errors import (
     QueueFull,
     RequestError,
     ServiceError,
+    TooManyInFlight,
     TooManyStreams,
     Unauthorized,
     UnknownApplication,
@@ -58,6 +60,7 @@ from parityserve.errors import (
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.frontend import clipper, v2
 from parityserve.runtime.frontend.auth import AuthPolicy, authorized
+from parityserve.runtime.frontend.client_gate import ClientGate
 from parityserve.runtime.frontend.openapi import build_openapi
 from parityserve.runtime.modelpath.metrics import Metrics
 from parityserve.runtime.serving.api import (
@@ -430,6 +433,7 @@ class _Frontend:
                            if self.limits.max_json_bytes < max_body_bytes
                            else (max_body_bytes, "server.max_body_bytes"))
         self.overload_status = overload_status
+        self.graph_gate = ClientGate(self.limits.max_graph_requests_per_address)
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
@@ -555,7 +559,7 @@ class _Frontend:
         if isinstance(exc, RequestError):
             self.metrics.bad_request(exc.code)
             headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-            if isinstance(exc, TooManyStreams):  # no room now: when to come back
+            if isinstance(exc, TooManyStreams | TooManyInFlight):  # when to come back
                 headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
             return _error(exc.status_code, exc.code, str(exc), headers)
         if isinstance(exc, ServiceError):
@@ -618,16 +622,26 @@ class _Frontend:
         body = await (_read_body(request, self.limit) if binary
                       else _read_body(request, *self.json_limit))
         decoded = v2.decode_infer_request(body, _header_length(request), self.limits)
-        answer = await self.system.infer(InferenceRequest(
-            "v2", model, version, tensors=tuple((t.name, t.array) for t in decoded.inputs),
-            outputs=tuple(o.name for o in decoded.outputs),
-            parameters=decoded.parameters or {}, request_id=decoded.id))
+        async with self._graph_share(request, model):
+            answer = await self.system.infer(InferenceRequest(
+                "v2", model, version, tensors=tuple((t.name, t.array) for t in decoded.inputs),
+                outputs=tuple(o.name for o in decoded.outputs),
+                parameters=decoded.parameters or {}, request_id=decoded.id))
         assert answer.output is not None
         name = answer.output_name
         out, headers = v2.encode_infer_response(
             model, answer.version, decoded.id, [(name, answer.output)],
             {name: decoded.wants_binary(name)}, _v2_parameters(answer))
         return Response(out, headers=headers), "reconstructed" if answer.rebuilt else "ok"
+
+    def _graph_share(self, request: Request, target: str) -> AbstractAsyncContextManager[None]:
+        """A graph request waits for a place among its client address's (``ClientGate``);
+        anything else goes straight in."""
+        if not self.system.has_graph(target):
+            return nullcontext()
+        address = request.client.host if request.client is not None else ""
+        return self.graph_gate.slot(address, self.system.graph_deadline_s(target),
+                                    f"graph {target!r}")
 
     # ------------------------------------------------------------ Clipper handlers
 
@@ -637,7 +651,8 @@ class _Frontend:
         passed."""
         raw = await _read_body(request, *self.json_limit)
         decoded = clipper.predict_request(raw, request.path_params["app"], self.limits)
-        answer = await self.system.infer(decoded)
+        async with self._graph_share(request, decoded.target):
+            answer = await self.system.infer(decoded)
         bodies = answer.clipper_json()
         return _json(bodies if decoded.batched else bodies[0]), _predict_outcome(answer)
 

@@ -288,6 +288,11 @@ class ServingSystem:
     def has_graph(self, name: str) -> bool:
         return self.graphs is not None and name in self.graphs
 
+    def graph_deadline_s(self, name: str) -> float:
+        """How long a client of graph ``name`` waits for its reply (its ``timeout_ms``)."""
+        assert self.graphs is not None
+        return self.graphs.get(name).ctx.graph.timeout_ms / 1000
+
     async def predict_graph(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         if self.graphs is None:
             raise Unavailable("the server is starting")

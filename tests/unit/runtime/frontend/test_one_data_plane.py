@@ -42,6 +42,9 @@ class GraphSystem(FakeSystem):
     def has_graph(self, name: str) -> bool:
         return name == "stocks"
 
+    def graph_deadline_s(self, name: str) -> float:
+        return 30.0
+
     async def predict_graph(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         self.graph_bodies.append(body)
         rows = body["input_batch"] if "input_batch" in body else [body["input"]]
