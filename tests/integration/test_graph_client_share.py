@@ -3,10 +3,11 @@
 while another address's go straight in; one that waits past the graph's deadline is a 429
 ``too_many_in_flight`` with a Retry-After, never a 5xx.
 
-The graph is the README's ``stocks``, its seq1 slowed (each state waits 400 ms before it
-leaves, so each reply takes that long: the output commit), its deadline 1.5 s, the limit 1.
-Six requests at once from 127.0.0.3 go through one at a time: the first are answered, the
-last cannot get in within the deadline. A request from 127.0.0.1 sent meanwhile is answered.
+The graph is the README's ``stocks``, its seq1 slowed (each state waits 500 ms before it
+leaves, so each reply takes that long: the output commit), its deadline 3 s, the limit 1.
+Ten requests at once from 127.0.0.3 go through one at a time: the first are answered (one
+reply takes a sixth of the deadline, room for a loaded machine), the last cannot get in
+within the deadline (ten take 5 s). A request from 127.0.0.1 sent meanwhile is answered.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ pytestmark = pytest.mark.integration
 
 def test_one_address_past_its_share_waits_and_another_goes_straight_in(tmp_path: Path
                                                                         ) -> None:
-    cfg = config(timeout_ms=1500)
+    cfg = config(timeout_ms=3000)
     cfg["server"]["limits"] = {"max_graph_requests_per_address": 1}
     running = start_server(cfg, tmp_path)
     try:
         url = running.url
         wait_until(lambda: synced(url), 60)
         httpx.post(f"{url}/admin/graphs/stocks/faults", timeout=10, json={
-            "operator": "seq1", "state_delay_ms": 400}).raise_for_status()
+            "operator": "seq1", "state_delay_ms": 500}).raise_for_status()
 
         async def burst_and_one_other() -> tuple[list[httpx.Response], httpx.Response]:
             burster = httpx.AsyncClient(base_url=url, timeout=30, transport=httpx.
@@ -40,7 +41,7 @@ def test_one_address_past_its_share_waits_and_another_goes_straight_in(tmp_path:
             other = httpx.AsyncClient(base_url=url, timeout=30)
             async with burster, other:
                 burst = [asyncio.create_task(burster.post("/stocks/predict", json={
-                    "input": [0.1, 0.2, 0.3, 0.4], "ticker": f"b{i}"})) for i in range(6)]
+                    "input": [0.1, 0.2, 0.3, 0.4], "ticker": f"b{i}"})) for i in range(10)]
                 await asyncio.sleep(0.2)  # the burst is at the door
                 alone = await other.post("/stocks/predict", json={
                     "input": [0.1, 0.2, 0.3, 0.4], "ticker": "o"})
