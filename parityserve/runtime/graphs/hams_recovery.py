@@ -69,6 +69,7 @@ class RecoveryDriver:
         """Perform what the plan says, then show its roles in ``pairs``. An action that
         raises is logged; the plan hears of its member through the monitor."""
         for action in actions:
+            log.info("graph %s: recovery action %s", self.ctx.graph.name, action)
             try:
                 self._perform(action)
             except Exception:

@@ -19,7 +19,16 @@ timeout; one spinning forever is suspected at the grace. A thread in uninterrupt
 too: under another job's heavy I/O a member waits there, alive (a fresh-clone make test
 beside a Ray cluster starting up lost five healthy members at once by the 200 ms timeout).
 Each suspicion is logged with how long the member was silent and its threads' states, so the
-next one says which it was. A member on another host (a Ray actor, ``hams_ray_members``)
+next one says which it was.
+
+Silence is only evidence against a member while the frontend is shown to be hearing: when no
+member at all has been heard within the timeout, the likelier cause is this side (the
+frontend's message thread starved, its socket stalled), and every silence gets the same grace
+as a starved member; a member whose process exited is still lost at once. Without this, a
+clean-clone make test beside a Ray node joining heard nothing from any of four healthy members
+of a Ray graph for 207-214 ms, every thread of them asleep, and failed over both operators at
+once (2026-11-29). A graph with one member has no second one to vouch: it keeps the plain
+timeout. A member on another host (a Ray actor, ``hams_ray_members``)
 has no ``/proc`` here to read: it gets the plain timeout.
 
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
@@ -75,9 +84,10 @@ class Watch:
                     and not self._reading:
                 self._nodes_at, self._reading = now + NODES_EVERY_S, True
                 ctx.spawn(self._read_nodes())
+            hearing = self._hearing(now)
             for op, member in list(self.members.by_id.values()):
                 if member.lost is None:
-                    self._check(op, member, now)
+                    self._check(op, member, now, hearing)
                 elif ctx.plan is not None and member.exited() \
                         and member.worker_id in ctx.plan.suspects():
                     self._note_loss(member, "exit", now)  # a kept suspect, gone for sure
@@ -103,8 +113,15 @@ class Watch:
                         self.ctx.graph.name, op, spare, RETIRED.split(": ", 1)[1])
             self.recovery.act(plan.lost(spare, RETIRED))
 
-    def _check(self, op: str, member: Member, now: float) -> None:
-        how = self._loss(member, now)
+    def _hearing(self, now: float) -> bool:
+        """Whether the frontend is shown to hear its members: some live member was heard
+        within the timeout, or there is no second member to vouch (see the module docstring)."""
+        beats = [m.last_beat for _, m in self.members.by_id.values()
+                 if m.lost is None and m.hello.done()]
+        return len(beats) < 2 or now - max(beats) <= self._silence_limit_s()
+
+    def _check(self, op: str, member: Member, now: float, hearing: bool = True) -> None:
+        how = self._loss(member, now, hearing)
         if how is None:
             return
         member.lost = how
@@ -133,13 +150,13 @@ class Watch:
             for _, member in self.members.by_id.values():
                 member.last_beat += stall_s
 
-    def _loss(self, member: Member, now: float) -> str | None:
+    def _loss(self, member: Member, now: float, hearing: bool = True) -> str | None:
         if not member.hello.done():
             return "exit" if member.exited() else None
-        if self.ctx.graph.detection == "exit" and member.exited():
+        if (self.ctx.graph.detection == "exit" or not hearing) and member.exited():
             return "exit"
         return silence_verdict(now - member.last_beat, self._silence_limit_s(),
-                               lambda: member.on_this_host and runnable(member.pid))
+                               lambda: member.on_this_host and runnable(member.pid), hearing)
 
     def _silence_limit_s(self) -> float:
         """A hung member is a lost one, whatever the detection mode: exit detection sees a
@@ -149,14 +166,15 @@ class Watch:
         return self.ctx.graph.heartbeat_timeout_ms / 1000
 
 
-def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], bool]
-                    ) -> str | None:
+def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], bool],
+                    hearing: bool = True) -> str | None:
     """``"timeout"`` when a member silent this long is suspected (see the module docstring);
-    ``is_runnable`` is asked only past the limit."""
+    ``is_runnable`` is asked only past the limit. ``hearing``: whether the frontend heard any
+    member within the limit; when it did not, the silence may be its own, and gets the grace."""
     if silent_s <= limit_s:
         return None
-    if silent_s <= limit_s * STARVED_GRACE and is_runnable():
-        return None  # starved of CPU, not hung
+    if silent_s <= limit_s * STARVED_GRACE and (not hearing or is_runnable()):
+        return None  # starved of CPU, or not heard through no fault of its own: not hung
     return "timeout"
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from parityserve.runtime.graphs.hams_watch import (
     STARVED_GRACE,
+    Watch,
     busy,
     runnable,
     silence_verdict,
@@ -31,6 +33,18 @@ def test_a_runnable_member_gets_the_grace_and_no_more() -> None:
     assert silence_verdict(0.2 * STARVED_GRACE, 0.2, lambda: True) is None
     assert silence_verdict(0.2 * STARVED_GRACE + 0.01, 0.2, lambda: True) == "timeout"  # spins
     assert silence_verdict(0.21, 0.2, lambda: False) == "timeout"  # stopped, or blocked
+
+
+def test_when_no_member_is_heard_every_silence_gets_the_grace() -> None:
+    """Nobody heard within the limit: the silence may be the frontend's own (its message
+    thread starved), so even a member asleep is given the grace, and no more."""
+    def never() -> bool:
+        raise AssertionError("asked /proc although nothing is heard")
+
+    assert silence_verdict(0.21, 0.2, never, hearing=False) is None
+    assert silence_verdict(0.2 * STARVED_GRACE, 0.2, never, hearing=False) is None
+    assert silence_verdict(0.2 * STARVED_GRACE + 0.01, 0.2, never, hearing=False) == "timeout"
+    assert silence_verdict(0.21, 0.2, lambda: False, hearing=True) == "timeout"
 
 
 @pytest.fixture
@@ -76,3 +90,20 @@ def test_thread_states_names_each_thread(process) -> None:
     asleep.kill()
     asleep.wait()
     assert thread_states(asleep.pid) == ""
+
+
+def _watch_over(*beats: float, lost: tuple[int, ...] = ()) -> Watch:
+    """A Watch over members last heard at ``beats`` (those at the indices ``lost`` lost),
+    with a 200 ms timeout; the rest of the graph is never touched by ``_hearing``."""
+    said = SimpleNamespace(done=lambda: True)
+    by_id = {f"m{i}": ("op", SimpleNamespace(last_beat=b, lost="exit" if i in lost else None,
+                                             hello=said)) for i, b in enumerate(beats)}
+    ctx = SimpleNamespace(graph=SimpleNamespace(heartbeat_timeout_ms=200))
+    return Watch(ctx, SimpleNamespace(by_id=by_id), None, None, None)  # type: ignore[arg-type]
+
+
+def test_the_frontend_hears_while_any_live_member_spoke_within_the_timeout() -> None:
+    assert _watch_over(9.0, 9.9)._hearing(10.0)  # one of two heard 100 ms ago
+    assert not _watch_over(9.0, 9.7)._hearing(10.0)  # nobody for 300 ms: it may be us
+    assert not _watch_over(9.0, 9.7, 9.95, lost=(2,))._hearing(10.0)  # a lost one vouches not
+    assert _watch_over(9.0)._hearing(10.0)  # one member: nobody to vouch, the plain timeout
