@@ -643,8 +643,9 @@ class Limits(_Frozen):
     # p99 at 3.6x its calm one, 8 at a time at 1.8x). Raise it behind a proxy.
     max_graph_requests_per_address: int = Field(
         8, ge=1, description="requests of one client address inside a stateful graph at "
-        "once (HTTP); the excess waits its turn at the door, in order, up to the graph's "
-        "timeout_ms, then gets 429 too_many_in_flight")
+        "once, over HTTP and gRPC together; the excess waits its turn at the door, in order, "
+        "up to the graph's timeout_ms, then gets 429 too_many_in_flight (gRPC: "
+        "RESOURCE_EXHAUSTED)")
 
 
 class PeersConfig(_Frozen):

@@ -172,7 +172,7 @@ class TooManyStreams(RequestError):
 class TooManyInFlight(RequestError):
     """One client address already has ``server.limits.max_graph_requests_per_address``
     requests inside a graph, and this one waited the graph's deadline for a place
-    (``runtime/frontend/client_gate.py``); come back after ``retry_after_s``."""
+    (``runtime/serving/client_gate.py``); come back after ``retry_after_s``."""
 
     status_code = 429
     code = "too_many_in_flight"

@@ -13,9 +13,12 @@ within the deadline (ten take 5 s). A request from 127.0.0.1 sent meanwhile is a
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.integration.conftest import start_server, wait_until
@@ -56,5 +59,59 @@ def test_one_address_past_its_share_waits_and_another_goes_straight_in(tmp_path:
         assert refused.json()["code"] == "too_many_in_flight", refused.text
         assert "max_graph_requests_per_address" in refused.json()["error"]
         assert int(refused.headers["retry-after"]) >= 1
+    finally:
+        running.stop()
+
+
+def test_grpc_requests_draw_on_the_same_share(tmp_path: Path) -> None:
+    """gRPC has the gate too, with one count per address over both edges: ten V2 gRPC
+    requests at once from 127.0.0.1 (tritonclient) go in one at a time, and the last get
+    RESOURCE_EXHAUSTED ``too_many_in_flight``; an HTTP request from the same address meanwhile
+    queues behind them in the same count, while one from 127.0.0.3 is answered. (Before, the
+    gate was on the HTTP routes only: all ten were let in at once, and answered.)"""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    cfg = config(timeout_ms=3000)
+    cfg["server"]["limits"] = {"max_graph_requests_per_address": 1}
+    cfg["server"].pop("grpc_port", None)  # (with http_port 0: gRPC on a free port)
+    running = start_server(cfg, tmp_path)
+    try:
+        url, grpc_url, gate = running.url, running.grpc_url, running.system.graph_gate
+        assert grpc_url is not None
+        wait_until(lambda: synced(url), 60)
+        httpx.post(f"{url}/admin/graphs/stocks/faults", timeout=10, json={
+            "operator": "seq1", "state_delay_ms": 500}).raise_for_status()
+        outcomes: list[Any] = []
+
+        def done(result: Any, error: Any) -> None:
+            outcomes.append(error if error is not None else result)
+
+        def post(local: str, ticker: str) -> httpx.Response:
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=local),
+                              timeout=30) as client:
+                return client.post(f"{url}/stocks/predict",
+                                   json={"input": [0.1] * 4, "ticker": ticker})
+
+        with tg.InferenceServerClient(grpc_url) as client, ThreadPoolExecutor(1) as pool:
+            for i in range(10):
+                x = tg.InferInput("x", [1, 4], "FP32")
+                x.set_data_from_numpy(np.full((1, 4), 0.1, np.float32))
+                client.async_infer("stocks", [x], done, parameters={"streams": f"g{i}"},
+                                   client_timeout=30)
+            def counted() -> int:  # 127.0.0.1's requests inside, waiting, or answered
+                return gate.inside("127.0.0.1") + gate.waiting("127.0.0.1") + len(outcomes)
+
+            wait_until(lambda: counted() == 10, 5)  # the burst is at the door
+            same = pool.submit(post, "127.0.0.1", "same")
+            wait_until(lambda: counted() == 11, 5)  # counted with it: one share, two edges
+            other = post("127.0.0.3", "other")
+            wait_until(lambda: len(outcomes) == 10, 30)
+            assert same.result().status_code in (200, 429), same.result().text
+        assert other.status_code == 200, other.text  # another address: straight in
+        refused = [o for o in outcomes if isinstance(o, InferenceServerException)]
+        assert 1 <= len(refused) < 10, outcomes
+        assert all(e.status() == "StatusCode.RESOURCE_EXHAUSTED" for e in refused), refused
+        assert all("max_graph_requests_per_address" in e.message() for e in refused), refused
     finally:
         running.stop()

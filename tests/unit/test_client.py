@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import httpx
@@ -85,6 +86,9 @@ class FakeSystem:
 
     def has_graph(self, name: str) -> bool:  # no stateful graphs here
         return False
+
+    def graph_share(self, address: str, target: str) -> AbstractAsyncContextManager[None]:
+        return nullcontext()
 
     def is_ready(self) -> bool:
         return self.ready

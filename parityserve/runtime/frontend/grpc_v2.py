@@ -47,6 +47,7 @@ from parityserve.errors import (
     QueueFull,
     RequestError,
     ServiceError,
+    TooManyInFlight,
     TooManyStreams,
     Unauthorized,
     Unavailable,
@@ -80,6 +81,7 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (TooManyStreams, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a graph's full stream table
+    (TooManyInFlight, grpc.StatusCode.RESOURCE_EXHAUSTED),  # an address's share of a graph
     (Unauthorized, grpc.StatusCode.UNAUTHENTICATED),
     (Forbidden, grpc.StatusCode.PERMISSION_DENIED),
     (UnknownModel, grpc.StatusCode.NOT_FOUND),
@@ -161,8 +163,9 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         async def infer() -> Any:
             if isinstance(request, _Unparsed):  # what the bounded deserializer left unparsed
                 raise PayloadTooLarge(request.reason)
-            answer = await self.system.infer(_decoded(request, self.limits,
-                                                      context.time_remaining()))
+            decoded = _decoded(request, self.limits, context.time_remaining())
+            async with self.system.graph_share(peer_host(context.peer()), decoded.target):
+                answer = await self.system.infer(decoded)
             return _response(request, answer)
         return await self._answer(context, infer)
 
@@ -176,7 +179,7 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
                 self._check_token(context)
             return await work()
         except ParityServeError as exc:
-            if isinstance(exc, Overloaded | TooManyStreams):
+            if isinstance(exc, Overloaded | TooManyStreams | TooManyInFlight):
                 context.set_trailing_metadata((("retry-after", f"{exc.retry_after_s:g}"),))
             await context.abort(status_for(exc), str(exc))
             raise  # abort raises; this line only satisfies the type checker
@@ -195,6 +198,18 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         if not authorized(header, self.auth.token):
             raise Unauthorized("this server protects inference: send metadata "
                                "'authorization: Bearer <token>' (see `parityserve token`)")
+
+
+def peer_host(peer: str) -> str:
+    """The client's address in gRPC's peer string (``ipv4:127.0.0.1:5000``,
+    ``ipv6:[::1]:5000``, ``unix:/path``): the host alone, as HTTP's ``request.client.host``
+    gives it, so that one address has one share of a graph over both edges."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    return rest or peer  # a Unix socket: its path (one local client)
 
 
 def bind_grpc(system: ServingSystem, *, host: str, port: int, auth: AuthPolicy,

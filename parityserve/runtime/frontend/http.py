@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager
 from importlib import metadata
 from time import perf_counter
 from typing import Any, TypeVar
@@ -60,7 +60,6 @@ from parityserve.errors import (
 from parityserve.models.sources import SourcePolicy
 from parityserve.runtime.frontend import clipper, v2
 from parityserve.runtime.frontend.auth import AuthPolicy, authorized
-from parityserve.runtime.frontend.client_gate import ClientGate
 from parityserve.runtime.frontend.openapi import build_openapi
 from parityserve.runtime.modelpath.metrics import Metrics
 from parityserve.runtime.serving.api import (
@@ -433,7 +432,6 @@ class _Frontend:
                            if self.limits.max_json_bytes < max_body_bytes
                            else (max_body_bytes, "server.max_body_bytes"))
         self.overload_status = overload_status
-        self.graph_gate = ClientGate(self.limits.max_graph_requests_per_address)
         self.server_doc = {"name": "parityserve", "version": _package_version(),
                            "extensions": ["binary_tensor_data"]}
         # The hot routes' guarded endpoints, shared by HotPaths and the Starlette routes.
@@ -635,13 +633,10 @@ class _Frontend:
         return Response(out, headers=headers), "reconstructed" if answer.rebuilt else "ok"
 
     def _graph_share(self, request: Request, target: str) -> AbstractAsyncContextManager[None]:
-        """A graph request waits for a place among its client address's (``ClientGate``);
-        anything else goes straight in."""
-        if not self.system.has_graph(target):
-            return nullcontext()
+        """A graph request waits for a place among its client address's (shared with gRPC:
+        ``ServingSystem.graph_share``)."""
         address = request.client.host if request.client is not None else ""
-        return self.graph_gate.slot(address, self.system.graph_deadline_s(target),
-                                    f"graph {target!r}")
+        return self.system.graph_share(address, target)
 
     # ------------------------------------------------------------ Clipper handlers
 

@@ -11,6 +11,7 @@ the real one (queues, workers, cache).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -145,6 +146,13 @@ class ServingSystem(Protocol):
     def has_graph(self, name: str) -> bool: ...
 
     def graph_deadline_s(self, name: str) -> float: ...
+
+    def graph_share(self, address: str, target: str) -> AbstractAsyncContextManager[None]:
+        """Entered around a request for ``target`` from client ``address``: for a graph, a
+        place among that address's (``server.limits.max_graph_requests_per_address``, one
+        count over every edge), waited for up to the graph's deadline, else
+        ``TooManyInFlight``; for anything else, nothing."""
+        ...
 
     async def graph_digests(self, graph: str) -> dict[str, Any]: ...
 

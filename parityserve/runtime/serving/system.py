@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from parityserve.runtime.serving.admin_ops import (
 )
 from parityserve.runtime.serving.api import Answer, InferenceRequest, ModelMetadata, Prediction
 from parityserve.runtime.serving.applications import AppRuntime
+from parityserve.runtime.serving.client_gate import ClientGate
 from parityserve.runtime.serving.expected import expected_accuracy
 from parityserve.runtime.serving.face import serve
 from parityserve.runtime.serving.lookup import find_model
@@ -105,6 +107,8 @@ class ServingSystem:
         self.clock = clock
         self.log_dir = log_dir
         self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
+        # one count per client address over every edge: HTTP and gRPC draw on the same share
+        self.graph_gate = ClientGate(config.server.limits.max_graph_requests_per_address)
         # Shared by every model's path: there is one event loop to saturate.
         self.loop_pressure = LoopPressure()
         self.metrics.watch_event_loop(lambda: self.loop_pressure.level)
@@ -287,6 +291,13 @@ class ServingSystem:
 
     def has_graph(self, name: str) -> bool:
         return self.graphs is not None and name in self.graphs
+
+    def graph_share(self, address: str, target: str) -> AbstractAsyncContextManager[None]:
+        """A graph request waits for a place among its client address's (``ClientGate``),
+        whichever edge it came by; anything else goes straight in."""
+        if not self.has_graph(target):
+            return nullcontext()
+        return self.graph_gate.slot(address, self.graph_deadline_s(target), f"graph {target!r}")
 
     def graph_deadline_s(self, name: str) -> float:
         """How long a client of graph ``name`` waits for its reply (its ``timeout_ms``)."""

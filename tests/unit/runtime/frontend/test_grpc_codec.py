@@ -24,6 +24,7 @@ from parityserve.errors import (
     UnknownModel,
 )
 from parityserve.runtime.frontend import grpc_v2, v2
+from parityserve.runtime.frontend.grpc_v2 import peer_host
 
 
 @pytest.mark.parametrize(("error", "code"), [
@@ -109,6 +110,9 @@ class _Context:
     def time_remaining(self) -> float | None:
         return None  # the call set no deadline
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.aborted = (code, details)
         raise _Aborted(details)
@@ -152,3 +156,13 @@ def test_an_expected_error_keeps_its_clear_message() -> None:
     code, details = _metadata_call(InvalidInput("input 'x': expected shape [-1, 4]"))
     assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
                                "input 'x': expected shape [-1, 4]")
+
+
+@pytest.mark.parametrize(("peer", "host"), [
+    ("ipv4:127.0.0.1:50000", "127.0.0.1"), ("ipv6:[::1]:50000", "::1"),
+    ("ipv6:[2001:db8::7]:443", "2001:db8::7"), ("unix:/tmp/grpc.sock", "/tmp/grpc.sock"),
+    ("unix-abstract:name", "name"), ("", "")])
+def test_a_grpc_peer_is_its_host_as_http_names_it(peer: str, host: str) -> None:
+    """One address, one share of a graph over both edges: gRPC's peer string gives the host
+    HTTP's ``request.client.host`` gives (the port is not part of who the client is)."""
+    assert peer_host(peer) == host

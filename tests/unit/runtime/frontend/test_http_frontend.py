@@ -6,6 +6,7 @@ import logging
 import re
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -110,6 +111,9 @@ class FakeSystem:
 
     def has_graph(self, name: str) -> bool:  # no stateful graphs here
         return False
+
+    def graph_share(self, address: str, target: str) -> AbstractAsyncContextManager[None]:
+        return nullcontext()
 
     def is_ready(self) -> bool:
         return self.ready

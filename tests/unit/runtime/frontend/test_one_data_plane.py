@@ -74,6 +74,9 @@ class Context:
     def time_remaining(self) -> float | None:
         return None  # the call set no deadline
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.aborted = (code, details)
         raise Aborted(details)

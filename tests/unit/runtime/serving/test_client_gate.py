@@ -1,4 +1,4 @@
-"""runtime/frontend/client_gate.py: one client address's requests inside a graph at once
+"""runtime/serving/client_gate.py: one client address's requests inside a graph at once
 (issue 38). Pure asyncio, no server."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from parityserve.errors import TooManyInFlight
-from parityserve.runtime.frontend.client_gate import ClientGate
+from parityserve.runtime.serving.client_gate import ClientGate
 
 
 def run(coro):  # type: ignore[no-untyped-def]
