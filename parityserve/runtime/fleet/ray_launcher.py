@@ -126,9 +126,7 @@ class RayReplica:
         self._node_id = node_id
         self.death: str | None = None
         self._code: int | None = None
-        self._poll: Any = None
-        self._polled = threading.Event()  # set by Ray's thread when ``_poll`` finished
-        self._next_poll = 0.0
+        self._exit = ActorExit(actor, f"replica {spec.replica_id}", _POLL_EVERY_S)
 
     @property
     def pid(self) -> int:
@@ -146,20 +144,10 @@ class RayReplica:
         return self._node_id
 
     def exit_code(self) -> int | None:
-        if self._code is not None:
-            return self._code
-        now = time.monotonic()
-        if self._poll is None and now >= self._next_poll:
-            self._poll, self._next_poll = self.actor.poll.remote(), now + _POLL_EVERY_S
-            self._polled = done_flag(self._poll)
-        if self._poll is not None and self._polled.is_set():
-            self._code, self._poll = self._collect(self._poll), None
+        if self._code is None:
+            self._code = self._exit.check()
+            self.death = self._exit.death or self.death
         return self._code
-
-    def _collect(self, ref: Any) -> int | None:
-        code, death = actor_exit(lambda: ray.get(ref), f"replica {self.spec.replica_id}")
-        self.death = death or self.death
-        return code
 
     def kill(self) -> None:
         self._code = self._code if self._code is not None else ACTOR_DIED
@@ -200,6 +188,35 @@ def connect_ray(address: str | None) -> bool:
 def alive_nodes() -> list[Node]:
     """The nodes Ray reports alive, with their total CPU, GPU and memory."""
     return [node_of(info) for info in ray.nodes() if info.get("Alive")]
+
+
+class ActorExit:
+    """An actor's end, watched without ever blocking: one ``poll`` call of the actor kept in
+    flight (a new one at most every ``every_s``), looked at through ``done_flag``. ``check``
+    is the exit code once the actor's process exited, or ``ACTOR_DIED`` once the actor did
+    (then ``death`` says why); None while it runs. The handles on replica actors
+    (``RayReplica``) and on graph members' actors (``ray_operators``) each hold one."""
+
+    def __init__(self, actor: Any, what: str, every_s: float) -> None:
+        self.actor, self.what, self.every_s = actor, what, every_s
+        self.code: int | None = None
+        self.death: str | None = None
+        self._poll: Any = None
+        self._polled = threading.Event()  # set by Ray's thread when ``_poll`` finished
+        self._next_poll = 0.0
+
+    def check(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        now = time.monotonic()
+        if self._poll is None and now >= self._next_poll:
+            self._poll, self._next_poll = self.actor.poll.remote(), now + self.every_s
+            self._polled = done_flag(self._poll)
+        if self._poll is not None and self._polled.is_set():
+            ref, self._poll = self._poll, None
+            self.code, death = actor_exit(lambda: ray.get(ref), self.what)
+            self.death = death or self.death
+        return self.code
 
 
 def done_flag(ref: Any) -> threading.Event:

@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,7 @@ from parityserve.runtime.fleet.processes import log_file, worker_env
 from parityserve.runtime.fleet.ray_launcher import (
     ACTOR_DIED,
     NAMESPACE,
-    actor_exit,
-    done_flag,
+    ActorExit,
     node_of,
 )
 from parityserve.runtime.fleet.zygote import OPERATOR, command_of
@@ -103,9 +101,7 @@ class RayOperatorProcess:
         self.host: str | None = None
         self._pid = 0
         self._where: Any = actor.where.remote()
-        self._poll: Any = None
-        self._polled = threading.Event()  # set by Ray's thread when ``_poll`` finished
-        self._next_poll = 0.0
+        self._exit = ActorExit(actor, f"operator on node {node_id}", _POLL_EVERY_S)
 
     @property
     def pid(self) -> int:
@@ -124,14 +120,9 @@ class RayOperatorProcess:
         return self.host == socket.gethostname()
 
     def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        now = time.monotonic()
-        if self._poll is None and now >= self._next_poll:
-            self._poll, self._next_poll = self.actor.poll.remote(), now + _POLL_EVERY_S
-            self._polled = done_flag(self._poll)
-        if self._poll is not None and self._polled.is_set():
-            self.returncode, self._poll = self._collect(self._poll), None
+        if self.returncode is None:
+            self.returncode = self._exit.check()
+            self.death = self._exit.death or self.death
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -158,11 +149,6 @@ class RayOperatorProcess:
         self.returncode = ACTOR_DIED if self.returncode is None else self.returncode
         with contextlib.suppress(RayError, ValueError):
             self.actor.stop.remote()
-
-    def _collect(self, ref: Any) -> int | None:
-        code, death = actor_exit(lambda: ray.get(ref), f"operator on node {self.node_id}")
-        self.death = death or self.death
-        return code
 
     def _look_where(self) -> None:
         if self._where is None or not ray.wait([self._where], timeout=0)[0]:

@@ -72,11 +72,12 @@ class MemberLauncher:
         self.notes: dict[str, str] = {}  # operator -> why its members share a node (Ray)
         self.watches_nodes = False  # Ray: nodes join (``read_nodes``, ``spares_to_renew``)
 
-    def read_nodes(self) -> tuple[list[Any], bool]:
-        """The live nodes, and whether one joined since the last call (local: one, never)."""
-        return [], False
+    def read_nodes(self) -> tuple[Any, bool]:
+        """What the cluster says of its nodes (for ``spares_to_renew``), and whether one
+        joined since the last call (local: one, never). It may block: called off the loop."""
+        return None, False
 
-    def spares_to_renew(self, nodes: list[Any]) -> dict[str, str]:
+    def spares_to_renew(self, nodes: Any) -> dict[str, str]:
         """Operator -> its spare to retire so that its replacement goes to a joined node."""
         return {}
 

@@ -106,9 +106,10 @@ class RayMemberLauncher(MemberLauncher):
         if handle is not None:
             self._note(member.spec.op, None)  # (a retired spare: its operator may be apart now)
 
-    def read_nodes(self) -> tuple[list[Node], bool]:
-        """The live nodes, and whether one joined since the last call (the first call only
-        learns them). One GCS call: the watch makes it off the frontend's loop."""
+    def read_nodes(self) -> tuple[tuple[list[Node], dict[str, Resources]], bool]:
+        """The live nodes and, when one joined since the last call (the first call only
+        learns them), what is free on each; and whether one did. GCS calls only: the watch
+        makes them off the frontend's loop (``spares_to_renew`` then runs on it, pure)."""
         nodes, _ = live_nodes()
         ids = {n.node_id for n in nodes}
         new = ids - self.seen if self.seen is not None else set()
@@ -116,11 +117,16 @@ class RayMemberLauncher(MemberLauncher):
         if new:
             log.warning("graph placement: node%s %s joined", "s" if len(new) > 1 else "",
                         ", ".join(sorted(new)))
-        return nodes, bool(new)
+        return (nodes, free_resources() if new else {}), bool(new)
 
-    def spares_to_renew(self, nodes: list[Node]) -> dict[str, str]:
-        """Operator -> its spare to retire, so that its replacement goes to a joined node."""
-        return spares_to_renew(self.graph, self._running_members(), self._usable(nodes),
+    def spares_to_renew(self, nodes: tuple[list[Node], dict[str, Resources]]
+                        ) -> dict[str, str]:
+        """Operator -> its spare to retire, so that its replacement goes to a joined node
+        (``nodes``: what ``read_nodes`` read)."""
+        alive, free = nodes
+        running = self._running_members()
+        return spares_to_renew(self.graph, running,
+                               usable_nodes(self.graph, alive, free, running),
                                self._suspect_nodes())
 
     def _usable(self, nodes: list[Node]) -> list[Node]:

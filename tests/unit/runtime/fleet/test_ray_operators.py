@@ -17,7 +17,7 @@ from ray.exceptions import RayError  # noqa: E402
 
 from parityserve.core.hams.placement import StatefulGraph  # noqa: E402
 from parityserve.core.placement import Node, Resources  # noqa: E402
-from parityserve.runtime.fleet import ray_operators  # noqa: E402
+from parityserve.runtime.fleet import ray_launcher, ray_operators  # noqa: E402
 from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED  # noqa: E402
 from parityserve.runtime.graphs import hams_ray_members  # noqa: E402
 from parityserve.runtime.graphs.hams_members import Member  # noqa: E402
@@ -71,9 +71,11 @@ class FakeRay:
 @pytest.fixture()
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeRay, list[float]]:
     ray, now = FakeRay(), [100.0]
-    monkeypatch.setattr(ray_operators, "ray", ray)
-    monkeypatch.setattr(ray_operators, "time", SimpleNamespace(
-        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    clock = SimpleNamespace(monotonic=lambda: now[0],
+                            sleep=lambda s: now.__setitem__(0, now[0] + s))
+    for module in (ray_operators, ray_launcher):  # (the exit watch, ``ActorExit``, is there)
+        monkeypatch.setattr(module, "ray", ray)
+        monkeypatch.setattr(module, "time", clock)
     return ray, now
 
 
