@@ -78,7 +78,7 @@ from tests.integration.test_hams_sequences import (  # noqa: E402
 
 # each wait below has a generous ceiling of its own (a busy machine: Ray's health checks, a
 # member loading under another job's load); the default 120 s per test would cut them short
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster, pytest.mark.timeout(300)]
 
 STATEFUL = ("seq1", "seq2")
 ROLES = ("primary", "backup", "spare")

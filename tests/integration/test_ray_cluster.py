@@ -31,7 +31,7 @@ from parityserve.client import Client  # noqa: E402
 from parityserve.config import parse_config  # noqa: E402
 from parityserve.runtime.fleet.placement_plan import deployment_members, slot_key  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 VECTOR = {"name": "input", "datatype": "FP32", "shape": [4]}
 
