@@ -109,10 +109,14 @@ def crash_node(cluster: Any, node: Any) -> None:
 
     pids = [a["Pid"] for a in ray._private.state.actors().values()
             if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id]
-    doomed = pids + [child for pid in pids for child in _descendants(pid)]
-    # the kills first, all in one instant, the node's removal after: removing it takes a
-    # second or more under load, and the members it took down went one at a time meanwhile
-    # (one 1.3 s after another: a crash seen as two failures)
+    # the node's own processes (its raylet among them), its actors and what they started,
+    # all SIGKILLed in one instant, and the node removed after. Removing it first took 1.3 s
+    # under load, and the members on it died one at a time meanwhile (one crash seen as
+    # two); killing only the actors first left the raylet up, and a replacement placed on
+    # the "crashed" node was started there and died with it seconds later
+    own = [info.process.pid for infos in getattr(node, "all_processes", {}).values()
+           for info in infos if getattr(info, "process", None) is not None]
+    doomed = own + pids + [child for pid in pids for child in _descendants(pid)]
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
