@@ -410,6 +410,16 @@ def replica_nodes() -> dict[str, set[str]]:
     return found
 
 
+def replica_counts() -> dict[str, int]:
+    """Stateless model -> how many of its replica actors are live, from the GCS."""
+    found: dict[str, int] = {}
+    for a in ray._private.state.actors().values():
+        if a["State"] == "ALIVE" and a["ActorClassName"] == "ReplicaActor":
+            model = a["Name"].split("/")[0]
+            found[model] = found.get(model, 0) + 1
+    return found
+
+
 def two_apart(g: Graph) -> tuple[str, str]:
     """Two nodes whose loss leaves every operator one member holding its state (its primary
     or its backup): seq1's primary's node first, and second the node of seq1's spare (the one
@@ -434,8 +444,10 @@ def test_4_two_nodes_in_a_row_300ms_apart(graph: Graph) -> None:
     g, runtime = graph, graph.runtime
     ensure_nodes(g, NODES)
     # the earlier crashes' replicas are replaced by now: with one of a model's two still
-    # starting, its only live one may be on seq1's primary's node, and no pair qualifies
-    wait_until(lambda: all(len(nodes) >= 2 for nodes in replica_nodes().values()), 120)
+    # starting, its only live one may be on seq1's primary's node, and no pair qualifies.
+    # Live, not on two nodes: Ray's SPREAD is soft, and a replacement may join its twin on
+    # one node (the wait for two nodes then never ended: a clean-clone make test at c08c97b)
+    wait_until(lambda: all(n >= 2 for n in replica_counts().values()), 120)
     first, second = two_apart(g)
     event = under_load(g, crash(g, first, second, gap_s=GAP_S))
     left = {n.node_id for n in g.alive}
