@@ -301,13 +301,17 @@ def test_checkpoint_replay_recovers_by_replay_and_counts_its_conflicts(tmp_path:
             # clients already hold outputs that the replay will compute again.
             if killed:
                 return
-            os.kill(pid, signal.SIGSTOP)  # no output or checkpoint leaves it from here
-            ops = graph_state(url)["operators"]["seq1"]
-            if ops["since_checkpoint"] >= 2 and ops["answered_since_checkpoint"] >= 1:
-                kill(pid)
-                killed.append(pid)
-            else:
-                os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, signal.SIGSTOP)  # no output or checkpoint leaves it from here
+                ops = graph_state(url)["operators"]["seq1"]
+                if ops["since_checkpoint"] >= 2 and ops["answered_since_checkpoint"] >= 1:
+                    kill(pid)
+                    killed.append(pid)
+                else:
+                    os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:  # frozen past the heartbeat timeout while the state
+                killed.append(pid)  # was read (a loaded machine): the frontend failed it
+                # over itself, which is the kill (a clean-clone make test at a6bc692)
 
         replies = send_streams(url, data, dict.fromkeys(range(STEPS // 2, STEPS - 2),
                                                          kill_after_a_checkpoint))
