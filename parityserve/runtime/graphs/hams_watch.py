@@ -19,7 +19,8 @@ timeout; one spinning forever is suspected at the grace. A thread in uninterrupt
 too: under another job's heavy I/O a member waits there, alive (a fresh-clone make test
 beside a Ray cluster starting up lost five healthy members at once by the 200 ms timeout).
 Each suspicion is logged with how long the member was silent and its threads' states, so the
-next one says which it was.
+next one says which it was. A member on another host (a Ray actor, ``hams_ray_members``)
+has no ``/proc`` here to read: it gets the plain timeout.
 
 Silence is only evidence against a member while the frontend is shown to be hearing: when no
 member at all has been heard within the timeout, the likelier cause is this side (the
@@ -28,8 +29,7 @@ as a starved member; a member whose process exited is still lost at once. Withou
 clean-clone make test beside a Ray node joining heard nothing from any of four healthy members
 of a Ray graph for 207-214 ms, every thread of them asleep, and failed over both operators at
 once (2026-11-29). A graph with one member has no second one to vouch: it keeps the plain
-timeout. A member on another host (a Ray actor, ``hams_ray_members``)
-has no ``/proc`` here to read: it gets the plain timeout.
+timeout.
 
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
@@ -120,7 +120,7 @@ class Watch:
                  if m.lost is None and m.hello.done()]
         return len(beats) < 2 or now - max(beats) <= self._silence_limit_s()
 
-    def _check(self, op: str, member: Member, now: float, hearing: bool = True) -> None:
+    def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
         how = self._loss(member, now, hearing)
         if how is None:
             return
@@ -150,7 +150,7 @@ class Watch:
             for _, member in self.members.by_id.values():
                 member.last_beat += stall_s
 
-    def _loss(self, member: Member, now: float, hearing: bool = True) -> str | None:
+    def _loss(self, member: Member, now: float, hearing: bool) -> str | None:
         if not member.hello.done():
             return "exit" if member.exited() else None
         if (self.ctx.graph.detection == "exit" or not hearing) and member.exited():
