@@ -6,7 +6,8 @@ state manager copies s^n and sends it to the backup. ``update(n+1)`` waits for t
 because the copy must not see half-written state (H2).
 
 At most one undelivered state is in flight: while the backup has not acknowledged receipt
-of the last one, no new copy starts. States are full, so the batches that finish meanwhile
+of the last one, no new copy starts (in ``hams`` mode the backup's receipt is its APPLIED,
+``hams_worker.Backup.hear``). States are full, so the batches that finish meanwhile
 are not lost: their lineages are folded into the next state shipped (coalescing). The
 model never waits on the network, only on a local copy: that is the "non-stop".
 

@@ -17,6 +17,7 @@ writes them over its state; the primary folds them into the full copy it retains
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,7 @@ class FlatState:
         out = {}
         for name, dtype, shape, offset in self.layout:
             kind = _number_dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
+            nbytes = math.prod(shape) * kind.itemsize  # (np.prod: ~10 us a call)
             if offset + nbytes > self.buffer.nbytes:
                 raise ProtocolError(f"state tensor {name} runs past the end of the buffer")
             out[name] = self.buffer[offset:offset + nbytes].view(kind).reshape(shape)
@@ -162,6 +163,7 @@ class FlatDelta:
         """Check every block against its target (name, dtype, row shape, row range) before
         writing any: a bad delta changes nothing."""
         blocks = self.arrays()
+        low, high = (int(self.rows.min()), int(self.rows.max())) if len(self.rows) else (0, -1)
         for name, block in blocks.items():
             target = targets.get(name)
             if target is None or target.dtype != block.dtype \
@@ -169,8 +171,7 @@ class FlatDelta:
                 raise ProtocolError(f"delta tensor {name!r} does not fit this operator's "
                                     "state: were the primary and backup built with the same "
                                     "options?")
-            if len(self.rows) and not 0 <= int(self.rows.min()) <= int(self.rows.max()) \
-                    < len(target):
+            if low < 0 or high >= len(target):
                 raise ProtocolError(f"delta rows of {name!r} run past its {len(target)} rows")
         for name, block in blocks.items():
             targets[name][self.rows] = block
@@ -185,7 +186,7 @@ def _block_layout(sources: Mapping[str, np.ndarray], k: int) -> tuple[Layout, in
     for name, array in sources.items():
         shape = (k, *array.shape[1:])
         entries.append((name, array.dtype.str, shape, offset))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
+        nbytes = math.prod(shape) * array.dtype.itemsize
         offset += -(-nbytes // _ALIGN) * _ALIGN
     return tuple(entries), offset
 
