@@ -536,7 +536,8 @@ class Graph(_Frozen):
         "exit", description="how a lost operator process is noticed: its exit (the kernel "
         "tells the frontend at once), or missed heartbeats alone")
     heartbeat_timeout_ms: float = Field(
-        200, gt=0, description="an operator silent this long is lost; heartbeats every 50 ms")
+        200, gt=0, description="an operator silent this long is lost; it sends a "
+        "heartbeat after 50 ms without any other message")
     full_state_every: int = Field(
         50, ge=1, le=1_000_000, description="a stateful operator that declares what each "
         "batch changed (zoo:stream-lstm's stream slots) sends its backup only those rows, and "
