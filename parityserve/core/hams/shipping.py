@@ -5,11 +5,16 @@ stage (writes it). After batch n its outputs leave at once; while batch n+1 comp
 state manager copies s^n and sends it to the backup. ``update(n+1)`` waits for that copy,
 because the copy must not see half-written state (H2).
 
-At most one undelivered state is in flight: while the backup has not acknowledged receipt
-of the last one, no new copy starts (in ``hams`` mode the backup's receipt is its APPLIED,
-``hams_worker.Backup.hear``). States are full, so the batches that finish meanwhile
-are not lost: their lineages are folded into the next state shipped (coalescing). The
-model never waits on the network, only on a local copy: that is the "non-stop".
+At most ``window`` undelivered states are in flight (the paper: one): while the backup has
+not acknowledged receipt of them, no new copy starts. The batches that finish meanwhile are
+not lost: their lineages are folded into the next state shipped (coalescing). The model
+never waits on the network, only on a local copy: that is the "non-stop". The link keeps
+order, so a delta whose base is still in flight reaches the backup after its base.
+
+Why a window of two in the worker: with one, a batch's state waits for the receipt of the
+one before it, a round trip through the backup process; on two shared cores that wait was
+on every reply's path (waiting for the APPLIED instead of the RECEIVED took hams from
+0.99x to 1.19x bare; benchmarks/results/hams-profile/README.md).
 
 The primary keeps the last copy its backup *applied* (H5) to roll back to if the backup
 dies before applying a newer one (the Fig. 6 case); ``retained_seq`` names it.
@@ -41,18 +46,20 @@ class CopyOrder:
 class ShipperStats:
     last_executed: int
     copying: int | None
-    in_flight: int | None
+    in_flight: int | None  # the newest state in flight
     applied: int
     unshipped: int
 
 
 class PrimaryShipper:
-    def __init__(self, op: str, start_seq: int = 0) -> None:
-        self.op = op
+    def __init__(self, op: str, start_seq: int = 0, window: int = 1) -> None:
+        if window < 1:
+            raise ValueError(f"{op}: a shipping window is at least 1 state, got {window}")
+        self.op, self.window = op, window
         self._executed = start_seq
         self._unshipped: list[Lineage] = []
         self._copying: int | None = None
-        self._in_flight: int | None = None
+        self._in_flight: list[int] = []  # shipped, receipt not heard, in shipping order
         self._applied = start_seq
         self._unapplied: list[tuple[int, tuple[Lineage, ...]]] = []  # shipped, not applied
         self._copy_lineages: tuple[Lineage, ...] = ()
@@ -83,10 +90,10 @@ class PrimaryShipper:
         if seq != self._copying:
             raise ValueError(f"{self.op}: finished copying {seq}, was copying {self._copying}")
         self._copying = None
-        if self._in_flight is not None or self._resend:
+        if len(self._in_flight) >= self.window or self._resend:
             self._resend.append((seq, self._copy_lineages))
             return self._maybe_copy()
-        self._in_flight = seq
+        self._in_flight.append(seq)
         self._unapplied.append((seq, self._copy_lineages))
         return CopyOrder(seq, self._copy_lineages, existing=True)
 
@@ -94,8 +101,7 @@ class PrimaryShipper:
         """The backup acknowledged receipt of state ``seq``. If batches finished since, their
         state may be copied now; the caller takes it at the next point the state is at rest
         (right away if the operator is idle, else during the next compute stage)."""
-        if seq == self._in_flight:
-            self._in_flight = None
+        self._in_flight = [s for s in self._in_flight if s > seq]  # the link keeps order
         return self._maybe_copy()
 
     def applied(self, seq: int) -> None:
@@ -104,11 +110,11 @@ class PrimaryShipper:
         self._unapplied = [(s, lins) for s, lins in self._unapplied if s > self._applied]
 
     def _maybe_copy(self) -> CopyOrder | None:
-        if self._in_flight is not None or self._copying is not None:
+        if len(self._in_flight) >= self.window or self._copying is not None:
             return None
         if self._resend:
             seq, lineages = self._resend.pop(0)
-            self._in_flight = seq
+            self._in_flight.append(seq)
             self._unapplied.append((seq, lineages))
             return CopyOrder(seq, lineages, existing=True)
         if not self._unshipped:
@@ -124,9 +130,10 @@ class PrimaryShipper:
         them durable, so the new one must reproduce them, not jump to a newer state."""
         self._resend = sorted([*self._unapplied, *self._resend], key=lambda entry: entry[0])
         self._unapplied = []
-        self._in_flight = None
+        self._in_flight = []
         return self._maybe_copy()
 
     def statistics(self) -> ShipperStats:
-        return ShipperStats(self._executed, self._copying, self._in_flight, self._applied,
+        return ShipperStats(self._executed, self._copying,
+                            self._in_flight[-1] if self._in_flight else None, self._applied,
                             len(self._unshipped))

@@ -71,6 +71,7 @@ class Sim:
     topology: Topology
     rng: random.Random
     batch_limit: int = 2
+    window: int = 1  # states in flight per primary (PrimaryShipper)
     router: GraphRouter[int] = field(init=False)
     primaries: dict[str, Primary] = field(default_factory=dict)
     backups: dict[str, Backup | None] = field(default_factory=dict)
@@ -87,7 +88,8 @@ class Sim:
     def __post_init__(self) -> None:
         self.router = GraphRouter(self.topology, sum)
         for op in self.topology.stateful:
-            self.primaries[op] = Primary(self._pid(), Snapshot(0, ()), PrimaryShipper(op),
+            self.primaries[op] = Primary(self._pid(), Snapshot(0, ()),
+                                         PrimaryShipper(op, window=self.window),
                                          {0: Snapshot(0, ())})
             self.backups[op] = self._new_backup(op, Snapshot(0, ()), 0)
 
@@ -289,7 +291,7 @@ class Sim:
         assert backup is not None
         snap = backup.snap
         # the backup process itself becomes the primary: its messages stay valid
-        self.primaries[op] = Primary(backup.pid, snap, PrimaryShipper(op, applied),
+        self.primaries[op] = Primary(backup.pid, snap, PrimaryShipper(op, applied, self.window),
                                      {applied: snap})
         # the demoted primary (alive) or a fresh process becomes the backup, full state
         self.backups[op] = self._new_backup(op, snap, applied)
@@ -298,7 +300,7 @@ class Sim:
     def _roll_back_in_place(self, op: str, applied: int) -> None:
         old = self.primaries[op]
         snap = old.copies[applied]
-        self.primaries[op] = Primary(self._pid(), snap, PrimaryShipper(op, applied),
+        self.primaries[op] = Primary(self._pid(), snap, PrimaryShipper(op, applied, self.window),
                                      {applied: snap})
 
     # -- the oracle --------------------------------------------------------------------

@@ -155,6 +155,41 @@ def test_update_waits_for_the_copy_and_one_state_is_in_flight() -> None:
     assert coalesced is not None and coalesced.seq == 3 and len(coalesced.lineages) == 2
 
 
+def test_a_window_of_two_ships_the_next_state_before_the_first_receipt() -> None:
+    ship = PrimaryShipper("A", window=2)
+    ship.batch_finished((lin((FRONTEND, 1, "A", 1)),), 1)
+    assert ship.copy_finished(1) is not None
+    second = ship.batch_finished((lin((FRONTEND, 2, "A", 2)),), 2)  # 1 in flight: room
+    assert second is not None and second.seq == 2
+    assert ship.copy_finished(2) is not None and ship.statistics().in_flight == 2
+    assert ship.batch_finished((lin((FRONTEND, 3, "A", 3)),), 3) is None  # two in flight
+    assert ship.batch_finished((lin((FRONTEND, 4, "A", 4)),), 4) is None
+    assert ship.received(0) is None  # an old receipt frees nothing
+    coalesced = ship.received(1)  # one place frees: the batches since go in one copy
+    assert coalesced is not None and coalesced.seq == 4 and len(coalesced.lineages) == 2
+    assert ship.copy_finished(4) is not None
+    assert ship.received(4) is None and ship.statistics().in_flight is None  # 2 and 4
+
+
+def test_a_new_backup_gets_every_unapplied_state_again_within_the_window() -> None:
+    ship = PrimaryShipper("A", window=2)
+    for seq in (1, 2):
+        ship.batch_finished((lin((FRONTEND, seq, "A", seq)),), seq)
+        ship.copy_finished(seq)
+    ship.received(1)
+    ship.applied(1)
+    ship.batch_finished((lin((FRONTEND, 3, "A", 3)),), 3)
+    ship.copy_finished(3)  # 2 and 3 in flight, unapplied
+    first = ship.lost_backup()
+    assert first is not None and first.existing and first.seq == 2
+    assert ship.received(2) is not None  # the resends go in order, within the window
+
+
+def test_a_window_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PrimaryShipper("A", window=0)
+
+
 def test_the_applied_copy_is_retained_and_a_new_backup_gets_every_state_again() -> None:
     ship = PrimaryShipper("A")
     ship.batch_finished((lin((FRONTEND, 1, "A", 1)),), 1)

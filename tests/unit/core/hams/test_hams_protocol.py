@@ -79,10 +79,10 @@ def act(sim: Sim, kind: str, arg: str | int) -> None:
 
 @settings(max_examples=400, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), graph=st.sampled_from(GRAPHS),
-       batch=st.integers(1, 3), crashes=st.integers(0, 4))
+       batch=st.integers(1, 3), crashes=st.integers(0, 4), window=st.integers(1, 2))
 def test_any_interleaving_and_crashes_stay_consistent(
-        seed: int, graph: Topology, batch: int, crashes: int) -> None:
-    sim = Sim(graph, random.Random(seed), batch_limit=batch)
+        seed: int, graph: Topology, batch: int, crashes: int, window: int) -> None:
+    sim = Sim(graph, random.Random(seed), batch_limit=batch, window=window)
     walk(sim, random.Random(seed + 1), clients=8, steps=150, crashes=crashes)
     assert sim.problems() == []
 
@@ -92,7 +92,8 @@ def test_many_injected_failures_all_consistent() -> None:
     and backups over seeded runs, every run consistent."""
     killed = 0
     for seed in range(600):
-        sim = Sim(GRAPHS[seed % len(GRAPHS)], random.Random(seed), batch_limit=1 + seed % 3)
+        sim = Sim(GRAPHS[seed % len(GRAPHS)], random.Random(seed), batch_limit=1 + seed % 3,
+                  window=1 + seed % 2)
         killed += walk(sim, random.Random(~seed), clients=8, steps=150, crashes=4)
         assert sim.problems() == [], seed
     assert killed >= 1000

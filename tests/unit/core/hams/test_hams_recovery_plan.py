@@ -277,7 +277,8 @@ class PlanSim(Sim):
         else:  # the backup becomes the primary at the state it last applied
             taker = self._holder(op, pid)
             seq, snap = taker.applier.applied_seq, taker.snap
-        self.primaries[op] = Primary(pid, snap, PrimaryShipper(op, seq), {seq: snap})
+        self.primaries[op] = Primary(pid, snap, PrimaryShipper(op, seq, self.window),
+                                     {seq: snap})
         if not in_place:  # a new primary: attached to the spare it seeded, or to none yet
             self.attached.pop(pid, None)
         spare = self.seeded_spares.get(op)
