@@ -275,7 +275,9 @@ def markdown(store: dict[str, Any]) -> str:
         f"client: open-loop Poisson, {p['rate_model']:g} req/s to the model (V2 JSON) and "
         f"{p['rate_graph']:g} req/s to the graph on {len(GOOD_STREAMS)} stream keys; latency "
         "from each query's intended send time, over answered queries; a query not answered "
-        f"200 within {_DEADLINE_S:g} s is a failure.", "",
+        f"200 within {_DEADLINE_S:g} s is a failure."
+        + (f" The server took {p['graph_share']} requests of one address into the graph at "
+           "once (`--graph-share`; its default is 8)." if "graph_share" in p else ""), "",
         "## Verdict", "",
         f"- Well-behaved success in hostile windows: {_pct(v['hostile']['success'])} "
         f"({v['hostile']['ok']} of {v['hostile']['n']}; target >= {100 * SUCCESS_TARGET:g}%): "
@@ -635,7 +637,10 @@ def _wait_ready(url: str, timeout_s: float = 180.0) -> None:
 def _serve_and_measure(params: dict[str, Any], todo: Sequence[Window], store: dict[str, Any],
                        path: Path) -> None:
     grpc_port = free_port()
-    config = {**CONFIG, "server": {**CONFIG["server"], "grpc_port": grpc_port}}
+    section: dict[str, Any] = {**CONFIG["server"], "grpc_port": grpc_port}
+    if "graph_share" in params:
+        section["limits"] = {"max_graph_requests_per_address": params["graph_share"]}
+    config = {**CONFIG, "server": section}
     with tempfile.TemporaryDirectory() as tmp:
         config_path = write_config(config, Path(tmp) / "soak.yaml")
         with ServerProcess(config_path, log_dir=Path(tmp) / "logs") as server:
@@ -670,6 +675,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only the attacks whose names contain WORDS (case-insensitive; "
                    "repeat for several), to see what one attack costs the well-behaved "
                    "client; default: all of them")
+    p.add_argument("--graph-share", type=int, metavar="N",
+                   help="the server's server.limits.max_graph_requests_per_address (default: "
+                   "the server's own, 8): how many of one address's requests a graph takes "
+                   "in at once")
     p.add_argument("--results-dir", type=Path,
                    help="default benchmarks/results/soak (soak-quick with --quick)")
     p.set_defaults(func=run)
@@ -683,6 +692,10 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
         "rate_graph": args.rate_graph, "seed": args.seed, "windows": 2 * rounds + 1}
     if args.attacks:  # absent when all run, so that a run of all resumes as before
         params["attacks"] = [a.name for a in select_attacks(args.attacks)]
+    if args.graph_share is not None:  # absent by default, for the same reason
+        if args.graph_share < 1:
+            raise ValueError(f"--graph-share is at least 1, got {args.graph_share}")
+        params["graph_share"] = args.graph_share
     return params
 
 
@@ -694,7 +707,7 @@ def command(argv: Sequence[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         params = _params(args)
-    except ValueError as exc:  # an --attack that names none
+    except ValueError as exc:  # an --attack that names none, a --graph-share below 1
         print(f"soak: {exc}", file=sys.stderr)
         return 2
     folder = args.results_dir or Path("benchmarks/results/soak-quick" if args.quick

@@ -63,7 +63,8 @@ def test_the_plan_starts_and_ends_calm_and_alternates() -> None:
 def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all() -> None:
     def total(quick: bool, kind: str | None = None) -> float:
         args = argparse.Namespace(quick=quick, rounds=10, calm_s=30.0, hostile_s=60.0,
-                                  rate_model=20.0, rate_graph=20.0, seed=0, attacks=None)
+                                  rate_model=20.0, rate_graph=20.0, seed=0, attacks=None,
+                                  graph_share=None)
         p = _params(args)
         plan = plan_windows(p["rounds"], p["calm_s"], p["hostile_s"])
         assert p["windows"] == len(plan)
@@ -71,6 +72,18 @@ def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all
 
     assert total(False, "hostile") >= 600
     assert total(True) <= 180
+
+
+def test_a_graph_share_is_a_parameter_of_the_run_and_at_least_one() -> None:
+    def params(share: int | None) -> dict[str, object]:
+        return _params(argparse.Namespace(quick=True, rounds=10, calm_s=30.0, hostile_s=60.0,
+                                          rate_model=20.0, rate_graph=20.0, seed=0,
+                                          attacks=None, graph_share=share))
+
+    assert "graph_share" not in params(None)  # a default run resumes as before
+    assert params(4)["graph_share"] == 4
+    with pytest.raises(ValueError, match="at least 1"):
+        params(0)
 
 
 def test_percentiles_come_with_their_samples_and_failures_count_only_against_success() -> None:
