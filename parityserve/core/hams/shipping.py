@@ -75,12 +75,15 @@ class PrimaryShipper:
         return self._applied
 
     def batch_finished(self, lineages: tuple[Lineage, ...], last_seq: int) -> CopyOrder | None:
-        """The update stage of a batch ended. Returns a copy to take now (it overlaps the
-        next batch's compute stage) unless a state is still undelivered."""
+        """The update stage of a batch ended. Returns a new copy to take now (it overlaps
+        the next batch's compute stage) unless the window is full or copies wait to be
+        sent again: never an ``existing`` one."""
         if last_seq <= self._executed:
             raise ValueError(f"{self.op}: batch ending at {last_seq} after {self._executed}")
         self._executed = last_seq
         self._unshipped.extend(lineages)
+        if self._resend:  # a new backup catches up: the resends go first, each on a
+            return None  # receipt (the caller takes what this returns for a new copy)
         return self._maybe_copy()
 
     def copy_finished(self, seq: int) -> CopyOrder | None:

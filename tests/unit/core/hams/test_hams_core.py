@@ -4,6 +4,8 @@ the output commit, the primary's shipping gate, graph validation and the recover
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parityserve.core.hams import (
     FRONTEND,
@@ -273,3 +275,53 @@ def test_plans_outside_the_failure_model_are_refused(
         failed: list[str], dead: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan_failover(diamond(), failed, {"L": 0, "J": 0}, {}, epoch=1, dead_backups=dead)
+
+
+def test_a_batch_during_a_new_backups_catch_up_orders_no_copy() -> None:
+    """With a window of two, a place is free while a new backup is sent old copies again:
+    a batch ending then must not be handed a resend (the worker takes what batch_finished
+    returns for a new copy: it would label the live state with an old number)."""
+    ship = PrimaryShipper("A", window=2)
+    for seq in (1, 2):
+        ship.batch_finished((lin((FRONTEND, seq, "A", seq)),), seq)
+        ship.copy_finished(seq)
+    first = ship.lost_backup()  # 1 goes again; 2 waits with a place free
+    assert first is not None and first.existing and first.seq == 1
+    assert ship.batch_finished((lin((FRONTEND, 3, "A", 3)),), 3) is None
+    again = ship.received(1)
+    assert again is not None and again.existing and again.seq == 2
+    new = ship.received(2)
+    assert new is not None and not new.existing and new.seq == 3
+
+
+@settings(max_examples=1000, deadline=None)
+@given(window=st.integers(1, 3), steps=st.lists(st.integers(0, 3), max_size=24))
+def test_batch_finished_never_hands_out_an_existing_copy(window: int, steps: list[int]) -> None:
+    """Any sequence of batches, copies, receipts, applies and lost backups: what
+    batch_finished returns is a new copy or nothing, and every state shipped is received
+    in the order it left."""
+    ship = PrimaryShipper("A", window=window)
+    seq, flying = 0, []  # the states sent, oldest first
+    for step in steps:
+        if step == 0 and ship.update_allowed:
+            seq += 1
+            order = ship.batch_finished((lin((FRONTEND, seq, "A", seq)),), seq)
+            assert order is None or not order.existing
+            if order is not None:
+                order = ship.copy_finished(order.seq)
+        elif step == 1 and flying:
+            order = ship.received(flying.pop(0))
+        elif step == 2 and flying:
+            ship.applied(flying[0])
+            order = ship.received(flying.pop(0))
+        elif step == 3:
+            flying.clear()
+            order = ship.lost_backup()
+        else:
+            continue
+        while order is not None:  # the state thread: an existing copy is sent, a new
+            if order.existing:  # one taken first
+                flying.append(order.seq)
+                break
+            order = ship.copy_finished(order.seq)
+        assert len(flying) <= window
