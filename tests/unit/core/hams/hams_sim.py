@@ -134,8 +134,11 @@ class Sim:
 
     def _finish_batch(self, op: str, batch: list[Executed[int]]) -> None:
         primary = self.primaries[op]
-        self._ship(op, primary.shipper.batch_finished(tuple(e.lineage for e in batch),
-                                                      batch[-1].seq))
+        order = primary.shipper.batch_finished(tuple(e.lineage for e in batch), batch[-1].seq)
+        # the worker takes what a batch's end returns for a new copy (``Primary._number``):
+        # an existing one here would be labelled with the live state (5e76004)
+        assert order is None or not order.existing, order
+        self._ship(op, order)
 
     def copying(self) -> list[str]:
         return [op for op, p in self.primaries.items() if p.copying is not None]
