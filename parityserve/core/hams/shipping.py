@@ -12,9 +12,10 @@ never waits on the network, only on a local copy: that is the "non-stop". The li
 order, so a delta whose base is still in flight reaches the backup after its base.
 
 Why a window of two in the worker: with one, a batch's state waits for the receipt of the
-one before it, a round trip through the backup process; on two shared cores that wait was
-on every reply's path (waiting for the APPLIED instead of the RECEIVED took hams from
-0.99x to 1.19x bare; benchmarks/results/hams-profile/README.md).
+one before it, a round trip through the backup process, and on two shared cores that wait
+is on every reply's path. Measured interleaved, 64-row requests on the stocks graph: hams
+with two in flight took 0.947x the mean latency of hams with one (6 repetitions;
+benchmarks/results/hams-profile/README.md).
 
 The primary keeps the last copy its backup *applied* (H5) to roll back to if the backup
 dies before applying a newer one (the Fig. 6 case); ``retained_seq`` names it.
