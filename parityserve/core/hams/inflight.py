@@ -11,6 +11,7 @@ had work for longer than the limit without finishing any: the graph is not ready
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -25,6 +26,8 @@ class InFlightStats:
     oldest_s: float  # how long the oldest batch in flight has been out (0: none)
     idle_s: float  # since the operator last finished a batch or had nothing to do
     expired: int  # batches failed by the watchdog, ever
+    sent: int = 0  # batches put in flight, ever
+    rows: int = 0  # their rows: rows / sent is the operator's mean batch
 
 
 class InFlight(Generic[B]):
@@ -33,6 +36,8 @@ class InFlight(Generic[B]):
         self._progress = now
         self._failing = False  # a batch expired since the last progress
         self.expired_total = 0
+        self.sent_total = 0
+        self.rows_total = 0
 
     def __len__(self) -> int:
         return len(self._out)
@@ -44,6 +49,8 @@ class InFlight(Generic[B]):
         if not self._out and not self._failing:  # idle until now: the wait starts here
             self._progress = max(self._progress, now)
         self._out[bid] = (now, batch)
+        self.sent_total += 1
+        self.rows_total += len(batch) if isinstance(batch, Sized) else 1
 
     def pop(self, bid: int, now: float) -> B | None:
         """The batch came back (or failed): progress. None if it is not in flight."""
@@ -80,4 +87,4 @@ class InFlight(Generic[B]):
     def statistics(self, now: float) -> InFlightStats:
         oldest = min((sent for sent, _ in self._out.values()), default=now)
         return InFlightStats(len(self._out), now - oldest, now - self._progress,
-                             self.expired_total)
+                             self.expired_total, self.sent_total, self.rows_total)

@@ -79,7 +79,8 @@ class Inspection:
             entry: dict[str, Any] = {"last_seq": manager.last_seq, "queued": manager.queued(),
                                      "stateful": op in ctx.pairs, "inflight": out.inflight,
                                      "oldest_inflight_s": round(out.oldest_s, 3),
-                                     "expired_batches": out.expired}
+                                     "expired_batches": out.expired,
+                                     "batches_sent": out.sent, "rows_sent": out.rows}
             if op in ctx.pairs:
                 entry.update(self._stateful(op, ctx.pairs[op]))
                 until = closing.get(op)

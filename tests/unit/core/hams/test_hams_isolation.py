@@ -198,3 +198,13 @@ def test_every_record_of_a_request_goes_when_it_is_collected() -> None:
     router.collect(1)  # answered (or failed): nothing of it stays
     router.collect(2)
     assert router.records() == 0
+
+
+def test_in_flight_counts_the_batches_and_rows_it_ever_sent() -> None:
+    out: InFlight[list[int]] = InFlight(now=0.0)
+    out.add(1, [1, 2, 3], now=1.0)
+    out.add(2, [4], now=2.0)
+    out.pop(1, now=3.0)
+    out.expired(now=9.0, limit_s=1.0)  # expired or answered, each was sent once
+    stats = out.statistics(now=9.0)
+    assert (stats.sent, stats.rows, stats.inflight) == (2, 4, 0)
