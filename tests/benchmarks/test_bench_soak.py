@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks.soak import (
+    ATTACKER_NICE,
     _params,
     command,
     cpu_split,
@@ -64,7 +65,7 @@ def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all
     def total(quick: bool, kind: str | None = None) -> float:
         args = argparse.Namespace(quick=quick, rounds=10, calm_s=30.0, hostile_s=60.0,
                                   rate_model=20.0, rate_graph=20.0, seed=0, attacks=None,
-                                  graph_share=None)
+                                  graph_share=None, attacker_nice=ATTACKER_NICE)
         p = _params(args)
         plan = plan_windows(p["rounds"], p["calm_s"], p["hostile_s"])
         assert p["windows"] == len(plan)
@@ -78,12 +79,34 @@ def test_a_graph_share_is_a_parameter_of_the_run_and_at_least_one() -> None:
     def params(share: int | None) -> dict[str, object]:
         return _params(argparse.Namespace(quick=True, rounds=10, calm_s=30.0, hostile_s=60.0,
                                           rate_model=20.0, rate_graph=20.0, seed=0,
-                                          attacks=None, graph_share=share))
+                                          attacks=None, graph_share=share,
+                                          attacker_nice=ATTACKER_NICE))
 
     assert "graph_share" not in params(None)  # a default run resumes as before
     assert params(4)["graph_share"] == 4
     with pytest.raises(ValueError, match="at least 1"):
         params(0)
+
+
+def test_the_attackers_niceness_is_recorded_checked_and_reported() -> None:
+    def params(nice: int) -> dict[str, Any]:
+        return _params(argparse.Namespace(quick=True, rounds=10, calm_s=30.0, hostile_s=60.0,
+                                          rate_model=20.0, rate_graph=20.0, seed=0,
+                                          attacks=None, graph_share=None, attacker_nice=nice))
+
+    # always recorded: a run of the old co-located default (no key) does not resume as this
+    assert ATTACKER_NICE == 19 and params(19)["attacker_nice"] == 19
+    assert params(0)["attacker_nice"] == 0
+    for bad in (-1, 20):
+        with pytest.raises(ValueError, match="0 to 19"):
+            params(bad)
+    store = {"params": params(19), "machine": "2 cores", "command": "python -m x",
+             "windows": {str(w["index"]): w for w in (
+                 _window(0, "calm", [1.0] * 100, [2.0] * 100),
+                 _window(1, "hostile", [1.0] * 100, [2.0] * 100))}}
+    assert "attackers' process at nice 19" in markdown(store)
+    store["params"] = params(0)
+    assert "attackers' process at normal priority" in markdown(store)
 
 
 def test_percentiles_come_with_their_samples_and_failures_count_only_against_success() -> None:
