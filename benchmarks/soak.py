@@ -406,7 +406,7 @@ def plot(store: dict[str, Any], path: Path) -> None:
     rss_ax.set_ylabel("frontend RSS, MB")
     rss_ax.set_xlabel("seconds into the planned run")
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    save_figure(fig, path, dpi=90)  # the results folder's 5 MB budget
     plt.close(fig)
 
 
