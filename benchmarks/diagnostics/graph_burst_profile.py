@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -60,37 +61,51 @@ async def _bursts(url: str, seconds: float, burst: int) -> list[float]:
     return rounds
 
 
-def _operators(url: str) -> dict[str, tuple[int, int]]:
-    """Each graph operator's (batches, rows) sent so far, from ``/admin/state``."""
-    ops = httpx.get(f"{url}/admin/state", timeout=10).json()["graphs"][soak.GRAPH]["operators"]
-    return {op: (o["batches_sent"], o["rows_sent"]) for op, o in ops.items()}
+def _operators(url: str) -> dict[str, dict[str, Any]]:
+    """The graph's operators as ``/admin/state`` shows them."""
+    state = httpx.get(f"{url}/admin/state", timeout=10).json()
+    operators: dict[str, dict[str, Any]] = state["graphs"][soak.GRAPH]["operators"]
+    return operators
 
 
-def _role(pid: int, frontend: int) -> str:
+def _sent(operators: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Each operator's (batches, rows) sent so far."""
+    return {op: (o["batches_sent"], o["rows_sent"]) for op, o in operators.items()}
+
+
+def _member_roles(operators: dict[str, dict[str, Any]]) -> dict[int, str]:
+    """pid -> "seq1 primary" and so on, for the stateful operators' members. A member's
+    command line names its own operator and the ones before it, so it cannot tell them."""
+    return {o[f"{role}_pid"]: f"{op} {role}" for op, o in operators.items()
+            for role in ("primary", "backup", "spare") if o.get(f"{role}_pid")}
+
+
+def _role(pid: int, frontend: int, members: dict[int, str]) -> str:
     if pid == frontend:
         return "frontend"
+    if pid in members:
+        return members[pid]
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return "gone"
-    for word in ("features", "scorer", "lstm1", "lstm2", "seq1", "seq2", "feat", "score"):
-        if word in cmd:
-            return f"worker {word}"
-    return "other worker"
+    model = next((m for m in ("features", "scorer") if m in cmd), None)
+    return f"worker {model}" if model else "other worker"
 
 
-def _cpu_by_role(frontend: int, run: Callable[[], object]
+def _cpu_by_role(frontend: int, members: dict[int, str], run: Callable[[], object]
                  ) -> dict[str, tuple[float, float]]:
-    """(CPU ms, wall seconds) per role while ``run`` runs: the server's processes, by the
-    model each worker serves (its command line)."""
+    """(CPU ms, wall seconds) per role while ``run`` runs: the frontend, each stateful
+    member, and the model workers by the model each serves (its command line)."""
     before, started = soak.proc_ticks(), time.monotonic()
     run()
     after, wall = soak.proc_ticks(), time.monotonic() - started
-    out: collections.Counter[str] = collections.Counter()
+    out: dict[str, float] = {}
     for pid in {frontend} | soak.descendants(frontend, after):
         if pid in after:
+            role = _role(pid, frontend, members)
             ticks = after[pid][1] - before.get(pid, (0, 0))[1]
-            out[_role(pid, frontend)] += ticks * 1e3 / os.sysconf("SC_CLK_TCK")
+            out[role] = out.get(role, 0.0) + ticks * 1e3 / os.sysconf("SC_CLK_TCK")
     return {role: (ms, wall) for role, ms in out.items()}
 
 
@@ -132,19 +147,21 @@ def main() -> int:
         path = write_config(soak.CONFIG, Path(tmp) / "soak.yaml")
         with ServerProcess(path, log_dir=Path(tmp) / "logs") as server:
             soak._wait_ready(server.url)
+            assert server.proc is not None
             frontend = server.proc.pid
             time.sleep(2.0)
-            idle = _cpu_by_role(frontend, lambda: time.sleep(args.seconds / 2))
+            members = _member_roles(_operators(server.url))
+            idle = _cpu_by_role(frontend, members, lambda: time.sleep(args.seconds / 2))
             recorder = subprocess.Popen(
                 [spy, "record", "--pid", str(frontend), "--format", "raw", "--rate",
                  str(args.rate), "--duration", str(int(args.seconds)), "--output",
                  str(args.out), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             rounds: list[float] = []
-            first = _operators(server.url)
-            busy = _cpu_by_role(frontend, lambda: rounds.extend(
+            before = _sent(_operators(server.url))
+            busy = _cpu_by_role(frontend, members, lambda: rounds.extend(
                 asyncio.run(_bursts(server.url, args.seconds, args.burst))))
-            last = _operators(server.url)
+            after = _sent(_operators(server.url))
             recorder.wait(timeout=60)
     n = len(rounds)
     print(f"{n} bursts of {args.burst}; round p50 {sorted(rounds)[n // 2]:.0f} ms")
@@ -155,8 +172,8 @@ def main() -> int:
         per_s = idle_ms / idle_wall
         print(f"  {role:20s} idle {per_s:6.1f} ms/s   burst {(ms - per_s * wall) / n:7.1f} ms")
     print("batches per burst, and rows per batch, by operator:")
-    for op, (sent, rows) in last.items():
-        b, r = sent - first[op][0], rows - first[op][1]
+    for op, (sent, rows) in after.items():
+        b, r = sent - before[op][0], rows - before[op][1]
         print(f"  {op:8s} {b / n:6.1f} batches   {r / max(b, 1):5.2f} rows each")
     own, inclusive, total = _top(args.out, args.top)
     print(f"\nfrontend: {total} samples at {args.rate}/s "
