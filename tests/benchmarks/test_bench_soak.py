@@ -61,12 +61,17 @@ def test_the_plan_starts_and_ends_calm_and_alternates() -> None:
         plan_windows(0, 20.0, 30.0)
 
 
+def _args(**changed: Any) -> argparse.Namespace:
+    """The command line's defaults, as argparse hands them to ``_params``."""
+    return argparse.Namespace(**{
+        "quick": True, "rounds": 10, "calm_s": 30.0, "hostile_s": 60.0, "rate_model": 20.0,
+        "rate_graph": 20.0, "seed": 0, "attacks": None, "graph_share": None,
+        "attacker_nice": ATTACKER_NICE, **changed})
+
+
 def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all() -> None:
     def total(quick: bool, kind: str | None = None) -> float:
-        args = argparse.Namespace(quick=quick, rounds=10, calm_s=30.0, hostile_s=60.0,
-                                  rate_model=20.0, rate_graph=20.0, seed=0, attacks=None,
-                                  graph_share=None, attacker_nice=ATTACKER_NICE)
-        p = _params(args)
+        p = _params(_args(quick=quick))
         plan = plan_windows(p["rounds"], p["calm_s"], p["hostile_s"])
         assert p["windows"] == len(plan)
         return sum(w.seconds for w in plan if kind in (None, w.kind))
@@ -77,10 +82,7 @@ def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all
 
 def test_a_graph_share_is_a_parameter_of_the_run_and_at_least_one() -> None:
     def params(share: int | None) -> dict[str, object]:
-        return _params(argparse.Namespace(quick=True, rounds=10, calm_s=30.0, hostile_s=60.0,
-                                          rate_model=20.0, rate_graph=20.0, seed=0,
-                                          attacks=None, graph_share=share,
-                                          attacker_nice=ATTACKER_NICE))
+        return _params(_args(graph_share=share))
 
     assert "graph_share" not in params(None)  # a default run resumes as before
     assert params(4)["graph_share"] == 4
@@ -90,9 +92,7 @@ def test_a_graph_share_is_a_parameter_of_the_run_and_at_least_one() -> None:
 
 def test_the_attackers_niceness_is_recorded_checked_and_reported() -> None:
     def params(nice: int) -> dict[str, Any]:
-        return _params(argparse.Namespace(quick=True, rounds=10, calm_s=30.0, hostile_s=60.0,
-                                          rate_model=20.0, rate_graph=20.0, seed=0,
-                                          attacks=None, graph_share=None, attacker_nice=nice))
+        return _params(_args(attacker_nice=nice))
 
     # always recorded: a run of the old co-located default (no key) does not resume as this
     assert ATTACKER_NICE == 19 and params(19)["attacker_nice"] == 19
