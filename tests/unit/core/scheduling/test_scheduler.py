@@ -466,3 +466,25 @@ def test_a_straggler_replica_does_not_shrink_the_models_queue_bound() -> None:
     rig.submit()
     rig.at(3.0).echo("r0")
     assert rig.machine.service.batch_s == pytest.approx(3.0)
+
+
+def test_a_straggler_measured_alone_does_not_bind_while_a_ready_replica_is_unmeasured() -> None:
+    """test_redundancy_serving's ParM flake (series m run 10): the first query went to the
+    straggler r0 and ParM answered it, so r1 had never computed a batch. r0's 3 s batch then
+    came back and spoke for the model alone, 2 x (10 - 3) / 3 = 4 queries, and 12 concurrent
+    queries were shed 'the queue holds 4 of the 4 it can serve in time' although r1 would
+    have answered each in milliseconds. What r1 can do is not known yet: until every serving
+    replica has been measured, admission keeps the unmeasured rule."""
+    rig = Rig(ModeSettings(), max_batch=4, slo_s=10.0)
+    rig.add("r0")
+    rig.add("r1")
+    rig.submit()  # to r0, the straggler
+    rig.at(3.0).echo("r0")
+    assert rig.machine.service.batch_s == pytest.approx(3.0)  # can_finish still knows r0
+    assert rig.machine.queue_bound() == 4 * 4 * 2  # UNMEASURED_BATCHES full batches each
+    assert rig.machine.admit(12, rig.now + 10.0, rig.now).admitted
+    rig.submit()  # to r0 (idle again), then r1 takes the next
+    rig.submit()
+    rig.at(0.005).echo("r1")  # both measured now: the pooled rule speaks again
+    assert rig.machine.queue_bound() > 4 * 4 * 2  # r1's rate counts: about 2,000
+    assert rig.machine.admission_estimate().measured
