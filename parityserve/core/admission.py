@@ -9,7 +9,10 @@ The rule (the default when ``server.max_queue`` is not set):
   it). Pooling per replica, not one EWMA over every batch, is what keeps one straggler from
   passing for the whole model: a replica slowed to 3 s, whose batches ParM rebuilds in
   milliseconds, adds its small rate, where a shared EWMA took its 3 s batches for the model's
-  batch time and shed queries the fast replicas would have answered in time.
+  batch time and shed queries the fast replicas would have answered in time. Admission uses
+  the pooled estimate only once every serving replica has one (``Scheduler.
+  admission_estimate``): a replica that has computed nothing yet has an unknown rate, and
+  the straggler measured alone once bounded the queue at 4 beside an idle fast replica.
 * Its **queue bound** is what those replicas can still finish within the SLO (the tightest
   SLO of the applications that use the model, else the deployment's ``timeout_ms``):
   ``bound = floor((slo_s - batch_s) * c / per_query_s)``, at least ``c`` (one query per
