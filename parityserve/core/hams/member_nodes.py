@@ -17,10 +17,17 @@ operator, not for the primary of the moment.
 A node that joins (a machine back from a crash, or a new one) gets new spares, not old roles
 (``spares_to_renew``): an operator whose spare shares a node with another of its members, and
 for which a fresh member would now go to a node holding none of them, retires that spare, and
-the replacement the recovery plan starts is placed there. Only spares move: a spare holds no
-state, so retiring one costs a load, never a re-seed. (A primary and backup sharing a node
-with the spare apart stay as they are: moving one would leave the operator with one holder
-while the new backup is seeded.)
+the replacement the recovery plan starts is placed there. A spare holds no state, so retiring
+one costs a load, never a re-seed.
+
+One backup moves too: a backup on its primary's node while the spare is on another. There the
+operator's state lives on one machine, whose loss loses it for good (a quick run of
+``benchmarks.hams_nodes`` broke its graph so, 2026-11-29: a spare placed beside its primary
+when no other node had room became the backup at the next loss, and stayed). Retiring that
+backup makes the spare, apart, the backup (seeded from the primary) and starts a new spare.
+While the spare is seeded the primary is the one holder; a node's loss then loses no more than
+it would have before (both holders were on that node), and only a second process failure in
+those milliseconds could. Nothing else moves: a primary is never retired.
 """
 
 from __future__ import annotations
@@ -131,15 +138,19 @@ def state_link(node: str | None, others: Collection[str | None]) -> str:
 
 def spares_to_renew(graph: StatefulGraph, running: Mapping[str, RunningMember],
                     alive: Sequence[Node], suspect: Collection[str] = ()) -> dict[str, str]:
-    """Operator -> the key of its spare to retire: one that shares a node with another member
-    of its operator, when a fresh member (placed as the recovery plan's replacement will be,
-    by ``place_member``, with the spare gone) would land on a node holding none of the
-    operator's other members. Empty when nothing shares or nowhere better exists."""
+    """Operator -> the key of its member to retire: a spare that shares a node with another
+    member of its operator, when a fresh member (placed as the recovery plan's replacement
+    will be, by ``place_member``, with the spare gone) would land on a node holding none of
+    the operator's other members; else a backup on its primary's node while the spare is on
+    another (see the module docstring). Empty when nothing shares or nowhere better exists."""
     renew: dict[str, str] = {}
     for op in graph.operators:
         mine = {k: m for k, m in running.items() if m.op == op}
         spare = next((k for k, m in mine.items() if m.role == SPARE), None)
         if spare is None:
+            continue
+        if (backup := _backup_beside_its_primary(mine, spare)) is not None:
+            renew[op] = backup
             continue
         others = {m.node for k, m in mine.items() if k != spare}
         if mine[spare].node not in others:
@@ -149,3 +160,13 @@ def spares_to_renew(graph: StatefulGraph, running: Mapping[str, RunningMember],
         if spot.node is not None and spot.node not in others and spot.node not in suspect:
             renew[op] = spare
     return renew
+
+
+def _backup_beside_its_primary(mine: Mapping[str, RunningMember], spare: str) -> str | None:
+    """The operator's backup, when it shares its primary's node and the spare is elsewhere."""
+    primary = next((m.node for m in mine.values() if m.role == PRIMARY), None)
+    backup = next((k for k, m in mine.items() if m.role == BACKUP), None)
+    if primary is None or backup is None or mine[backup].node != primary \
+            or mine[spare].node == primary:
+        return None
+    return backup

@@ -34,8 +34,11 @@ timeout.
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
 operator whose spare shares a node with another of its members, and would now go apart, has
-that spare retired through the plan, which starts its replacement: ``hams_ray_members``).
-A join seen during a recovery waits for its end.
+that spare retired through the plan, which starts its replacement: ``hams_ray_members``), and
+a backup left on its primary's node with the spare elsewhere is retired so that the spare,
+apart, becomes the backup (``member_nodes``: the state was on one machine). Each read while
+no recovery runs checks again, so a chain (the spare first, then the backup) completes, and a
+join seen during a recovery is acted on at its end.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ __all__ = ["Watch"]
 _CHECK_EVERY_S = 0.005
 STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
 NODES_EVERY_S = 1.0  # how often the cluster's nodes are read, where nodes can join (Ray)
-RETIRED = "retired: a node joined where its operator has no member; a fresh spare starts there"
+RETIRED = "retired: a node has room where its operator has no member; a fresh spare starts there"
+RETIRED_BACKUP = ("retired: it shared its primary's node (the state on one machine); the spare, "
+                  "on another, becomes the backup")
 
 
 class Watch:
@@ -69,7 +74,6 @@ class Watch:
         self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
         self._nodes_at = 0.0  # when the cluster's nodes are read next
         self._reading = False  # a read is under way (off the loop)
-        self._joined = False  # a node joined, and its spares are not placed yet
 
     async def run(self) -> None:
         ctx = self.ctx
@@ -96,22 +100,20 @@ class Watch:
     async def _read_nodes(self) -> None:
         launcher = self.members.launcher
         try:
-            nodes, joined = await asyncio.to_thread(launcher.read_nodes)
+            nodes, _ = await asyncio.to_thread(launcher.read_nodes)
         except Exception as exc:  # the GCS busy or gone: the next read tries again
             log.warning("graph %s: cannot read the cluster's nodes: %s", self.ctx.graph.name,
                         exc)
             return
         finally:
             self._reading = False
-        self._joined = self._joined or joined
         plan = self.ctx.plan
-        if not self._joined or plan is None or plan.recovering() or plan.failed is not None:
-            return
-        self._joined = False
-        for op, spare in launcher.spares_to_renew(nodes).items():
-            log.warning("graph %s: %s's spare %s shares a node with its operator; %s",
-                        self.ctx.graph.name, op, spare, RETIRED.split(": ", 1)[1])
-            self.recovery.act(plan.lost(spare, RETIRED))
+        if plan is None or plan.recovering() or plan.failed is not None:
+            return  # (the next read after the recovery checks again)
+        for op, member in launcher.spares_to_renew(nodes).items():
+            why = RETIRED_BACKUP if plan.roles(op)[1] == member else RETIRED
+            log.warning("graph %s: %s's %s %s", self.ctx.graph.name, op, member, why)
+            self.recovery.act(plan.lost(member, why))
 
     def _hearing(self, now: float) -> bool:
         """Whether the frontend is shown to hear its members: some live member was heard

@@ -134,11 +134,34 @@ def test_a_joined_node_that_is_suspect_or_full_takes_no_spare() -> None:
     assert spares_to_renew(GRAPH, running, full) == {}
 
 
-def test_only_a_sharing_spare_moves_not_a_primary_and_backup_together() -> None:
+def test_a_backup_beside_its_primary_is_retired_when_the_spare_is_apart() -> None:
+    """The state on one machine (the quick hams_nodes run whose graph broke): the backup
+    goes, the spare on n1 becomes the backup, whether or not a third node has room."""
     running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
                "seq1/b": RunningMember("seq1", "backup", "n0"),
                "seq1/s": RunningMember("seq1", "spare", "n1")}
-    assert spares_to_renew(GRAPH, running, nodes(3)) == {}
+    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/b"}
+    assert spares_to_renew(GRAPH, running, nodes(2)) == {"seq1": "seq1/b"}
+
+
+def test_all_three_on_one_node_move_the_spare_first_then_the_backup() -> None:
+    running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
+               "seq1/b": RunningMember("seq1", "backup", "n0"),
+               "seq1/s": RunningMember("seq1", "spare", "n0")}
+    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s"}
+    rest = {k: m for k, m in running.items() if k != "seq1/s"}
+    spot = place_member(GRAPH, "seq1", "seq1/s2", "spare", rest, nodes(3))
+    assert spot.node != "n0"
+    rest["seq1/s2"] = RunningMember("seq1", "spare", spot.node)  # type: ignore[arg-type]
+    assert spares_to_renew(GRAPH, rest, nodes(3)) == {"seq1": "seq1/b"}
+
+
+def test_a_primary_is_never_retired() -> None:
+    running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
+               "seq1/b": RunningMember("seq1", "backup", "n1"),
+               "seq1/s": RunningMember("seq1", "spare", "n1")}
+    renewed = spares_to_renew(GRAPH, running, nodes(3))
+    assert renewed == {"seq1": "seq1/s"}  # the spare sharing with the backup, not p
 
 
 def test_usable_nodes_leave_out_what_replicas_hold_but_count_our_own_members() -> None:
