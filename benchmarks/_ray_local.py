@@ -97,14 +97,18 @@ def local_cluster(nodes: int = 3, cpus: float = 3, attempts: int = 2,
     raise ClusterUnavailable("; ".join(failures))
 
 
-def crash_node(cluster: Any, node: Any) -> None:
+def crash_node(cluster: Any, node: Any) -> float:
     """A machine's crash: its raylet and every actor on it die at once, and so does every
     process those actors started (a replica's worker, a graph operator). (Killing only the
     raylet of a logical node leaves its actors running on this host until Ray's health checks
     notice; a real machine takes them down with it.) The actors' children are SIGKILLed
     too, not left to their death-with-parent signal: that is a SIGTERM, and a graph operator
     under load took over 2 s to act on it and went on answering meanwhile (a make test run
-    whose "crashed" primary served every request of the event, and failed over after it)."""
+    whose "crashed" primary served every request of the event, and failed over after it).
+
+    Returns the ``time.monotonic()`` of the first SIGKILL: the crash's instant. Listing the
+    node's actors before it is a read of Ray's actor table (50-100 ms here), the harness's
+    own bookkeeping, which a benchmark timing the failover from the crash must not count."""
     import ray
 
     pids = [a["Pid"] for a in ray._private.state.actors().values()
@@ -117,10 +121,12 @@ def crash_node(cluster: Any, node: Any) -> None:
     own = [info.process.pid for infos in getattr(node, "all_processes", {}).values()
            for info in infos if getattr(info, "process", None) is not None]
     doomed = own + pids + [child for pid in pids for child in _descendants(pid)]
+    crashed_at = time.monotonic()
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     cluster.remove_node(node, allow_graceful=False)
+    return crashed_at
 
 
 def _descendants(root: int) -> list[int]:

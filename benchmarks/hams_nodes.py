@@ -112,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared data (unused: the stocks graph's rows are random; kept so "
                         "that every benchmark takes the same flags)")
     p.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks/results/hams-nodes")
+    p.add_argument("--logs-dir", type=Path, metavar="DIR",
+                   help="keep the servers' logs and configs in DIR (default: a temporary "
+                        "folder, removed at the end); what to read when an event goes wrong")
     p.add_argument("--resume", action="store_true",
                    help="keep parts and kill events already in the JSON")
     p.add_argument("--redo", default="", help="with --resume: measure these parts again")
@@ -149,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     state.update(machine=_machine(), title="quick" if quick else "full run",
                  planned={"node_kills": args.node_kills, "process_kills": args.process_kills})
     save = functools.partial(_write, out, stem, state)
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.logs_dir or stack.enter_context(tempfile.TemporaryDirectory())
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
             if part not in PART_NAMES:
                 raise SystemExit(f"unknown part {part!r}; parts: {', '.join(PART_NAMES)}")
@@ -237,10 +242,11 @@ def _node_kills(args: argparse.Namespace, tmp: Path, runs: dict[str, Any], count
                 def crash(kind: str = kind, node_id: str = node_id,
                           held: list[str] = held) -> dict[str, Any]:
                     node = next(n for n in local.nodes if n.node_id == node_id)
-                    crash_node(local.cluster, node)
+                    crashed_at = crash_node(local.cluster, node)
                     local.nodes.remove(node)
                     return {"kind": kind, "node": node_id[:8], "held": held,
-                            "primaries": sum(1 for m in held if m.endswith("primary"))}
+                            "primaries": sum(1 for m in held if m.endswith("primary")),
+                            "at": crashed_at}
 
                 _event(server, args, i, crash, runs, tag=f"n{i}", after=local.add_node)
                 save()
@@ -280,7 +286,8 @@ def _event(server: h.Server, args: argparse.Namespace, index: int,
     with clients:
         time.sleep(1.0)
         killed_at = time.monotonic()  # CLOCK_MONOTONIC: the frontend's clock too
-        event = {"index": index, **strike(), "at": killed_at}
+        event = {"index": index, "at": killed_at, **strike()}  # a crash says its instant
+        killed_at = event["at"]
         event["strike_ms"] = round((time.monotonic() - killed_at) * 1e3, 1)
         _await_failovers(server, killed_at, event["primaries"])
         if after is not None:

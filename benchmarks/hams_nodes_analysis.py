@@ -178,11 +178,12 @@ def _render_kills(kills: Mapping[str, Any]) -> list[str]:
             f"{k} {n}" for k, n in node["summary"]["kinds"].items())
             + f"; of them on a node holding seq1's primary and seq2's backup (HAMS Fig. 6): "
             f"{node['summary']['fig6']}; detection by: "
-            f"{', '.join(node['summary']['detections']) or '–'}. The crash "
-            f"call itself (the raylet removed, then every process of the node killed) took "
+            f"{', '.join(node['summary']['detections']) or '–'}. The crash (every process "
+            f"of the node SIGKILLed, then the node removed from Ray) took "
             f"{_ms(node['summary']['strike_ms']['median'])} ms (median), "
-            f"{_ms(node['summary']['strike_ms']['max'])} ms (max): detection counts from its "
-            "start.", "",
+            f"{_ms(node['summary']['strike_ms']['max'])} ms (max): detection counts from the "
+            "first SIGKILL (the harness's read of Ray's actor table before it is not "
+            "counted).", "",
             "| # | kind | node held | detection | total ms | gap ms | rows sent | lost | "
             "errors | twice | pairs with two outputs | diverged streams | digests equal |",
             "|---" * 13 + "|"]
