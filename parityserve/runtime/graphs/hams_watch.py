@@ -36,9 +36,12 @@ Where nodes can join (Ray members), the watch also reads the cluster's nodes eve
 operator whose spare shares a node with another of its members, and would now go apart, has
 that spare retired through the plan, which starts its replacement: ``hams_ray_members``), and
 a backup left on its primary's node with the spare elsewhere is retired so that the spare,
-apart, becomes the backup (``member_nodes``: the state was on one machine). Each read while
-no recovery runs checks again, so a chain (the spare first, then the backup) completes, and a
-join seen during a recovery is acted on at its end.
+apart, becomes the backup (``member_nodes``: the state was on one machine). Only a join
+starts this: checking on every read retired 44 members in 12 minutes of node crashes (a
+replacement placed where another operator's spare wanted room, and so on), and each start
+costs seconds of CPU that starved the healthy members. After a join the check repeats on the
+next reads while it still retires something (at most ``RENEW_PASSES``), so a chain (the spare
+first, then the backup) completes; a join seen during a recovery waits for its end.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ __all__ = ["Watch"]
 _CHECK_EVERY_S = 0.005
 STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
 NODES_EVERY_S = 1.0  # how often the cluster's nodes are read, where nodes can join (Ray)
-RETIRED = "retired: a node has room where its operator has no member; a fresh spare starts there"
+RENEW_PASSES = 3  # checks for members to move after one join, while each moves something
+RETIRED = "retired: a node joined where its operator has no member; a fresh spare starts there"
 RETIRED_BACKUP = ("retired: it shared its primary's node (the state on one machine); the spare, "
                   "on another, becomes the backup")
 
@@ -74,6 +78,7 @@ class Watch:
         self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
         self._nodes_at = 0.0  # when the cluster's nodes are read next
         self._reading = False  # a read is under way (off the loop)
+        self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
 
     async def run(self) -> None:
         ctx = self.ctx
@@ -100,17 +105,21 @@ class Watch:
     async def _read_nodes(self) -> None:
         launcher = self.members.launcher
         try:
-            nodes, _ = await asyncio.to_thread(launcher.read_nodes)
+            nodes, joined = await asyncio.to_thread(launcher.read_nodes)
         except Exception as exc:  # the GCS busy or gone: the next read tries again
             log.warning("graph %s: cannot read the cluster's nodes: %s", self.ctx.graph.name,
                         exc)
             return
         finally:
             self._reading = False
+        if joined:
+            self._passes = RENEW_PASSES
         plan = self.ctx.plan
-        if plan is None or plan.recovering() or plan.failed is not None:
-            return  # (the next read after the recovery checks again)
-        for op, member in launcher.spares_to_renew(nodes).items():
+        if self._passes <= 0 or plan is None or plan.recovering() or plan.failed is not None:
+            return  # (a join waits for the recovery's end)
+        renew = launcher.spares_to_renew(nodes)
+        self._passes = self._passes - 1 if renew else 0
+        for op, member in renew.items():
             why = RETIRED_BACKUP if plan.roles(op)[1] == member else RETIRED
             log.warning("graph %s: %s's %s %s", self.ctx.graph.name, op, member, why)
             self.recovery.act(plan.lost(member, why))
