@@ -7,18 +7,12 @@ ms failover. Yet when a machine's processes die (a raylet crash, the OOM killer,
 killed, the node's processes killed together), its kernel closes their sockets at once. A
 connection held from the frontend to the member's actor carries exactly that news.
 
-* ``LivenessListener`` (the member's side) listens on its node's address. A peer must send the
+* ``LivenessListener`` (the actor's side) listens on its node's address. A peer must send the
   32-byte token the frontend gave the actor within ``TOKEN_WAIT_S``; it is then answered one
   byte (``ARMED``) and its connection held for good. Anyone else is closed: nobody without the
-  token can take the link's place, and a silent connection holds no slot for long.
-* Whose death the link reports: the process that holds the accepted connection. The actor
-  makes the listening socket (so it knows the address at once) and hands it to the operator
-  process it starts (``child_env``; ``serve_inherited`` there), keeping no copy: the link then
-  closes when the operator itself dies, not when the actor does. That matters: when a node's
-  processes are SIGKILLed together, the small operator was a zombie (its sockets closed) while
-  the big Ray worker of its actor was still being torn down, 200-700 ms later on two loaded
-  cores, and the heartbeat timeout won (a full hams_nodes run, 2026-11-29). If the actor dies
-  alone, the operator follows it (its parent-death signal), and so does the link.
+  token can take the link's place, and a silent connection holds no slot for long. ``close``
+  (the actor's operator process exited) shuts every held connection, so a process kill reads
+  the same as a node's.
 * ``LivenessLink`` (the frontend's side) never blocks and needs no thread: ``check`` is one
   non-blocking syscall, called as often as the graph's watch looks at its members. It reports
   ``GONE`` only for a link that was armed and then closed or reset: a refused connection, a bad
@@ -38,15 +32,13 @@ import contextlib
 import errno
 import hmac
 import logging
-import os
 import selectors
 import socket
 import threading
 import time
 
-__all__ = ["ARMED", "FD_ENV", "GONE", "TOKEN_BYTES", "TOKEN_ENV", "TOKEN_WAIT_S", "UNKNOWN",
-           "LivenessLink", "LivenessListener", "child_env", "listening_socket",
-           "serve_inherited"]
+__all__ = ["ARMED", "GONE", "TOKEN_BYTES", "TOKEN_WAIT_S", "UNKNOWN", "LivenessLink",
+           "LivenessListener"]
 
 log = logging.getLogger(__name__)
 
@@ -56,45 +48,16 @@ _MAX_PENDING = 64  # connections still to send their token; beyond it the oldest
 ARMED = "armed"  # the peer is there, and its death will be seen
 GONE = "gone"  # an armed link closed or reset: the peer's process is gone
 UNKNOWN = "unknown"  # not (yet) armed: nothing is known from the link
-FD_ENV = "PARITYSERVE_LIVENESS_FD"  # the inherited listening socket's descriptor
-TOKEN_ENV = "PARITYSERVE_LIVENESS_TOKEN"  # its token, hex (the environment, never argv)
-
-
-def listening_socket(host: str) -> socket.socket:
-    """A TCP socket listening on ``host`` at a port the kernel picks."""
-    return socket.create_server((host, 0))
-
-
-def child_env(sock: socket.socket, token: bytes) -> dict[str, str]:
-    """What a child that is to hold the link needs in its environment (``sock`` must also go
-    in its ``pass_fds``)."""
-    return {FD_ENV: str(sock.fileno()), TOKEN_ENV: token.hex()}
-
-
-def serve_inherited(environ: dict[str, str] | None = None) -> LivenessListener | None:
-    """In the child: serve the listening socket its parent handed down, if any (None: there
-    is none, or the environment is malformed, which is logged; the member then has no link
-    and is watched by its heartbeats)."""
-    env = os.environ if environ is None else environ
-    if FD_ENV not in env:
-        return None
-    try:
-        sock = socket.socket(fileno=int(env[FD_ENV]))
-        return LivenessListener.adopt(sock, bytes.fromhex(env.get(TOKEN_ENV, "")))
-    except (ValueError, OSError) as exc:
-        log.warning("no liveness link: the inherited socket is unusable (%s)", exc)
-        return None
 
 
 class LivenessListener:
     """The actor's side: a listening socket and one daemon thread (see the module docstring)."""
 
-    def __init__(self, host: str, token: bytes, *, server: socket.socket | None = None
-                 ) -> None:
+    def __init__(self, host: str, token: bytes) -> None:
         if len(token) != TOKEN_BYTES:
             raise ValueError(f"a liveness token has {TOKEN_BYTES} bytes, not {len(token)}")
         self._token = token
-        self._server = server if server is not None else listening_socket(host)
+        self._server = socket.create_server((host, 0))
         self._server.setblocking(False)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self._held: list[socket.socket] = []
@@ -103,11 +66,6 @@ class LivenessListener:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="liveness", daemon=True)
         self._thread.start()
-
-    @classmethod
-    def adopt(cls, server: socket.socket, token: bytes) -> LivenessListener:
-        """Serve a socket that already listens (one a parent handed down)."""
-        return cls("", token, server=server)
 
     def close(self) -> None:
         """Shut every held connection (the peer reads EOF) and stop listening."""

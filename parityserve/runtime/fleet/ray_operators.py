@@ -13,8 +13,8 @@ reports an exit (``ACTOR_DIED``): detection by Ray's own report.
 
 Ray's report of a crashed node's actors comes only once the GCS has given up on the node,
 seconds later, so the handle also holds a ``liveness`` link to its actor: the actor listens on
-its node's address and hands the socket to the operator process, and the kernel's FIN when
-the operator dies is an exit here within milliseconds. What no FIN reports (a
+its node's address, and the kernel's FIN when the actor's process dies (or the actor closing
+the link when its operator exits) is an exit here within milliseconds. What no FIN reports (a
 machine that froze or lost power, a network cut) is left to the graph's heartbeats, the
 backstop.
 """
@@ -28,6 +28,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,7 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Node, Resources
-from parityserve.runtime.fleet.liveness import (
-    GONE,
-    TOKEN_BYTES,
-    LivenessLink,
-    child_env,
-    listening_socket,
-)
+from parityserve.runtime.fleet.liveness import GONE, TOKEN_BYTES, LivenessLink, LivenessListener
 from parityserve.runtime.fleet.processes import log_file, worker_env
 from parityserve.runtime.fleet.ray_launcher import (
     ACTOR_DIED,
@@ -74,27 +69,26 @@ class OperatorActor:
         env = worker_env(1, None)
         if keys_env is not None:
             env[ENV_VAR] = keys_env
-        # The liveness link's listening socket, made here (its address is known at once) and
-        # held by the operator alone: the link closes with the operator (liveness.py)
-        listener = None if liveness_token is None \
-            else listening_socket(ray.util.get_node_ip_address())
-        self.liveness_address: tuple[str, int] | None = None
-        if listener is not None:
-            assert liveness_token is not None
-            env.update(child_env(listener, liveness_token))
-            self.liveness_address = listener.getsockname()[:2]
         stderr = None
         with contextlib.suppress(OSError):  # a log folder this node cannot write: inherit
             stderr = log_file(Path(log_dir), name) if log_dir else None
         try:
-            self.popen = subprocess.Popen(
-                command_of(OPERATOR, args), env=env, stdin=subprocess.DEVNULL, stderr=stderr,
-                pass_fds=() if listener is None else (listener.fileno(),))
+            self.popen = subprocess.Popen(command_of(OPERATOR, args), env=env,
+                                          stdin=subprocess.DEVNULL, stderr=stderr)
         finally:
             if stderr is not None:
                 os.close(stderr)
-            if listener is not None:
-                listener.close()  # the operator's copy is the only one
+        self.liveness: LivenessListener | None = None
+        if liveness_token is not None:
+            self.liveness = LivenessListener(ray.util.get_node_ip_address(), liveness_token)
+            threading.Thread(target=self._close_link_on_exit, daemon=True).start()
+
+    def _close_link_on_exit(self) -> None:
+        """The operator exited (killed, crashed): the frontend hears it now, not at its next
+        ``poll`` call."""
+        self.popen.wait()
+        assert self.liveness is not None
+        self.liveness.close()
 
     def poll(self) -> int | None:
         return self.popen.poll()
@@ -102,7 +96,7 @@ class OperatorActor:
     def where(self) -> tuple[str, str, int, tuple[str, int] | None]:
         """(Ray node id, host name, the operator's pid, the liveness link's address)."""
         return (str(ray.get_runtime_context().get_node_id()), socket.gethostname(),
-                self.popen.pid, self.liveness_address)
+                self.popen.pid, self.liveness.address if self.liveness else None)
 
     def send_signal(self, sig: int) -> None:
         if self.popen.poll() is None:

@@ -60,7 +60,6 @@ from parityserve.core.hams.deltas import DeltaLedger, Shipment
 from parityserve.errors import ModelLoadError, ProtocolError
 from parityserve.models._stateful_base import OperatorBatch
 from parityserve.models._stateful_run import CopyGate, drive
-from parityserve.runtime.fleet import liveness
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec, checkpoint_file, refusal
@@ -794,9 +793,6 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     spec = OperatorSpec.from_json(args.spec)
     keys = keys_from_env()
-    # A Ray member's liveness link (runtime/fleet/liveness.py), served from the start so the
-    # frontend's link arms while the model loads; it closes when this process dies
-    link = liveness.serve_inherited()  # noqa: F841 (held for the process's life)
     try:
         return serve(spec, args.connect, keys)
     except ModelLoadError as exc:

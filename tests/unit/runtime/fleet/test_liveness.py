@@ -144,38 +144,3 @@ def test_silent_and_flooding_clients_cannot_keep_the_frontend_out(
 def test_a_token_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="32 bytes"):
         LivenessListener("127.0.0.1", b"short")
-
-
-INHERITING_CHILD = """
-import time
-from parityserve.runtime.fleet import liveness
-held = liveness.serve_inherited()
-assert held is not None
-time.sleep(600)
-"""
-
-
-def test_the_link_follows_the_child_that_inherited_the_socket_not_its_parent() -> None:
-    """The actor's way: it makes the listening socket, hands it to the operator and keeps no
-    copy; the operator's death alone closes the link (its parent lives on here)."""
-    token = secrets.token_bytes(32)
-    sock = liveness.listening_socket("127.0.0.1")
-    address = sock.getsockname()[:2]
-    child = subprocess.Popen([sys.executable, "-c", INHERITING_CHILD],
-                             env={**os.environ, **liveness.child_env(sock, token)},
-                             pass_fds=(sock.fileno(),))
-    sock.close()
-    try:
-        link = LivenessLink(address, token)
-        settle(link, ARMED, within_s=30)  # (the child imports parityserve first)
-        os.kill(child.pid, signal.SIGKILL)
-        assert settle(link, GONE) < 1.0
-    finally:
-        child.kill()
-        child.wait()
-
-
-def test_no_inherited_socket_or_a_bad_one_means_no_link_not_a_crash() -> None:
-    assert liveness.serve_inherited({}) is None
-    assert liveness.serve_inherited({liveness.FD_ENV: "not a number"}) is None
-    assert liveness.serve_inherited({liveness.FD_ENV: "999", liveness.TOKEN_ENV: "zz"}) is None
