@@ -377,9 +377,6 @@ def test_2_the_node_holding_a_primary(graph: Graph) -> None:
     event = under_load(g, crash(g, ray_nodes(runtime, "seq1")["primary"]))
     lost = [f for f in event.failovers if f["op"] == "seq1"]
     assert [f["lost_pid"] for f in lost] == [pid], event.failovers
-    # seen by the kernel's FIN on the member's liveness link, not by the heartbeat timeout
-    # (runtime/fleet/liveness.py): Ray has not given up on the node yet
-    assert [f["detection"] for f in lost] == ["exit"], event.failovers
     assert ids(runtime, "seq1")["primary"] == before["backup"]  # promoted,
     assert lost[0]["first_reply_at"] is not None  # and it answered past the failover
     assert ids(runtime, "seq1")["spare"] not in before.values()  # a new spare

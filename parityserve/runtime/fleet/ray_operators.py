@@ -9,14 +9,8 @@ line. The operator speaks to the frontend and to its backup over ZeroMQ, never t
 ``kill``/``wait`` so that ``hams_members.Member`` and the graph's watchdog use it unchanged. It
 never blocks on a live actor: it keeps one ``poll`` call in flight and looks at it with a zero
 timeout. An actor that dies under it (killed, or its node lost) fails that call, and the handle
-reports an exit (``ACTOR_DIED``): detection by Ray's own report.
-
-Ray's report of a crashed node's actors comes only once the GCS has given up on the node,
-seconds later, so the handle also holds a ``liveness`` link to its actor: the actor listens on
-its node's address, and the kernel's FIN when the actor's process dies (or the actor closing
-the link when its operator exits) is an exit here within milliseconds. What no FIN reports (a
-machine that froze or lost power, a network cut) is left to the graph's heartbeats, the
-backstop.
+reports an exit (``ACTOR_DIED``): detection by Ray's own report, with the graph's heartbeats as
+the backstop for a machine Ray has not yet given up on.
 """
 
 from __future__ import annotations
@@ -24,11 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +30,6 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Node, Resources
-from parityserve.runtime.fleet.liveness import GONE, TOKEN_BYTES, LivenessLink, LivenessListener
 from parityserve.runtime.fleet.processes import log_file, worker_env
 from parityserve.runtime.fleet.ray_launcher import (
     ACTOR_DIED,
@@ -63,7 +54,7 @@ class OperatorActor:
     its parent exits (``hams_worker.main``), so a killed actor or node leaves no orphan."""
 
     def __init__(self, args: list[str], keys_env: str | None, ipc_dir: str,
-                 log_dir: str | None, name: str, liveness_token: bytes | None = None) -> None:
+                 log_dir: str | None, name: str) -> None:
         if ipc_dir:  # the frontend made it on its own host; on another node it is made here
             os.makedirs(ipc_dir, mode=0o700, exist_ok=True)
         env = worker_env(1, None)
@@ -78,25 +69,14 @@ class OperatorActor:
         finally:
             if stderr is not None:
                 os.close(stderr)
-        self.liveness: LivenessListener | None = None
-        if liveness_token is not None:
-            self.liveness = LivenessListener(ray.util.get_node_ip_address(), liveness_token)
-            threading.Thread(target=self._close_link_on_exit, daemon=True).start()
-
-    def _close_link_on_exit(self) -> None:
-        """The operator exited (killed, crashed): the frontend hears it now, not at its next
-        ``poll`` call."""
-        self.popen.wait()
-        assert self.liveness is not None
-        self.liveness.close()
 
     def poll(self) -> int | None:
         return self.popen.poll()
 
-    def where(self) -> tuple[str, str, int, tuple[str, int] | None]:
-        """(Ray node id, host name, the operator's pid, the liveness link's address)."""
+    def where(self) -> tuple[str, str, int]:
+        """(Ray node id, host name, the operator's pid)."""
         return (str(ray.get_runtime_context().get_node_id()), socket.gethostname(),
-                self.popen.pid, self.liveness.address if self.liveness else None)
+                self.popen.pid)
 
     def send_signal(self, sig: int) -> None:
         if self.popen.poll() is None:
@@ -113,8 +93,7 @@ class OperatorActor:
 class RayOperatorProcess:
     """The frontend's handle on one operator actor (see the module docstring)."""
 
-    def __init__(self, actor: Any, node_id: str | None, liveness_token: bytes | None = None
-                 ) -> None:
+    def __init__(self, actor: Any, node_id: str | None) -> None:
         self.actor = actor
         self.node_id = node_id  # where it was pinned; where Ray put it once ``where`` says
         self.returncode: int | None = None
@@ -123,8 +102,6 @@ class RayOperatorProcess:
         self._pid = 0
         self._where: Any = actor.where.remote()
         self._exit = ActorExit(actor, f"operator on node {node_id}", _POLL_EVERY_S)
-        self._token = liveness_token
-        self.link: LivenessLink | None = None  # once the actor said where it listens
 
     @property
     def pid(self) -> int:
@@ -144,12 +121,6 @@ class RayOperatorProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self._look_where()
-            if self.link is not None and self.link.check() == GONE:
-                self.returncode = ACTOR_DIED
-                self.death = f"its liveness link closed ({self.link.why}): the process is gone"
-                log.warning("operator on node %s: %s", self.node_id, self.death)
-                return self.returncode
             self.returncode = self._exit.check()
             self.death = self._exit.death or self.death
         return self.returncode
@@ -176,8 +147,6 @@ class RayOperatorProcess:
         member whose node is gone and cannot answer. (No ``ray.kill`` from a done-callback:
         that runs on Ray's own thread and deadlocked ``ray.shutdown``.) Never raises."""
         self.returncode = ACTOR_DIED if self.returncode is None else self.returncode
-        if self.link is not None:
-            self.link.close()
         with contextlib.suppress(RayError, ValueError):
             self.actor.stop.remote()
 
@@ -185,10 +154,8 @@ class RayOperatorProcess:
         if self._where is None or not ray.wait([self._where], timeout=0)[0]:
             return
         with contextlib.suppress(RayError):
-            node, self.host, self._pid, address = ray.get(self._where)
+            node, self.host, self._pid = ray.get(self._where)
             self.node_id = self.node_id or node
-            if address is not None and self._token is not None and self.returncode is None:
-                self.link = LivenessLink(tuple(address), self._token)
         self._where = None
 
 
@@ -199,12 +166,11 @@ def start_operator(args: list[str], *, keys_env: str | None, ipc_dir: str,
     node's loss takes at most one member of the operator), or spread by Ray when None."""
     strategy: Any = ("SPREAD" if node_id is None
                      else NodeAffinitySchedulingStrategy(node_id, soft=False))
-    token = secrets.token_bytes(TOKEN_BYTES)  # only this frontend may hold the liveness link
     actor = OperatorActor.options(  # type: ignore[attr-defined]
         name=name, namespace=NAMESPACE, num_cpus=demand.cpu, num_gpus=demand.gpu,
         memory=int(demand.memory) or None, scheduling_strategy=strategy,
-    ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name, token)
-    return RayOperatorProcess(actor, node_id, token)
+    ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name)
+    return RayOperatorProcess(actor, node_id)
 
 
 def live_nodes() -> tuple[list[Node], dict[str, str]]:

@@ -6,8 +6,6 @@ The real cluster is in tests/integration/test_hams_ray_nodes.py."""
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +18,6 @@ from ray.exceptions import RayError  # noqa: E402
 from parityserve.core.hams.placement import StatefulGraph  # noqa: E402
 from parityserve.core.placement import Node, Resources  # noqa: E402
 from parityserve.runtime.fleet import ray_launcher, ray_operators  # noqa: E402
-from parityserve.runtime.fleet.liveness import LivenessListener  # noqa: E402
 from parityserve.runtime.fleet.ray_launcher import ACTOR_DIED  # noqa: E402
 from parityserve.runtime.graphs import hams_ray_members  # noqa: E402
 from parityserve.runtime.graphs.hams_members import Member  # noqa: E402
@@ -85,7 +82,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeRay, list[float]]:
 def test_an_actor_that_dies_under_its_operator_is_an_exit(fake_ray) -> None:
     _, now = fake_ray
     died = RayError("ActorDiedError: the actor's node was lost\nmore")
-    actor = FakeActor([FakeRef(None), FakeRef(died)], FakeRef(("n1", "host", 4321, None)))
+    actor = FakeActor([FakeRef(None), FakeRef(died)], FakeRef(("n1", "host", 4321)))
     handle = ray_operators.RayOperatorProcess(actor, "n1")
     assert handle.poll() is None  # alive: the actor's poll said None
     assert handle.poll() is None  # asked again within 10 ms: Ray is not asked
@@ -97,7 +94,7 @@ def test_an_actor_that_dies_under_its_operator_is_an_exit(fake_ray) -> None:
 
 
 def test_pid_node_and_host_come_from_the_actor_without_waiting(fake_ray) -> None:
-    where = FakeRef(("n2", "elsewhere", 4321, None), ready=False)
+    where = FakeRef(("n2", "elsewhere", 4321), ready=False)
     handle = ray_operators.RayOperatorProcess(FakeActor([], where), None)
     assert (handle.pid, handle.node_id) == (0, None)  # not said yet: never blocks
     where.ready = True
@@ -107,53 +104,12 @@ def test_pid_node_and_host_come_from_the_actor_without_waiting(fake_ray) -> None
 def test_kill_asks_the_actor_to_sigkill_its_operator_and_end_without_waiting(fake_ray
                                                                              ) -> None:
     ray, _ = fake_ray
-    actor = FakeActor([FakeRef(ready=False)], FakeRef(("n1", "h", 1, None)))
+    actor = FakeActor([FakeRef(ready=False)], FakeRef(("n1", "h", 1)))
     handle = ray_operators.RayOperatorProcess(actor, "n1")
     assert handle.poll() is None
     handle.kill()  # the actor may be gone with its node: nothing here waits on it
     assert actor.stop.calls == [()] and ray.killed == []
     assert handle.poll() == ACTOR_DIED and handle.wait(timeout=0) == ACTOR_DIED
-
-
-def test_a_closed_liveness_link_is_an_exit_before_ray_says_anything(fake_ray) -> None:
-    """A crashed node's actor: Ray's poll call stays unanswered (the GCS has not given up on
-    the node), but the kernel closed the actor's sockets, and that is an exit at once."""
-    token = secrets.token_bytes(32)
-    listener = LivenessListener("127.0.0.1", token)
-    actor = FakeActor([FakeRef(ready=False)], FakeRef(("n1", "h", 7, listener.address)))
-    handle = ray_operators.RayOperatorProcess(actor, "n1", token)
-    try:
-        deadline = time.monotonic() + 5
-        while handle.link is None or handle.link.check() != "armed":
-            assert handle.poll() is None and time.monotonic() < deadline
-            time.sleep(0.001)
-        listener.close()  # the actor's process is gone
-        while handle.poll() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-        assert handle.returncode == ACTOR_DIED and "liveness link closed" in str(handle.death)
-        assert len(actor.poll.calls) == 1  # Ray was never asked again, nor had it answered
-    finally:
-        listener.close()
-        if handle.link is not None:
-            handle.link.close()
-
-
-def test_a_link_that_never_arms_leaves_the_member_to_ray_and_the_heartbeats(fake_ray) -> None:
-    token = secrets.token_bytes(32)
-    listener = LivenessListener("127.0.0.1", secrets.token_bytes(32))  # not this token
-    actor = FakeActor([FakeRef(ready=False)], FakeRef(("n1", "h", 7, listener.address)))
-    handle = ray_operators.RayOperatorProcess(actor, "n1", token)
-    try:
-        deadline = time.monotonic() + 1
-        while time.monotonic() < deadline:
-            assert handle.poll() is None  # refused by the listener: not a death
-            time.sleep(0.005)
-        assert handle.link is not None and "not armed" in handle.link.why
-    finally:
-        listener.close()
-        if handle.link is not None:
-            handle.link.close()
 
 
 # ---- the graph's Ray launcher ----------------------------------------------------------------
