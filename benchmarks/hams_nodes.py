@@ -146,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
         state.pop(part, None)
         state.get("elapsed_s", {}).pop(part, None)
     if "command" in state and command != state["command"]:
-        state.setdefault("more_commands", []).append(command)
+        more = state.setdefault("more_commands", [])
+        if command not in more:  # a resume stopped and resumed again says it once
+            more.append(command)
     else:
         state["command"] = command
     state.update(machine=_machine(), title="quick" if quick else "full run",
