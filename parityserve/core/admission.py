@@ -9,10 +9,14 @@ The rule (the default when ``server.max_queue`` is not set):
   it). Pooling per replica, not one EWMA over every batch, is what keeps one straggler from
   passing for the whole model: a replica slowed to 3 s, whose batches ParM rebuilds in
   milliseconds, adds its small rate, where a shared EWMA took its 3 s batches for the model's
-  batch time and shed queries the fast replicas would have answered in time. Admission uses
-  the pooled estimate only once every serving replica has one (``Scheduler.
-  admission_estimate``): a replica that has computed nothing yet has an unknown rate, and
-  the straggler measured alone once bounded the queue at 4 beside an idle fast replica.
+  batch time and shed queries the fast replicas would have answered in time.
+* While some serving replica has **no measurement yet** (``complete=False``: ParM answered
+  its first queries without it, it was just restarted, or a parallelism switch just let it
+  serve), its rate is unknown, not zero: the bound is the larger of the measured one and the
+  unmeasured default, and no wait is predicted from the measured replicas alone. The
+  straggler measured alone once bounded a ParM model's queue at 4 beside an idle fast
+  replica; the unmeasured default alone (4 batches each) shed queries the measured fast
+  replicas had room for after a parallelism switch.
 * Its **queue bound** is what those replicas can still finish within the SLO (the tightest
   SLO of the applications that use the model, else the deployment's ``timeout_ms``):
   ``bound = floor((slo_s - batch_s) * c / per_query_s)``, at least ``c`` (one query per
@@ -95,13 +99,16 @@ class Admission:
 
 
 def queue_bound(estimate: ServiceEstimate, slo_s: float, replicas: int,
-                max_batch_size: int) -> int:
-    """How many queries may wait for this model (see the module docstring)."""
+                max_batch_size: int, *, complete: bool = True) -> int:
+    """How many queries may wait for this model (see the module docstring). ``complete``:
+    every serving replica has a measurement."""
     c = max(1, replicas)
+    unmeasured = UNMEASURED_BATCHES * max_batch_size * c
     if not estimate.measured:
-        return UNMEASURED_BATCHES * max_batch_size * c
+        return unmeasured
     servable = (slo_s - estimate.batch_s) * c / estimate.per_query_s
-    return max(c, math.floor(servable)) if math.isfinite(servable) else c
+    bound = max(c, math.floor(servable)) if math.isfinite(servable) else c
+    return bound if complete else max(bound, unmeasured)
 
 
 def _drain_s(estimate: ServiceEstimate, depth: int, replicas: int) -> float:
@@ -114,13 +121,15 @@ def retry_after(estimate: ServiceEstimate, depth: int, replicas: int) -> float:
 
 
 def admit(estimate: ServiceEstimate, *, depth: int, count: int, now: float, deadline: float,
-          slo_s: float, replicas: int, max_batch_size: int) -> Admission:
-    """May ``count`` more queries with ``deadline`` join a queue of ``depth``?"""
-    bound = queue_bound(estimate, slo_s, replicas, max_batch_size)
+          slo_s: float, replicas: int, max_batch_size: int, complete: bool = True
+          ) -> Admission:
+    """May ``count`` more queries with ``deadline`` join a queue of ``depth``? ``complete``:
+    every serving replica has a measurement (else no wait is predicted)."""
+    bound = queue_bound(estimate, slo_s, replicas, max_batch_size, complete=complete)
     if depth + count > bound:
         return Admission(False, bound, retry_after(estimate, depth, replicas),
                          f"the queue holds {depth} of the {bound} it can serve in time")
-    if estimate.measured and (depth > 0 or count > 1):  # an empty queue takes one probe
+    if complete and estimate.measured and (depth > 0 or count > 1):  # an empty queue: a probe
         # The last of the ``count`` waits behind everything queued, then rides one batch.
         finish = now + _drain_s(estimate, depth + count - 1, replicas) + estimate.batch_s
         if finish > deadline:

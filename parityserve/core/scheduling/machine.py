@@ -137,9 +137,9 @@ class Scheduler:
     def admit(self, count: int, deadline: float, now: float) -> Admission:
         """May ``count`` more queries with ``deadline`` still be served? Counts a refusal."""
         decision = admission.admit(
-            self.admission_estimate(), depth=len(self.queue), count=count, now=now,
+            self.service, depth=len(self.queue), count=count, now=now,
             deadline=deadline, slo_s=self.slo_s, replicas=self.serving_replicas(),
-            max_batch_size=self.batching.max_batch_size)
+            max_batch_size=self.batching.max_batch_size, complete=self.all_measured())
         if not decision.admitted:
             self.shed += count
         return decision
@@ -261,19 +261,17 @@ class Scheduler:
                    if r.pool == DATA_POOL and r.batch is not None)
 
     def queue_bound(self) -> int:
-        return admission.queue_bound(self.admission_estimate(), self.slo_s,
-                                     self.serving_replicas(), self.batching.max_batch_size)
+        return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
+                                     self.batching.max_batch_size,
+                                     complete=self.all_measured())
 
-    def admission_estimate(self) -> ServiceEstimate:
-        """The pooled estimate once every serving replica has been measured, else unmeasured.
-        A replica that has computed nothing yet (ParM answered its first queries without it,
-        or it was just restarted) has an unknown rate, not a zero one: letting the measured
-        ones speak alone made one straggler's 3 s batch bound the queue at 4 while a fast
-        replica stood idle. Dispatch's "can it still finish" rule keeps ``service``."""
+    def all_measured(self) -> bool:
+        """Whether every serving replica has a service measurement (``core/admission.py``:
+        until then a replica's rate is unknown, and the measured ones do not speak alone)."""
         measured = sum(1 for r in self.replicas.values()
                        if r.pool == DATA_POOL and r.state == ReplicaState.READY
                        and r.service.measured)
-        return self.service if measured >= self.serving_replicas() else ServiceEstimate()
+        return measured >= self.serving_replicas()
 
     # ---- dispatch (also what modes call, see ``modes.Host``) ---------------------------------
     def pump(self) -> None:

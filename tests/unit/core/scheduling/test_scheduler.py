@@ -487,4 +487,25 @@ def test_a_straggler_measured_alone_does_not_bind_while_a_ready_replica_is_unmea
     rig.submit()
     rig.at(0.005).echo("r1")  # both measured now: the pooled rule speaks again
     assert rig.machine.queue_bound() > 4 * 4 * 2  # r1's rate counts: about 2,000
-    assert rig.machine.admission_estimate().measured
+    assert rig.machine.all_measured()
+
+
+def test_a_replica_let_in_by_a_parallelism_switch_does_not_shrink_a_measured_bound() -> None:
+    """The other side (test_parallelism_controller_serving, CI at 5b87446): two fast measured
+    replicas, then a switch lets a third serve before it computed anything. Falling back to
+    the unmeasured default alone (4 full batches each) bounded the queue at 12 and shed
+    queries the measured replicas had room for: the larger of the two holds."""
+    rig = Rig(ModeSettings(), max_batch=1, slo_s=10.0)
+    rig.add("r0")
+    rig.add("r1")
+    for _ in range(5):
+        rig.submit()
+        rig.submit()
+        rig.at(0.005).echo("r0")
+        rig.echo("r1")
+    measured = rig.machine.queue_bound()
+    assert measured > 1000
+    rig.add("r2")  # ready, never measured
+    assert not rig.machine.all_measured()
+    assert rig.machine.queue_bound() >= measured
+    assert rig.machine.admit(50, rig.now + 10.0, rig.now).admitted
