@@ -174,8 +174,10 @@ class Server:
         self.name = config["graphs"][0]["name"]
         path = folder / f"hams-{self.port}.yaml"
         path.write_text(yaml.safe_dump(config))
+        # the members' own stderr (a Ray member's would go to Ray's session folder, deleted
+        # with the cluster): their stall reports say why the frontend suspected one
         cmd = [sys.executable, "-m", "parityserve.cli", "start", "-c", str(path),
-               "--port", str(self.port)]
+               "--port", str(self.port), "--log-dir", str(folder / f"workers-{self.port}")]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=(folder / f"hams-{self.port}.log").open("wb"),
                                      start_new_session=True)

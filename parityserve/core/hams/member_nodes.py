@@ -15,7 +15,7 @@ with CURVE, at its node's address. Roles change with failovers, so the link is c
 operator, not for the primary of the moment.
 
 A node that joins (a machine back from a crash, or a new one) gets new spares, not old roles
-(``spares_to_renew``): an operator whose spare shares a node with another of its members, and
+(``members_to_renew``): an operator whose spare shares a node with another of its members, and
 for which a fresh member would now go to a node holding none of them, retires that spare, and
 the replacement the recovery plan starts is placed there. A spare holds no state, so retiring
 one costs a load, never a re-seed.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from parityserve.core.hams.placement import BACKUP, PRIMARY, ROLES, SPARE, StatefulGraph
 from parityserve.core.placement import Member, Node, Resources, place
 
-__all__ = ["MemberSpot", "RunningMember", "place_member", "spares_to_renew", "state_link",
+__all__ = ["MemberSpot", "RunningMember", "place_member", "members_to_renew", "state_link",
            "usable_nodes"]
 
 
@@ -136,8 +136,8 @@ def state_link(node: str | None, others: Collection[str | None]) -> str:
     return "unix" if node is not None and others and all(o == node for o in others) else "tcp"
 
 
-def spares_to_renew(graph: StatefulGraph, running: Mapping[str, RunningMember],
-                    alive: Sequence[Node], suspect: Collection[str] = ()) -> dict[str, str]:
+def members_to_renew(graph: StatefulGraph, running: Mapping[str, RunningMember],
+                     alive: Sequence[Node], suspect: Collection[str] = ()) -> dict[str, str]:
     """Operator -> the key of its member to retire: a spare that shares a node with another
     member of its operator, when a fresh member (placed as the recovery plan's replacement
     will be, by ``place_member``, with the spare gone) would land on a node holding none of

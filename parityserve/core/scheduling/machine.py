@@ -136,10 +136,11 @@ class Scheduler:
 
     def admit(self, count: int, deadline: float, now: float) -> Admission:
         """May ``count`` more queries with ``deadline`` still be served? Counts a refusal."""
+        serving = self.serving_replicas()
         decision = admission.admit(
             self.service, depth=len(self.queue), count=count, now=now,
-            deadline=deadline, slo_s=self.slo_s, replicas=self.serving_replicas(),
-            max_batch_size=self.batching.max_batch_size, complete=self.all_measured())
+            deadline=deadline, slo_s=self.slo_s, replicas=serving,
+            max_batch_size=self.batching.max_batch_size, complete=self.all_measured(serving))
         if not decision.admitted:
             self.shed += count
         return decision
@@ -261,17 +262,20 @@ class Scheduler:
                    if r.pool == DATA_POOL and r.batch is not None)
 
     def queue_bound(self) -> int:
-        return admission.queue_bound(self.service, self.slo_s, self.serving_replicas(),
+        serving = self.serving_replicas()
+        return admission.queue_bound(self.service, self.slo_s, serving,
                                      self.batching.max_batch_size,
-                                     complete=self.all_measured())
+                                     complete=self.all_measured(serving))
 
-    def all_measured(self) -> bool:
+    def all_measured(self, serving: int | None = None) -> bool:
         """Whether every serving replica has a service measurement (``core/admission.py``:
-        until then a replica's rate is unknown, and the measured ones do not speak alone)."""
+        until then a replica's rate is unknown, and the measured ones do not speak alone).
+        ``serving``: ``serving_replicas()`` when the caller has it (admission runs per
+        request)."""
         measured = sum(1 for r in self.replicas.values()
                        if r.pool == DATA_POOL and r.state == ReplicaState.READY
                        and r.service.measured)
-        return measured >= self.serving_replicas()
+        return measured >= (self.serving_replicas() if serving is None else serving)
 
     # ---- dispatch (also what modes call, see ``modes.Host``) ---------------------------------
     def pump(self) -> None:

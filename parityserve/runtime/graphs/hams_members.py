@@ -70,15 +70,16 @@ class MemberLauncher:
         # the server's zygote (runtime/graphs/registry.py sets it): members are forked, not spawned
         self.forks: ForkServer | None = None
         self.notes: dict[str, str] = {}  # operator -> why its members share a node (Ray)
-        self.watches_nodes = False  # Ray: nodes join (``read_nodes``, ``spares_to_renew``)
+        self.watches_nodes = False  # Ray: nodes join (``read_nodes``, ``members_to_renew``)
 
     def read_nodes(self) -> tuple[Any, bool]:
-        """What the cluster says of its nodes (for ``spares_to_renew``), and whether one
+        """What the cluster says of its nodes (for ``members_to_renew``), and whether one
         joined since the last call (local: one, never). It may block: called off the loop."""
         return None, False
 
-    def spares_to_renew(self, nodes: Any) -> dict[str, str]:
-        """Operator -> its spare to retire so that its replacement goes to a joined node."""
+    def members_to_renew(self, nodes: Any) -> dict[str, str]:
+        """Operator -> its member to retire (a spare or a backup sharing a node with its
+        operator's other members): local members share one host, so none."""
         return {}
 
     def start(self, spec: OperatorSpec, now: float) -> Member:

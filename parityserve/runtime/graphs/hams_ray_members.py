@@ -16,7 +16,7 @@ with CURVE when workers authenticate.
 
 A node that joins gets new spares, not old roles: the graph's watch calls ``read_nodes``
 every ``hams_watch.NODES_EVERY_S`` (Ray's node table, read off the loop), and once a node id
-it has not seen before is alive, ``spares_to_renew`` (``member_nodes``) names the spares
+it has not seen before is alive, ``members_to_renew`` (``member_nodes``) names the spares
 that share a node with their operator and would now go apart; the recovery plan retires them
 and the replacement it starts is placed on the new node.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from parityserve.core.hams.member_nodes import (
     RunningMember,
+    members_to_renew,
     place_member,
-    spares_to_renew,
     state_link,
     usable_nodes,
 )
@@ -109,7 +109,7 @@ class RayMemberLauncher(MemberLauncher):
     def read_nodes(self) -> tuple[tuple[list[Node], dict[str, Resources]], bool]:
         """The live nodes and, when one joined since the last call (the first call only
         learns them), what is free on each; and whether one did. GCS calls only: the watch
-        makes them off the frontend's loop (``spares_to_renew`` then runs on it, pure)."""
+        makes them off the frontend's loop (``members_to_renew`` then runs on it, pure)."""
         nodes, _ = live_nodes()
         ids = {n.node_id for n in nodes}
         new = ids - self.seen if self.seen is not None else set()
@@ -119,13 +119,14 @@ class RayMemberLauncher(MemberLauncher):
                         ", ".join(sorted(new)))
         return (nodes, free_resources() if new else {}), bool(new)
 
-    def spares_to_renew(self, nodes: tuple[list[Node], dict[str, Resources]]
-                        ) -> dict[str, str]:
-        """Operator -> its spare to retire, so that its replacement goes to a joined node
-        (``nodes``: what ``read_nodes`` read)."""
+    def members_to_renew(self, nodes: tuple[list[Node], dict[str, Resources]]
+                         ) -> dict[str, str]:
+        """Operator -> its member to retire: a spare, so that its replacement goes to a
+        joined node, or a backup on its primary's node (``nodes``: what ``read_nodes``
+        read; the rule is ``member_nodes.members_to_renew``)."""
         alive, free = nodes
         running = self._running_members()
-        return spares_to_renew(self.graph, running,
+        return members_to_renew(self.graph, running,
                                usable_nodes(self.graph, alive, free, running),
                                self._suspect_nodes())
 

@@ -47,7 +47,6 @@ first, then the backup) completes; a join seen during a recovery waits for its e
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -58,8 +57,9 @@ from parityserve.runtime.graphs.hams_dispatch import Dispatch
 from parityserve.runtime.graphs.hams_members import Member
 from parityserve.runtime.graphs.hams_membership import Membership
 from parityserve.runtime.graphs.hams_recovery import RecoveryDriver
+from parityserve.runtime.graphs.hams_stall import thread_states
 
-__all__ = ["Watch"]
+__all__ = ["Watch", "thread_states"]
 
 _CHECK_EVERY_S = 0.005
 STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
@@ -117,7 +117,7 @@ class Watch:
         plan = self.ctx.plan
         if self._passes <= 0 or plan is None or plan.recovering() or plan.failed is not None:
             return  # (a join waits for the recovery's end)
-        renew = launcher.spares_to_renew(nodes)
+        renew = launcher.members_to_renew(nodes)
         self._passes = self._passes - 1 if renew else 0
         for op, member in renew.items():
             why = RETIRED_BACKUP if plan.roles(op)[1] == member else RETIRED
@@ -200,22 +200,3 @@ def busy(states: str) -> bool:
     """Whether threads in these states (``thread_states``' letters) are doing or waiting for
     work rather than for a message: running or runnable (R), or in the kernel (D)."""
     return "R" in states or "D" in states
-
-
-def thread_states(pid: int) -> str:
-    """The state letter of each thread of ``pid``, sorted (``"RSS"``: one runnable, two
-    asleep); empty when the process is gone."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return ""
-    letters = []
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        state = stat.rfind(b")") + 2  # after the command name, which may hold spaces or ')'
-        letters.append(stat[state:state + 1].decode("ascii", "replace"))
-    return "".join(sorted(letters))

@@ -63,6 +63,7 @@ from parityserve.models._stateful_run import CopyGate, drive
 from parityserve.runtime.graphs import hams_messages as hm
 from parityserve.runtime.graphs import hams_protocol as hp
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec, checkpoint_file, refusal
+from parityserve.runtime.graphs.hams_stall import StallWatch
 from parityserve.runtime.graphs.hams_state import FlatDelta, FlatState
 from parityserve.runtime.workers import wire
 from parityserve.runtime.workers.keys import ClientKeys
@@ -71,6 +72,8 @@ from parityserve.runtime.workers.worker import keys_from_env
 __all__ = ["main", "restore_checkpoint", "save_checkpoint", "serve"]
 
 log = logging.getLogger(__name__)
+
+STALL_REPORT_BEATS = 3  # intervals quiet before the member says why (the default timeout is 4)
 
 
 class _Operator:
@@ -743,6 +746,9 @@ def serve(spec: OperatorSpec, connect: str, keys: ClientKeys | None) -> int:
     proc.tell(hm.Hello(spec.role, os.getpid(), restored,
                        role.address if isinstance(role, Backup) else None,
                        role.public.decode() if isinstance(role, Backup) else ""))
+    # its own account of any silence the frontend might suspect it for (``hams_stall``)
+    StallWatch(spec.worker_id, lambda: proc.last_beat, spec.heartbeat_s,
+               STALL_REPORT_BEATS * spec.heartbeat_s).start()
     try:
         _loop(proc, role)
     finally:

@@ -7,8 +7,8 @@ import pytest
 
 from parityserve.core.hams.member_nodes import (
     RunningMember,
+    members_to_renew,
     place_member,
-    spares_to_renew,
     state_link,
     usable_nodes,
 )
@@ -115,8 +115,8 @@ def shared_on_two() -> dict[str, RunningMember]:
 
 def test_a_node_that_joins_gets_new_spares_for_operators_whose_spare_shares() -> None:
     running = shared_on_two()
-    assert spares_to_renew(GRAPH, running, nodes(2)) == {}  # nowhere better: none moves
-    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s", "seq2": "seq2/s"}
+    assert members_to_renew(GRAPH, running, nodes(2)) == {}  # nowhere better: none moves
+    assert members_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s", "seq2": "seq2/s"}
     # and the replacement the plan starts then lands on the new node
     rest = {k: m for k, m in running.items() if k != "seq1/s"}
     assert place_member(GRAPH, "seq1", "seq1/new", "backup", rest, nodes(3)).node == "n2"
@@ -124,14 +124,14 @@ def test_a_node_that_joins_gets_new_spares_for_operators_whose_spare_shares() ->
 
 def test_members_already_apart_keep_their_spares() -> None:
     running = launch_all(nodes(3))
-    assert spares_to_renew(GRAPH, running, nodes(4)) == {}
+    assert members_to_renew(GRAPH, running, nodes(4)) == {}
 
 
 def test_a_joined_node_that_is_suspect_or_full_takes_no_spare() -> None:
     running = shared_on_two()
-    assert spares_to_renew(GRAPH, running, nodes(3), suspect={"n2"}) == {}
+    assert members_to_renew(GRAPH, running, nodes(3), suspect={"n2"}) == {}
     full = [*nodes(2), Node("n2", Resources(cpu=0.5))]
-    assert spares_to_renew(GRAPH, running, full) == {}
+    assert members_to_renew(GRAPH, running, full) == {}
 
 
 def test_a_backup_beside_its_primary_is_retired_when_the_spare_is_apart() -> None:
@@ -140,27 +140,27 @@ def test_a_backup_beside_its_primary_is_retired_when_the_spare_is_apart() -> Non
     running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
                "seq1/b": RunningMember("seq1", "backup", "n0"),
                "seq1/s": RunningMember("seq1", "spare", "n1")}
-    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/b"}
-    assert spares_to_renew(GRAPH, running, nodes(2)) == {"seq1": "seq1/b"}
+    assert members_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/b"}
+    assert members_to_renew(GRAPH, running, nodes(2)) == {"seq1": "seq1/b"}
 
 
 def test_all_three_on_one_node_move_the_spare_first_then_the_backup() -> None:
     running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
                "seq1/b": RunningMember("seq1", "backup", "n0"),
                "seq1/s": RunningMember("seq1", "spare", "n0")}
-    assert spares_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s"}
+    assert members_to_renew(GRAPH, running, nodes(3)) == {"seq1": "seq1/s"}
     rest = {k: m for k, m in running.items() if k != "seq1/s"}
     spot = place_member(GRAPH, "seq1", "seq1/s2", "spare", rest, nodes(3))
     assert spot.node != "n0"
     rest["seq1/s2"] = RunningMember("seq1", "spare", spot.node)  # type: ignore[arg-type]
-    assert spares_to_renew(GRAPH, rest, nodes(3)) == {"seq1": "seq1/b"}
+    assert members_to_renew(GRAPH, rest, nodes(3)) == {"seq1": "seq1/b"}
 
 
 def test_a_primary_is_never_retired() -> None:
     running = {"seq1/p": RunningMember("seq1", "primary", "n0"),
                "seq1/b": RunningMember("seq1", "backup", "n1"),
                "seq1/s": RunningMember("seq1", "spare", "n1")}
-    renewed = spares_to_renew(GRAPH, running, nodes(3))
+    renewed = members_to_renew(GRAPH, running, nodes(3))
     assert renewed == {"seq1": "seq1/s"}  # the spare sharing with the backup, not p
 
 
