@@ -5,13 +5,16 @@ runtime uses of a started process: shared by the launchers and the fork server
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 from pathlib import Path
 from typing import Any, Protocol
 
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
+from parityserve.runtime.workers.niceness import NICENESS_ENV
 
-__all__ = ["ProcessHandle", "kill_and_reap", "log_file", "spawn_worker_process", "worker_env"]
+__all__ = ["ProcessHandle", "kill_and_reap", "log_file", "niceness_env", "spawn_worker_process",
+           "wait_child", "worker_env"]
 
 
 class ProcessHandle(Protocol):
@@ -80,3 +83,30 @@ def kill_and_reap(popen: ProcessHandle, reap_s: float) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+def wait_child(popen: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """The exit code of child ``popen`` once it exits, or None if it still runs after
+    ``timeout_s``. Blocks on a pidfd, so a long wait costs no CPU (a Ray actor's long-poll:
+    ``ray_launcher.ActorExit``); where there is none (Linux before 5.3), ``Popen.wait``."""
+    code = popen.poll()
+    if code is not None or timeout_s <= 0:
+        return code
+    try:
+        fd = os.pidfd_open(popen.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the child already reaped
+        try:
+            return popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        select.select([fd], [], [], timeout_s)  # readable once the child exited
+    finally:
+        os.close(fd)
+    return popen.poll()
+
+
+def niceness_env() -> dict[str, str]:
+    """For a process a Ray actor starts on its node: run at this process's niceness
+    (``workers.niceness.take_niceness``)."""
+    return {NICENESS_ENV: str(os.getpriority(os.PRIO_PROCESS, 0))}

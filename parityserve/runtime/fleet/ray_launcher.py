@@ -67,6 +67,7 @@ from parityserve.core.placement import (
     plan_groups,
 )
 from parityserve.runtime.fleet.placement_plan import deployment_members, slot_key
+from parityserve.runtime.fleet.processes import niceness_env, wait_child
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
@@ -76,12 +77,16 @@ __all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "actor_exit", "alive_nodes"
 log = logging.getLogger(__name__)
 
 NAMESPACE = "parityserve"
-_POLL_EVERY_S = 0.2
+# A replica's or a member's end is watched by one call kept in flight that returns when the
+# process exits or after this long (``ActorExit``): a long-poll, where a poll call every
+# 50 ms per graph member cost each member's actor 4-8% of a core, and the frontend as much.
+WAIT_EXIT_S = 10.0
+ACTOR_THREADS = 3  # an actor's calls: the exit long-poll beside a stop, a signal, a where
 SUSPECT_S = 60.0  # how long a node where an actor died unasked gets no new replicas
 ACTOR_DIED = -9  # the exit code reported when the actor (or its node) died under the worker
 
 
-@ray.remote(max_restarts=0)
+@ray.remote(max_restarts=0, max_concurrency=ACTOR_THREADS)  # type: ignore[call-overload]
 class ReplicaActor:
     """One worker process on this actor's node. The worker dies with the actor (it asks the
     kernel for SIGTERM when its parent exits), so a killed actor or node leaves no orphan."""
@@ -95,6 +100,10 @@ class ReplicaActor:
 
     def poll(self) -> int | None:
         return self.popen.poll()
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The worker's exit code once it exits, or None after ``timeout_s`` (a long-poll)."""
+        return wait_child(self.popen, timeout_s)
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -126,7 +135,7 @@ class RayReplica:
         self._node_id = node_id
         self.death: str | None = None
         self._code: int | None = None
-        self._exit = ActorExit(actor, f"replica {spec.replica_id}", _POLL_EVERY_S)
+        self._exit = ActorExit(actor, f"replica {spec.replica_id}")
 
     @property
     def pid(self) -> int:
@@ -191,26 +200,26 @@ def alive_nodes() -> list[Node]:
 
 
 class ActorExit:
-    """An actor's end, watched without ever blocking: one ``poll`` call of the actor kept in
-    flight (a new one at most every ``every_s``), looked at through ``done_flag``. ``check``
-    is the exit code once the actor's process exited, or ``ACTOR_DIED`` once the actor did
-    (then ``death`` says why); None while it runs. The handles on replica actors
-    (``RayReplica``) and on graph members' actors (``ray_operators``) each hold one."""
+    """An actor's end, watched without ever blocking: one ``wait_exit`` call of the actor
+    always in flight (it returns when the actor's process exits, or None after ``wait_s``,
+    and is then sent again), looked at through ``done_flag``. The actor's death (killed, or
+    its node lost) fails the call in flight as soon as Ray knows. ``check`` is the exit code
+    once the actor's process exited, or ``ACTOR_DIED`` once the actor did (then ``death``
+    says why); None while it runs. The handles on replica actors (``RayReplica``) and on
+    graph members' actors (``ray_operators``) each hold one."""
 
-    def __init__(self, actor: Any, what: str, every_s: float) -> None:
-        self.actor, self.what, self.every_s = actor, what, every_s
+    def __init__(self, actor: Any, what: str, wait_s: float = WAIT_EXIT_S) -> None:
+        self.actor, self.what, self.wait_s = actor, what, wait_s
         self.code: int | None = None
         self.death: str | None = None
         self._poll: Any = None
         self._polled = threading.Event()  # set by Ray's thread when ``_poll`` finished
-        self._next_poll = 0.0
 
     def check(self) -> int | None:
         if self.code is not None:
             return self.code
-        now = time.monotonic()
-        if self._poll is None and now >= self._next_poll:
-            self._poll, self._next_poll = self.actor.poll.remote(), now + self.every_s
+        if self._poll is None:
+            self._poll = self.actor.wait_exit.remote(self.wait_s)
             self._polled = done_flag(self._poll)
         if self._poll is not None and self._polled.is_set():
             ref, self._poll = self._poll, None
@@ -302,7 +311,8 @@ class RayLauncher:
                                   before.node_id if before is not None else None)
             strategy = ("SPREAD" if node_id is None
                         else NodeAffinitySchedulingStrategy(node_id, soft=False))
-        env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
+        env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
+               **niceness_env()}
         if keys is not None:
             env[ENV_VAR] = keys.to_env()
         actor = ReplicaActor.options(  # type: ignore[attr-defined]

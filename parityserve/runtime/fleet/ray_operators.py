@@ -30,9 +30,10 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from parityserve.core.placement import Node, Resources
-from parityserve.runtime.fleet.processes import log_file, worker_env
+from parityserve.runtime.fleet.processes import log_file, niceness_env, wait_child, worker_env
 from parityserve.runtime.fleet.ray_launcher import (
     ACTOR_DIED,
+    ACTOR_THREADS,
     NAMESPACE,
     ActorExit,
     node_of,
@@ -45,19 +46,16 @@ __all__ = ["OperatorActor", "RayOperatorProcess", "free_resources", "live_nodes"
 
 log = logging.getLogger(__name__)
 
-_POLL_EVERY_S = 0.05  # a new poll call at most this often: death is seen by its failure
-
-
-@ray.remote(max_restarts=0)
+@ray.remote(max_restarts=0, max_concurrency=ACTOR_THREADS)  # type: ignore[call-overload]
 class OperatorActor:
     """One operator process on this actor's node. The operator asks the kernel for SIGTERM when
     its parent exits (``hams_worker.main``), so a killed actor or node leaves no orphan."""
 
     def __init__(self, args: list[str], keys_env: str | None, ipc_dir: str,
-                 log_dir: str | None, name: str) -> None:
+                 log_dir: str | None, name: str, frontend_env: dict[str, str]) -> None:
         if ipc_dir:  # the frontend made it on its own host; on another node it is made here
             os.makedirs(ipc_dir, mode=0o700, exist_ok=True)
-        env = worker_env(1, None)
+        env = {**worker_env(1, None), **frontend_env}
         if keys_env is not None:
             env[ENV_VAR] = keys_env
         stderr = None
@@ -72,6 +70,11 @@ class OperatorActor:
 
     def poll(self) -> int | None:
         return self.popen.poll()
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The operator's exit code once it exits, or None after ``timeout_s`` (a long-poll:
+        ``ActorExit``)."""
+        return wait_child(self.popen, timeout_s)
 
     def where(self) -> tuple[str, str, int]:
         """(Ray node id, host name, the operator's pid)."""
@@ -101,7 +104,7 @@ class RayOperatorProcess:
         self.host: str | None = None
         self._pid = 0
         self._where: Any = actor.where.remote()
-        self._exit = ActorExit(actor, f"operator on node {node_id}", _POLL_EVERY_S)
+        self._exit = ActorExit(actor, f"operator on node {node_id}")
 
     @property
     def pid(self) -> int:
@@ -169,7 +172,8 @@ def start_operator(args: list[str], *, keys_env: str | None, ipc_dir: str,
     actor = OperatorActor.options(  # type: ignore[attr-defined]
         name=name, namespace=NAMESPACE, num_cpus=demand.cpu, num_gpus=demand.gpu,
         memory=int(demand.memory) or None, scheduling_strategy=strategy,
-    ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name)
+    ).remote(args, keys_env, ipc_dir, str(log_dir) if log_dir else None, name,
+             niceness_env())  # the frontend's niceness, not Ray's 15 (``take_niceness``)
     return RayOperatorProcess(actor, node_id)
 
 

@@ -67,6 +67,7 @@ from parityserve.runtime.graphs.hams_stall import StallWatch
 from parityserve.runtime.graphs.hams_state import FlatDelta, FlatState
 from parityserve.runtime.workers import wire
 from parityserve.runtime.workers.keys import ClientKeys
+from parityserve.runtime.workers.niceness import take_niceness
 from parityserve.runtime.workers.worker import keys_from_env
 
 __all__ = ["main", "restore_checkpoint", "save_checkpoint", "serve"]
@@ -792,6 +793,7 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
     parser.add_argument("--connect", required=True, help="frontend address, tcp://HOST:PORT")
     parser.add_argument("--spec", required=True, help="OperatorSpec as JSON")
     args = parser.parse_args(argv)
+    take_niceness()  # started by a Ray actor: its frontend's niceness, not Ray's 15
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if die_with_parent and sys.platform.startswith("linux"):  # no orphaned operators
         import ctypes

@@ -30,6 +30,7 @@ from parityserve.errors import ModelLoadError, PredictError, WorkerError
 from parityserve.runtime.workers import wire
 from parityserve.runtime.workers.handshake import JOIN_TIMEOUT_S, await_handshake, watch_handshake
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
+from parityserve.runtime.workers.niceness import take_niceness
 
 __all__ = ["EXIT_LOAD_FAILED", "WorkerSpec", "apply_threads", "keys_from_env", "main",
            "run_worker"]
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
                              "drops a replica before stopping it, so that a SIGTERM it did not "
                              "send (Ray killing the actor's process group) reads as a loss")
     args = parser.parse_args(argv)
+    take_niceness()  # started by a Ray actor: its frontend's niceness, not Ray's 15
     global _never_bye
     _never_bye = args.no_bye
     if args.die_with_parent and die_with_parent:

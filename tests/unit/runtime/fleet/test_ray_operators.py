@@ -26,14 +26,25 @@ from parityserve.runtime.graphs.hams_protocol import OperatorSpec  # noqa: E402
 
 class FakeRef:
     """An ObjectRef: ready or not, its value or the error Ray would raise. ``future()``'s
-    callback runs at once when ready (Ray's thread, in the real one)."""
+    callback runs at once when ready, else at ``finish`` (Ray's thread, in the real one)."""
 
     def __init__(self, value: Any = None, ready: bool = True) -> None:
         self.value, self.ready = value, ready
+        self.callbacks: list[Any] = []
 
     def future(self) -> Any:
-        ref = self
-        return SimpleNamespace(add_done_callback=lambda cb: cb(ref) if ref.ready else None)
+        return SimpleNamespace(add_done_callback=self._on_done)
+
+    def _on_done(self, callback: Any) -> None:
+        if self.ready:
+            callback(self)
+        else:
+            self.callbacks.append(callback)
+
+    def finish(self) -> None:
+        self.ready = True
+        for callback in self.callbacks:
+            callback(self)
 
 
 class FakeMethod:
@@ -47,7 +58,7 @@ class FakeMethod:
 
 class FakeActor:
     def __init__(self, polls: list[FakeRef], where: FakeRef) -> None:
-        self.poll, self.where = FakeMethod(polls), FakeMethod([where])
+        self.wait_exit, self.where = FakeMethod(polls), FakeMethod([where])
         self.send_signal, self.stop = FakeMethod([]), FakeMethod([])
 
 
@@ -80,17 +91,29 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeRay, list[float]]:
 
 
 def test_an_actor_that_dies_under_its_operator_is_an_exit(fake_ray) -> None:
-    _, now = fake_ray
     died = RayError("ActorDiedError: the actor's node was lost\nmore")
-    actor = FakeActor([FakeRef(None), FakeRef(died)], FakeRef(("n1", "host", 4321)))
+    in_flight = FakeRef(died, ready=False)
+    actor = FakeActor([FakeRef(None), in_flight], FakeRef(("n1", "host", 4321)))
     handle = ray_operators.RayOperatorProcess(actor, "n1")
-    assert handle.poll() is None  # alive: the actor's poll said None
-    assert handle.poll() is None  # asked again within 10 ms: Ray is not asked
-    assert len(actor.poll.calls) == 1
-    now[0] += 0.06
+    assert handle.poll() is None  # alive: the long-poll came back with None, and is sent again
+    assert handle.poll() is None  # that one is in flight: Ray is not asked again
+    assert handle.poll() is None
+    assert actor.wait_exit.calls == [(ray_launcher.WAIT_EXIT_S,)] * 2
+    in_flight.finish()  # the node is lost: Ray fails the call in flight
     assert handle.poll() == ACTOR_DIED  # Ray's report of the actor's death
     assert handle.death is not None and "node was lost" in handle.death
     assert handle.wait(timeout=0) == ACTOR_DIED
+
+
+def test_the_operator_exiting_under_a_live_actor_is_its_exit_code(fake_ray) -> None:
+    in_flight = FakeRef(None, ready=False)
+    actor = FakeActor([in_flight], FakeRef(("n1", "host", 4321)))
+    handle = ray_operators.RayOperatorProcess(actor, "n1")
+    assert handle.poll() is None
+    in_flight.value = -9  # kill -9 of the operator process: the actor's wait returns its code
+    in_flight.finish()
+    assert handle.poll() == -9 and handle.death is None
+    assert len(actor.wait_exit.calls) == 1
 
 
 def test_pid_node_and_host_come_from_the_actor_without_waiting(fake_ray) -> None:
