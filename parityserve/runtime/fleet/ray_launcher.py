@@ -71,8 +71,8 @@ from parityserve.runtime.fleet.processes import niceness_env, wait_child
 from parityserve.runtime.workers.keys import ENV_VAR, ClientKeys
 from parityserve.runtime.workers.worker import WorkerSpec
 
-__all__ = ["NAMESPACE", "RayLauncher", "RayReplica", "actor_exit", "alive_nodes", "connect_ray",
-           "node_of", "ray_bundle", "reachable"]
+__all__ = ["NAMESPACE", "SUSPECT_NODES", "RayLauncher", "RayReplica", "SuspectNodes",
+           "actor_exit", "alive_nodes", "connect_ray", "node_of", "ray_bundle", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,44 @@ NAMESPACE = "parityserve"
 # 50 ms per graph member cost each member's actor 4-8% of a core, and the frontend as much.
 WAIT_EXIT_S = 10.0
 ACTOR_THREADS = 3  # an actor's calls: the exit long-poll beside a stop, a signal, a where
-SUSPECT_S = 60.0  # how long a node where an actor died unasked gets no new replicas
+SUSPECT_S = 60.0  # how long a node where something of ours was lost unasked is avoided
 ACTOR_DIED = -9  # the exit code reported when the actor (or its node) died under the worker
+
+
+class SuspectNodes:
+    """Nodes where a replica or a graph member of this frontend was lost unasked in the last
+    ``SUSPECT_S``: a crashed machine stays alive to Ray until its health checks give up on it
+    (about 12 s on the test cluster), and what is placed there meanwhile dies with it. One per
+    process (``SUSPECT_NODES``), shared by the replicas' launcher and the graphs' member
+    launchers: a graph member lost by its silence is the first sign, within the heartbeat
+    timeout, and the model replicas' replacements avoid that node too (before, they went
+    there and died about 12 s later, when Ray declared the node dead)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._until: dict[str, float] = {}  # node id -> until when it is avoided
+
+    def mark(self, node_id: str, *, renew: bool = True) -> None:
+        """``renew`` False: keep an earlier mark's end (a death Ray reports again and again)."""
+        until = self.clock() + SUSPECT_S
+        self._until[node_id] = until if renew else self._until.get(node_id, until)
+
+    def current(self) -> set[str]:
+        now = self.clock()
+        self._until = {n: t for n, t in self._until.items() if t > now}
+        return set(self._until)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self.current()
+
+    def __bool__(self) -> bool:
+        return bool(self.current())
+
+    def clear(self) -> None:
+        self._until.clear()
+
+
+SUSPECT_NODES = SuspectNodes()
 
 
 @ray.remote(max_restarts=0, max_concurrency=ACTOR_THREADS)  # type: ignore[call-overload]
@@ -289,7 +325,7 @@ class RayLauncher:
         self.running: dict[str, RayReplica] = {}  # slot key -> its latest replica
         self.placement = Placement()
         self.latest: tuple[str, int] | None = None
-        self.suspects: dict[str, float] = {}  # node id -> until when it is not trusted
+        self.suspects = SUSPECT_NODES  # shared with the graphs' member launchers
 
     def note_deployment(self, deployment: Deployment) -> None:
         """The supervisor is about to launch for ``deployment``: place by its groups."""
@@ -398,13 +434,12 @@ class RayLauncher:
     def _trusted_nodes(self) -> list[Node]:
         """Live nodes, less those where one of our actors died unasked in the last minute:
         a crashed machine stays 'alive' to Ray until its health checks give up on it."""
-        now = time.monotonic()
         for r in self.running.values():
             if r.death is not None and r.node_id is not None:
-                self.suspects.setdefault(r.node_id, now + SUSPECT_S)
-        self.suspects = {n: t for n, t in self.suspects.items() if t > now}
+                self.suspects.mark(r.node_id, renew=False)
+        avoid = self.suspects.current()
         nodes = alive_nodes()
-        return [n for n in nodes if n.node_id not in self.suspects] or nodes
+        return [n for n in nodes if n.node_id not in avoid] or nodes
 
     def stop_all(self, procs: Iterable[object], grace_s: float = 2.0) -> None:
         """Stop the replicas among ``procs``; shut down Ray if this launcher started it."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from parityserve.core.hams.member_nodes import (
 from parityserve.core.hams.placement import StatefulGraph
 from parityserve.core.placement import Node, Resources
 from parityserve.runtime.fleet.launcher import ProcessHandle
-from parityserve.runtime.fleet.ray_launcher import SUSPECT_S, connect_ray, reachable
+from parityserve.runtime.fleet.ray_launcher import SUSPECT_NODES, connect_ray, reachable
 from parityserve.runtime.fleet.ray_operators import (
     RayOperatorProcess,
     free_resources,
@@ -67,7 +66,8 @@ class RayMemberLauncher(MemberLauncher):
         self.roles = roles  # worker id -> its role now (failovers change them)
         self.handles: dict[str, tuple[str, RayOperatorProcess]] = {}  # worker id -> (op, h)
         self.watches_nodes = True
-        self.suspects: dict[str, float] = {}  # node id -> until when it is the last choice
+        self.suspects = SUSPECT_NODES  # where a member was just lost: the last choice
+        # (shared with the replicas' launcher, which then avoids those nodes too)
         self._pin: tuple[str | None, str] = (None, "")  # the next actor's node and address
         self._tag = secrets.token_hex(3)  # actor names unique across frontends on a cluster
         self.seen: set[str] | None = None  # node ids ever seen alive (None: not read yet)
@@ -101,7 +101,7 @@ class RayMemberLauncher(MemberLauncher):
         failed = member.lost in ("exit", "timeout")
         if handle is not None and (failed or handle.death is not None) \
                 and handle.node_id is not None:
-            self.suspects[handle.node_id] = time.monotonic() + SUSPECT_S
+            self.suspects.mark(handle.node_id)
         super().forget(member)
         if handle is not None:
             self._note(member.spec.op, None)  # (a retired spare: its operator may be apart now)
@@ -166,9 +166,7 @@ class RayMemberLauncher(MemberLauncher):
 
     def _suspect_nodes(self) -> set[str]:
         """Nodes where a member was lost in the last minute, or whose actor Ray says died."""
-        now = time.monotonic()
         for _, handle in self.handles.values():
             if handle.death is not None and handle.node_id is not None:
-                self.suspects.setdefault(handle.node_id, now + SUSPECT_S)
-        self.suspects = {n: t for n, t in self.suspects.items() if t > now}
-        return set(self.suspects)
+                self.suspects.mark(handle.node_id, renew=False)
+        return self.suspects.current()

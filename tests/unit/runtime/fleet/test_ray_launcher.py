@@ -246,6 +246,14 @@ def test_workers_dial_the_frontends_node_ip_when_it_binds_every_interface(
     assert ray_launcher.reachable(bound, "10.0.0.9") == dialled
 
 
+@pytest.fixture(autouse=True)
+def _no_suspects_left_over() -> Any:
+    """The suspect nodes are one per process: each test starts and ends without any."""
+    ray_launcher.SUSPECT_NODES.clear()
+    yield
+    ray_launcher.SUSPECT_NODES.clear()
+
+
 def test_a_node_where_an_actor_died_unasked_gets_no_new_replica_for_a_while(fake_ray) -> None:
     """Two replicas lost on one crashed node: the second replacement avoids it too, though
     Ray still lists the node alive and the second slot's own predecessor is long gone."""

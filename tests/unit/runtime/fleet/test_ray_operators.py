@@ -153,6 +153,15 @@ class FakeHandle:
 DEMAND = {"seq1": Resources(cpu=1)}  # what each member's actor asks Ray for
 
 
+@pytest.fixture(autouse=True)
+def _no_suspects_left_over() -> Any:
+    """The suspect nodes are one per process (shared with the replicas' launcher): each test
+    starts and ends without any."""
+    ray_launcher.SUSPECT_NODES.clear()
+    yield
+    ray_launcher.SUSPECT_NODES.clear()
+
+
 def graph_launcher(monkeypatch: pytest.MonkeyPatch, n_nodes: int,
                    free: dict[str, Resources] | None = None) -> tuple[Any, list[dict]]:
     """``free``: what Ray says is unreserved per node (default: every node empty)."""
@@ -217,6 +226,40 @@ def test_a_replacement_avoids_the_node_where_a_member_was_just_lost(monkeypatch)
     lost_node = started[0]["node_id"]
     (new,) = launch(launcher, ["backup"])
     assert new.node not in (lost_node, backup.node, spare.node)
+
+
+def test_a_member_lost_by_its_silence_keeps_model_replicas_off_its_node_too(monkeypatch
+                                                                          ) -> None:
+    """The member's timeout (200 ms) is the first sign of a crashed node, seconds before Ray
+    reports a replica's actor there dead: the replicas' launcher avoids the node from then on.
+    (Before, a replacement replica was placed on the crashed node and died about 12 s later.)"""
+    launcher, started = graph_launcher(monkeypatch, 4)
+    primary, _, _ = launch(launcher, ["primary", "backup", "backup"])
+    replicas = ray_launcher.RayLauncher.__new__(ray_launcher.RayLauncher)
+    replicas.running, replicas.suspects = {}, ray_launcher.SUSPECT_NODES
+    nodes = [Node(f"n{i}", Resources(cpu=4)) for i in range(4)]
+    monkeypatch.setattr(ray_launcher, "alive_nodes", lambda: nodes)
+    assert len(replicas._trusted_nodes()) == 4
+    primary.lost = "timeout"
+    launcher.forget(primary)
+    trusted = {n.node_id for n in replicas._trusted_nodes()}
+    assert trusted == {"n0", "n1", "n2", "n3"} - {started[0]["node_id"]}
+
+
+def test_suspicion_lasts_its_minute_and_a_repeated_report_does_not_extend_it() -> None:
+    now = [0.0]
+    suspects = ray_launcher.SuspectNodes(clock=lambda: now[0])
+    suspects.mark("n1")
+    now[0] = 50.0
+    suspects.mark("n1", renew=False)  # Ray says again that the actor there died
+    assert "n1" in suspects
+    now[0] = ray_launcher.SUSPECT_S + 1
+    assert "n1" not in suspects and not suspects
+    suspects.mark("n2")
+    now[0] += 30
+    suspects.mark("n2")  # a second loss there: a new minute
+    now[0] += 45
+    assert suspects.current() == {"n2"}
 
 
 def test_the_note_stays_while_members_share_even_when_the_newest_is_apart(monkeypatch) -> None:
