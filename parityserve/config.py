@@ -538,6 +538,12 @@ class Graph(_Frozen):
     heartbeat_timeout_ms: float = Field(
         200, gt=0, description="an operator silent this long is lost; it sends a "
         "heartbeat after 50 ms without any other message")
+    data_path_detection: bool = Field(
+        True, description="also suspect a primary that is silent while it holds batches, "
+        "after 4 of its operator's slowest recent round trips (at least 100 ms, at most "
+        "heartbeat_timeout_ms; HAMS's data-path timeout): a lost machine is noticed in a "
+        "fraction of the heartbeat timeout under load. One seen working on this host is "
+        "left to the heartbeat; false: the heartbeat timeout alone")
     full_state_every: int = Field(
         50, ge=1, le=1_000_000, description="a stateful operator that declares what each "
         "batch changed (zoo:stream-lstm's stream slots) sends its backup only those rows, and "

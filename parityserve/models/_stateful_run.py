@@ -36,6 +36,7 @@ before waiting.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -71,11 +72,18 @@ class CopyGate:
     """The copy-done gate for one batch: ``wait()`` returns once ``copied`` is set, or raises
     ``StateCopyTimeout`` after ``timeout_s``. Once open it holds ``lock`` (if any) until the
     ``with`` block ends, so the worker's "write + number the batch" stays one step that no
-    state copy can split (the worker's state thread takes the same lock to copy)."""
+    state copy can split (the worker's state thread takes the same lock to copy).
+
+    ``while_waiting`` runs every ``every_s`` of the wait: a graph member's heartbeat, so that
+    a primary held here by a slow copy is seen waiting, not silent (the frontend suspects a
+    primary silent while it holds a batch: ``hams_watch``'s data path)."""
 
     def __init__(self, copied: threading.Event, timeout_s: float | None = None,
-                 lock: threading.Lock | None = None) -> None:
+                 lock: threading.Lock | None = None,
+                 while_waiting: Callable[[], None] | None = None, every_s: float = 0.025
+                 ) -> None:
         self._copied, self._timeout_s, self._lock = copied, timeout_s, lock
+        self._while_waiting, self._every_s = while_waiting, every_s
         self.opened = False
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -83,13 +91,26 @@ class CopyGate:
         if self.opened:
             return True
         limit = _shorter(timeout, self._timeout_s)
-        if not self._copied.wait(limit):
+        if not self._wait_copied(limit):
             raise StateCopyTimeout(f"no copy-done signal within {limit} s; the write must "
                                    "not run (state unchanged)")
         if self._lock is not None:
             self._lock.acquire()
         self.opened = True
         return True
+
+    def _wait_copied(self, limit: float | None) -> bool:
+        if self._while_waiting is None:
+            return self._copied.wait(limit)
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self._copied.wait(self._every_s if left is None
+                                 else max(0.0, min(self._every_s, left))):
+                return True
+            if left is not None and left <= self._every_s:
+                return False
+            self._while_waiting()
 
     def __enter__(self) -> CopyGate:
         return self

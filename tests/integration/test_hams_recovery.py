@@ -186,7 +186,36 @@ def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> 
         replies = send_streams(url, data, {
             STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
         check_against_replay(replies, data)
-        assert lost[0]["how"] == "timeout" and 200 <= lost[0]["silent_ms"] < 2000
+        # the other streams' batches are in flight at it: the data path may notice first
+        # (below the timeout), or the heartbeat (at it) when its round trips were slow
+        assert lost[0]["how"] == "timeout" and lost[0]["silent_ms"] < 2000
+        assert lost[0]["detector"] in ("heartbeat", "data path")
+        failover = graph_state(url)["failovers"][-1]
+        assert failover["lost_pid"] == frozen and failover["detection"] == "timeout"
+    finally:
+        resume(frozen)
+        running.stop()
+
+
+def test_a_primary_frozen_holding_batches_is_found_on_the_data_path(tmp_path: Path) -> None:
+    """HAMS's own detector (§IV-E, ``Watch._data_path_loss``): a primary silent while batches
+    are in flight at it is suspected after a few of its round trips. The heartbeat timeout
+    is 20 s here, so only the data path can notice in time: the frozen primary fails over,
+    the other streams' batches run again at the promoted backup, and every reply is exact."""
+    cfg = config()
+    cfg["graphs"][0]["heartbeat_timeout_ms"] = 20_000
+    running = start_server(cfg, tmp_path)
+    frozen = 0
+    try:
+        url, data = running.url, series(9)
+        wait_until(lambda: synced(url), 60)
+        frozen = seq1(url)["primary_pid"]
+        lost: list[dict] = []
+        replies = send_streams(url, data, {
+            STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
+        check_against_replay(replies, data)
+        assert lost[0]["how"] == "timeout" and lost[0]["detector"] == "data path"
+        assert lost[0]["silent_ms"] < 20_000
         failover = graph_state(url)["failovers"][-1]
         assert failover["lost_pid"] == frozen and failover["detection"] == "timeout"
     finally:
@@ -341,8 +370,9 @@ def test_remus_never_makes_durable_a_state_whose_outputs_are_not_here(tmp_path: 
     here. Before, that was seen within a few freezes, and killing the primary then lost
     those requests; now a backup applies only what the frontend holds the outputs of.
     The primary is killed at the last freeze either way: every stream equals its replay."""
-    cfg = config(mode="remus")
-    cfg["graphs"][0].update(heartbeat_timeout_ms=10_000, timeout_ms=10_000)
+    cfg = config(mode="remus")  # freezes of 200 ms, watched, never suspected:
+    cfg["graphs"][0].update(heartbeat_timeout_ms=10_000, timeout_ms=10_000,
+                            data_path_detection=False)
     running = start_server(cfg, tmp_path)
     try:
         url, data = running.url, series(10)

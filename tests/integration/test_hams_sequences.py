@@ -369,6 +369,7 @@ def test_a_primary_killed_between_storing_a_checkpoint_and_announcing_it_loses_n
     Its real loss, the kill, is seen by its exit."""
     cfg = config(mode="checkpoint-replay")
     cfg["graphs"][0]["heartbeat_timeout_ms"] = 60_000
+    cfg["graphs"][0]["data_path_detection"] = False  # frozen holding batches, on purpose
     running = start_server(cfg, tmp_path)
     try:
         url, data = running.url, series(4)

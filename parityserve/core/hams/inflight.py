@@ -11,6 +11,7 @@ had work for longer than the limit without finishing any: the graph is not ready
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -18,6 +19,8 @@ from typing import Generic, TypeVar
 __all__ = ["InFlight", "InFlightStats"]
 
 B = TypeVar("B")
+
+RTT_WINDOW = 32  # the batches whose round trips say how long an answer takes now
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class InFlight(Generic[B]):
         self.expired_total = 0
         self.sent_total = 0
         self.rows_total = 0
+        self._rtts: deque[float] = deque(maxlen=RTT_WINDOW)  # sent -> came back, newest last
 
     def __len__(self) -> int:
         return len(self._out)
@@ -58,7 +62,17 @@ class InFlight(Generic[B]):
         if found is None:
             return None
         self._progress, self._failing = now, False
+        self._rtts.append(now - found[0])
         return found[1]
+
+    def oldest_sent(self) -> float | None:
+        """When the oldest batch in flight left (None: none is out)."""
+        return min((sent for sent, _ in self._out.values()), default=None)
+
+    def slowest_recent(self) -> float | None:
+        """The longest round trip of the last ``RTT_WINDOW`` batches (None: none came back
+        yet): what the data-path failure detector scales its limit by."""
+        return max(self._rtts, default=None)
 
     def clear(self) -> list[B]:
         """A failover took the batches over (they run again under its plan)."""

@@ -56,6 +56,7 @@ from parityserve.runtime.graphs.hams_context import GraphContext, log
 from parityserve.runtime.graphs.hams_dispatch import Dispatch
 from parityserve.runtime.graphs.hams_members import Member
 from parityserve.runtime.graphs.hams_membership import Membership
+from parityserve.runtime.graphs.hams_protocol import OperatorSpec
 from parityserve.runtime.graphs.hams_recovery import RecoveryDriver
 from parityserve.runtime.graphs.hams_stall import thread_states
 
@@ -63,6 +64,10 @@ __all__ = ["Watch", "thread_states"]
 
 _CHECK_EVERY_S = 0.005
 STARVED_GRACE = 10  # a runnable member's silence limit, in heartbeat timeouts
+DATA_LIMIT_FACTOR = 4  # a primary holding a batch: silent this many slowest round trips...
+# ...but at least two of its heartbeat intervals: a primary waiting on its backup (Remus) or a
+# seeding beats every interval, and one beat late must not read as a loss
+DATA_LIMIT_FLOOR_S = 2 * OperatorSpec.heartbeat_s
 NODES_EVERY_S = 1.0  # how often the cluster's nodes are read, where nodes can join (Ray)
 RENEW_PASSES = 3  # checks for members to move after one join, while each moves something
 RETIRED = "retired: a node joined where its operator has no member; a fresh spare starts there"
@@ -78,6 +83,7 @@ class Watch:
         self.losses: deque[dict[str, Any]] = deque(maxlen=100)  # members seen lost, newest last
         self._nodes_at = 0.0  # when the cluster's nodes are read next
         self._reading = False  # a read is under way (off the loop)
+        self._resumed = 0.0  # when the loop last came back from a stall (``_forgive_stall``)
         self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
 
     async def run(self) -> None:
@@ -86,7 +92,7 @@ class Watch:
         while True:
             await asyncio.sleep(_CHECK_EVERY_S)
             now = ctx.clock()
-            self._forgive_stall(now - last - _CHECK_EVERY_S)
+            self._forgive_stall(now - last - _CHECK_EVERY_S, now)
             last = now
             self.dispatch.expire(now)
             if self.members.launcher.watches_nodes and now >= self._nodes_at \
@@ -133,31 +139,44 @@ class Watch:
 
     def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
         how = self._loss(member, now, hearing)
+        data = None
+        if how is None:
+            data = self._data_path_loss(op, member, now, hearing)
+            how = data and "timeout"
         if how is None:
             return
         member.lost = how
+        threads = thread_states(member.pid) if member.on_this_host else "on another host"
         silent = "exited" if how == "exit" else (
             f"silent past the timeout ({(now - member.last_beat) * 1e3:.0f} ms; threads "
-            f"{thread_states(member.pid) if member.on_this_host else 'on another host'})")
+            f"{threads})") if data is None else (
+            f"silent {data[0] * 1e3:.0f} ms holding a batch, past the data-path limit of "
+            f"{data[1] * 1e3:.0f} ms (its last heartbeat {(now - member.last_beat) * 1e3:.0f} "
+            f"ms ago; threads {threads})")
         log.warning("graph %s: %s %s %s (exit code %s)", self.ctx.graph.name, op,
                     member.worker_id, silent, member.popen.poll())
+        detector = "exit" if how == "exit" else "heartbeat" if data is None else "data path"
         if self.ctx.plan is None:
-            self._note_loss(member, how, now)
+            self._note_loss(member, how, now, detector)
             self.ctx.spawn(self.baselines.recover(op, member, how, now))
             return
         self.recovery.suspect(member, how)
         if member.worker_id not in self.ctx.plan.suspects():  # (a kept one is in ``suspects``)
-            self._note_loss(member, how, now)
+            self._note_loss(member, how, now, detector)
 
-    def _note_loss(self, member: Member, how: str, now: float) -> None:
+    def _note_loss(self, member: Member, how: str, now: float, detector: str = "exit") -> None:
+        """``detector``: what noticed it, "exit", "heartbeat" (silent past the timeout) or
+        "data path" (silent holding a batch: ``_data_path_loss``)."""
         self.losses.append({"member": member.worker_id, "pid": member.pid, "how": how,
+                            "detector": detector,
                             "silent_ms": round((now - member.last_beat) * 1e3, 1)})
 
-    def _forgive_stall(self, stall_s: float) -> None:
+    def _forgive_stall(self, stall_s: float, now: float) -> None:
         """The frontend's own loop was held up (a fork, a garbage collection, a busy core):
         heartbeats that arrived meanwhile are still unread, so that time counts against no
         operator. Without this a stalled frontend declares healthy primaries dead."""
         if stall_s > 0.02:
+            self._resumed = now
             for _, member in self.members.by_id.values():
                 member.last_beat += stall_s
 
@@ -168,6 +187,35 @@ class Watch:
             return "exit"
         return silence_verdict(now - member.last_beat, self._silence_limit_s(),
                                lambda: member.on_this_host and runnable(member.pid), hearing)
+
+    def _data_path_loss(self, op: str, member: Member, now: float, hearing: bool
+                        ) -> tuple[float, float] | None:
+        """HAMS's own detector (§IV-E: a data-path RPC timeout, about 20 ms there): a primary
+        holding a batch that has said nothing for ``DATA_LIMIT_FACTOR`` times the slowest of
+        its operator's recent round trips (at least ``DATA_LIMIT_FLOOR_S``, at most the
+        heartbeat timeout) is suspected, unless it is seen working (a thread running or
+        waiting for a core: then the heartbeat's limit and grace judge it). A healthy
+        primary answers a batch or beats (it beats while it waits on a backup or a seeding);
+        a silent one with work is computing, starved, or gone. Under load this notices a
+        lost machine in a fraction of the heartbeat timeout, where its processes' exit is
+        never seen. (silent s, limit s) when suspected, else None."""
+        if not self.ctx.graph.data_path_detection:
+            return None
+        pair = self.ctx.pairs.get(op)
+        out = self.ctx.inflight.get(op)
+        if pair is None or pair.primary is not member or out is None:
+            return None
+        sent, slowest = out.oldest_sent(), out.slowest_recent()
+        if sent is None or slowest is None or not member.hello.done():
+            return None
+        limit = min(max(DATA_LIMIT_FACTOR * slowest, DATA_LIMIT_FLOOR_S),
+                    self._silence_limit_s())
+        silent = now - max(member.last_beat, sent, self._resumed)
+        if silent <= limit or not hearing:
+            return None
+        if member.on_this_host and runnable(member.pid):
+            return None  # computing or starved: the heartbeat's limit and grace judge it
+        return silent, limit
 
     def _silence_limit_s(self) -> float:
         """A hung member is a lost one, whatever the detection mode: exit detection sees a

@@ -216,7 +216,8 @@ class Primary:
                   early: Callable[[Any], None] | None) -> Any:
         left: list[Any] = []  # outputs that left early: then they must stand
         written: list[Any] = []  # the update's pending value: it may say what it wrote
-        with CopyGate(self.copied, lock=self.mutex) as gate:
+        with CopyGate(self.copied, lock=self.mutex, while_waiting=self.proc.beat_if_due,
+                      every_s=self.proc.spec.heartbeat_s / 2) as gate:  # beats while held
             try:
                 outputs = drive(self.operator.model, batch, self.operator.state, gate,
                                 _noting(early, left) if early is not None else None,

@@ -172,6 +172,23 @@ def test_the_gate_holds_the_lock_from_opening_to_the_end_of_the_batch() -> None:
     assert not lock.locked()
 
 
+def test_a_gate_held_shut_beats_while_it_waits_and_still_times_out() -> None:
+    """A graph primary waiting on a slow copy must be seen waiting, not silent (the frontend
+    suspects a primary silent while it holds a batch): the gate calls back every ``every_s``."""
+    copied, beats = threading.Event(), []
+    threading.Timer(0.2, copied.set).start()
+    with CopyGate(copied, while_waiting=lambda: beats.append(1), every_s=0.02) as gate:
+        assert gate.wait()
+    assert 3 <= len(beats) <= 11  # about every 20 ms of the 200 ms wait (a loaded box: fewer)
+    beats.clear()
+    with CopyGate(threading.Event(), timeout_s=0.1, while_waiting=lambda: beats.append(1),
+                  every_s=0.02) as never, pytest.raises(StateCopyTimeout, match="within 0.1 s"):
+        never.wait()
+    assert beats and not never.opened
+    with CopyGate(go(), while_waiting=lambda: beats.append("no"), every_s=0.02) as open_:
+        assert open_.wait() and "no" not in beats  # already copied: no wait, no beat
+
+
 def test_early_outputs_come_before_the_update_in_one_form_and_after_the_run_in_the_other(
         ) -> None:
     for op, seen_when_early in ((BothForms(), 0), (RunCounter(), 1)):
