@@ -311,6 +311,8 @@ def _event(server: h.Server, args: argparse.Namespace, index: int,
     event.update(
         failover=event_failover(killed_at, records), detections=sorted(
             {f["detection"] for f in records}), failovers=len(records),
+        detectors=sorted({loss["detector"] for loss in graph.get("losses", [])
+                          if loss.get("at", 0) >= killed_at and "detector" in loss}),
         gap_ms=event_gaps(clients.replied_at, [event], end)[0], sent=clients.sent,
         answered=verdict.answered, lost=clients.lost,
         errors=sum(clients.error_kinds.values()) - clients.lost,

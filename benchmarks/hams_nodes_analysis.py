@@ -19,6 +19,7 @@ load stopped.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -101,6 +102,9 @@ def summarise(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "strike_ms": {"median": float(np.median(strikes)) if strikes else None,
                           "max": max(strikes) if strikes else None},
             "detections": sorted({d for e in events for d in e.get("detections", [])}),
+            # what noticed each lost member (exit, heartbeat, data path), counted over events
+            "detectors": dict(sorted(collections.Counter(
+                d for e in events for d in e.get("detectors", [])).items())),
             "problems": {str(e["index"]): event_problems(e) for e in events
                          if event_problems(e)}}
 
@@ -178,7 +182,11 @@ def _render_kills(kills: Mapping[str, Any]) -> list[str]:
             f"{k} {n}" for k, n in node["summary"]["kinds"].items())
             + f"; of them on a node holding seq1's primary and seq2's backup (HAMS Fig. 6): "
             f"{node['summary']['fig6']}; detection by: "
-            f"{', '.join(node['summary']['detections']) or '–'}. The crash (every process "
+            f"{', '.join(node['summary']['detections']) or '–'}"
+            + (" (what noticed the lost members, events: " + ", ".join(
+                f"{k} {n}" for k, n in node["summary"]["detectors"].items()) + ")"
+               if node["summary"].get("detectors") else "")
+            + ". The crash (every process "
             f"of the node SIGKILLed, then the node removed from Ray) took "
             f"{_ms(node['summary']['strike_ms']['median'])} ms (median), "
             f"{_ms(node['summary']['strike_ms']['max'])} ms (max): detection counts from the "
@@ -190,7 +198,7 @@ def _render_kills(kills: Mapping[str, Any]) -> list[str]:
         for e in node["events"]:
             lines.append(
                 f"| {e['index']} | {e['kind']} | {', '.join(e['held']) or '–'} | "
-                f"{', '.join(e.get('detections', [])) or '–'} | "
+                f"{', '.join(e.get('detectors') or e.get('detections', [])) or '–'} | "
                 f"{_ms(e['failover']['total_ms'])} | {_ms(e['gap_ms'])} | {e['sent']} | "
                 f"{e['lost']} | {e['errors']} | {e['duplicates']} | {e['conflicts']} | "
                 f"{e['diverged_streams']} | {'yes' if e['digests_equal'] else '**no**'} |")

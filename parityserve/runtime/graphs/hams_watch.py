@@ -99,7 +99,7 @@ class Watch:
                     and not self._reading:
                 self._nodes_at, self._reading = now + NODES_EVERY_S, True
                 ctx.spawn(self._read_nodes())
-            hearing = self._hearing(now)
+            hearing = self._hearing(now, self._silence_limit_s() / 2)
             for op, member in list(self.members.by_id.values()):
                 if member.lost is None:
                     self._check(op, member, now, hearing)
@@ -130,12 +130,18 @@ class Watch:
             log.warning("graph %s: %s's %s %s", self.ctx.graph.name, op, member, why)
             self.recovery.act(plan.lost(member, why))
 
-    def _hearing(self, now: float) -> bool:
-        """Whether the frontend is shown to hear its members: some live member was heard
-        within the timeout, or there is no second member to vouch (see the module docstring)."""
+    def _hearing(self, now: float, window_s: float, but: Member | None = None) -> bool:
+        """Whether the frontend is shown to hear its members: some live member (other than
+        ``but``) was heard within ``window_s``, or there is no second member to vouch (see
+        the module docstring). The window is half the silence limit it vouches for: healthy
+        members speak every heartbeat interval, and a frontend deaf for just over a limit
+        (its socket's thread without a core as Ray declared a node dead: every member,
+        all asleep, past 160-200 ms at once, none quiet by its own account) had still heard
+        someone within the whole limit, and suspected them all."""
         beats = [m.last_beat for _, m in self.members.by_id.values()
-                 if m.lost is None and m.hello.done()]
-        return len(beats) < 2 or now - max(beats) <= self._silence_limit_s()
+                 if m.lost is None and m.hello.done() and m is not but]
+        return len(beats) < 1 or (but is None and len(beats) < 2) \
+            or now - max(beats) <= window_s
 
     def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
         how = self._loss(member, now, hearing)
@@ -168,7 +174,7 @@ class Watch:
         """``detector``: what noticed it, "exit", "heartbeat" (silent past the timeout) or
         "data path" (silent holding a batch: ``_data_path_loss``)."""
         self.losses.append({"member": member.worker_id, "pid": member.pid, "how": how,
-                            "detector": detector,
+                            "detector": detector, "at": round(now, 4),
                             "silent_ms": round((now - member.last_beat) * 1e3, 1)})
 
     def _forgive_stall(self, stall_s: float, now: float) -> None:
@@ -211,7 +217,7 @@ class Watch:
         limit = min(max(DATA_LIMIT_FACTOR * slowest, DATA_LIMIT_FLOOR_S),
                     self._silence_limit_s())
         silent = now - max(member.last_beat, sent, self._resumed)
-        if silent <= limit or not hearing:
+        if silent <= limit or not hearing or not self._hearing(now, limit / 2, but=member):
             return None
         if member.on_this_host and runnable(member.pid):
             return None  # computing or starved: the heartbeat's limit and grace judge it

@@ -17,7 +17,7 @@ from parityserve.runtime.graphs.hams_watch import DATA_LIMIT_FLOOR_S, Watch
 
 
 def _member(last_beat: float, *, here: bool = False) -> Any:
-    return SimpleNamespace(last_beat=last_beat, hello=SimpleNamespace(done=lambda: True),
+    return SimpleNamespace(last_beat=last_beat, hello=SimpleNamespace(done=lambda: True), lost=None,
                            on_this_host=here, pid=4321, worker_id="g/op/primary-1")
 
 
@@ -87,6 +87,18 @@ def test_no_verdict_while_the_frontend_hears_nobody_or_its_loop_just_stalled() -
     assert watch._data_path_loss("op", primary, 10.2, True) is None
     assert watch._data_path_loss("op", primary, 10.27, True) is None  # 90 ms since
     assert watch._data_path_loss("op", primary, 10.29, True)
+
+
+def test_no_verdict_while_no_other_member_was_heard_within_half_the_limit() -> None:
+    """Every member silent at once is the frontend not hearing (its socket's thread without a
+    core), not every member lost: another member must have spoken lately."""
+    primary, backup = _member(10.0), _member(10.0)
+    watch, out = _rig(0.01, primary=primary, backup=backup)
+    watch.members.by_id["b"] = ("op", backup)
+    out.add(2, [1], 10.0)
+    assert watch._data_path_loss("op", primary, 10.15, True) is None  # the backup as quiet
+    backup.last_beat = 10.11  # the backup spoke 40 ms ago: the frontend hears
+    assert watch._data_path_loss("op", primary, 10.15, True)
 
 
 def test_a_graph_that_turned_it_off_has_the_heartbeat_alone() -> None:

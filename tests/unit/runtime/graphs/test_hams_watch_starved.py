@@ -102,8 +102,22 @@ def _watch_over(*beats: float, lost: tuple[int, ...] = ()) -> Watch:
     return Watch(ctx, SimpleNamespace(by_id=by_id), None, None, None)  # type: ignore[arg-type]
 
 
-def test_the_frontend_hears_while_any_live_member_spoke_within_the_timeout() -> None:
-    assert _watch_over(9.0, 9.9)._hearing(10.0)  # one of two heard 100 ms ago
-    assert not _watch_over(9.0, 9.7)._hearing(10.0)  # nobody for 300 ms: it may be us
-    assert not _watch_over(9.0, 9.7, 9.95, lost=(2,))._hearing(10.0)  # a lost one vouches not
-    assert _watch_over(9.0)._hearing(10.0)  # one member: nobody to vouch, the plain timeout
+def test_the_frontend_hears_while_any_live_member_spoke_within_the_window() -> None:
+    assert _watch_over(9.0, 9.95)._hearing(10.0, 0.1)  # one of two heard 50 ms ago
+    assert not _watch_over(9.0, 9.85)._hearing(10.0, 0.1)  # nobody for 150 ms: it may be us
+    assert not _watch_over(9.0, 9.7, 9.99, lost=(2,))._hearing(10.0, 0.1)  # the lost vouch not
+    assert _watch_over(9.0)._hearing(10.0, 0.1)  # one member: nobody to vouch, the plain limit
+
+
+def test_the_watch_hears_within_half_the_timeout() -> None:
+    """A frontend deaf for just over the timeout had still heard someone within the whole
+    timeout: the window is half of it (healthy members speak every 50 ms)."""
+    watch = _watch_over(9.0, 9.85)
+    assert not watch._hearing(10.0, watch._silence_limit_s() / 2)
+
+
+def test_a_member_does_not_vouch_for_the_frontend_hearing_itself() -> None:
+    watch = _watch_over(9.0, 9.99)
+    me = watch.members.by_id["m1"][1]
+    assert not watch._hearing(10.0, 0.05, but=me)  # only m1 spoke lately: no one else
+    assert watch._hearing(10.0, 0.05, but=watch.members.by_id["m0"][1])
