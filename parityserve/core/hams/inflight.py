@@ -75,9 +75,11 @@ class InFlight(Generic[B]):
         return max(self._rtts, default=None)
 
     def clear(self) -> list[B]:
-        """A failover took the batches over (they run again under its plan)."""
+        """A failover took the batches over (they run again under its plan). The round trips
+        go too: they were the old primary's, and a new one's first batch runs cold."""
         batches = [batch for _, batch in self._out.values()]
         self._out.clear()
+        self._rtts.clear()
         return batches
 
     def expired(self, now: float, limit_s: float) -> list[tuple[int, B]]:

@@ -99,8 +99,10 @@ def wait_child(popen: subprocess.Popen[bytes], timeout_s: float) -> int | None:
             return popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return None
-    try:
-        select.select([fd], [], [], timeout_s)  # readable once the child exited
+    try:  # poll, not select: select refuses a descriptor past 1023
+        waiter = select.poll()
+        waiter.register(fd, select.POLLIN)
+        waiter.poll(timeout_s * 1000)  # readable once the child exited
     finally:
         os.close(fd)
     return popen.poll()

@@ -161,8 +161,9 @@ class ReplicaActor:
 class RayReplica:
     """A handle on one replica actor, as ``launcher.WorkerProcess`` is on a subprocess.
 
-    ``exit_code`` never blocks: it keeps one ``poll`` call in flight and looks at it with a
-    zero timeout, so the supervisor can ask every tick.
+    ``exit_code`` never blocks: it keeps one ``wait_exit`` long-poll in flight
+    (``ActorExit``) and looks at a flag Ray's thread sets, so the supervisor can ask every
+    tick.
     """
 
     def __init__(self, spec: WorkerSpec, actor: Any, node_id: str | None,
@@ -343,7 +344,9 @@ class RayLauncher:
         member = next((m for m in members if m.key == key), Member(key, spec.model))
         nodes = self._trusted_nodes()
         group, bundle = self._group_for(key, members, nodes)
-        if group is not None and (where := self._bundle_node(group, bundle)) in self.suspects:
+        avoid = self.suspects.current()  # (when every node is suspect, none is avoided)
+        if group is not None and (where := self._bundle_node(group, bundle)) in avoid \
+                and any(n.node_id not in avoid for n in nodes):
             log.warning("placement: %s's bundle is on node %s, where something was just lost "
                         "(Ray still lists it alive until its health checks give up); the "
                         "replica is placed outside its group meanwhile", key, where)

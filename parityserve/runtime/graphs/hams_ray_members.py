@@ -96,10 +96,10 @@ class RayMemberLauncher(MemberLauncher):
 
     def forget(self, member: Member) -> None:
         _, handle = self.handles.pop(member.worker_id, (None, None))
-        # Lost by its exit or its silence, or its actor died: its machine may be gone. A
-        # member fenced by a failover (a demoted primary) or retired is not a sign of that.
-        failed = member.lost in ("exit", "timeout")
-        if handle is not None and (failed or handle.death is not None) \
+        # Lost by its silence, or its actor died: its machine may be gone. A process that
+        # exited under a live actor (a crash, a chaos kill) says its node is alive, and a
+        # member fenced by a failover (a demoted primary) or retired is no sign either.
+        if handle is not None and (member.lost == "timeout" or handle.death is not None) \
                 and handle.node_id is not None:
             self.suspects.mark(handle.node_id)
         super().forget(member)

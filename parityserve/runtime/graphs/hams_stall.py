@@ -64,6 +64,7 @@ class StallWatch:
         self.write = write or _stderr
         self.where = where or _main_thread_frames
         self._reported: float | None = None  # the ``last_sent`` of the silence reported
+        self._stop = threading.Event()
         self._worst_late_s = 0.0  # the watch's own latest wake-up during that silence
 
     def check(self, now: float, late_s: float) -> None:
@@ -88,10 +89,13 @@ class StallWatch:
         thread.start()
         return thread
 
+    def stop(self) -> None:
+        """End the thread at its next wake-up (a member's watch lives as long as it does)."""
+        self._stop.set()
+
     def _run(self) -> None:
         due = self.clock() + self.every_s
-        while True:
-            time.sleep(max(0.0, due - self.clock()))
+        while not self._stop.wait(max(0.0, due - self.clock())):
             now = self.clock()
             self.check(now, max(0.0, now - due))
             due = now + self.every_s

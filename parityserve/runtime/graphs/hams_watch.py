@@ -23,13 +23,24 @@ next one says which it was. A member on another host (a Ray actor, ``hams_ray_me
 has no ``/proc`` here to read: it gets the plain timeout.
 
 Silence is only evidence against a member while the frontend is shown to be hearing: when no
-member at all has been heard within the timeout, the likelier cause is this side (the
-frontend's message thread starved, its socket stalled), and every silence gets the same grace
-as a starved member; a member whose process exited is still lost at once. Without this, a
-clean-clone make test beside a Ray node joining heard nothing from any of four healthy members
-of a Ray graph for 207-214 ms, every thread of them asleep, and failed over both operators at
-once (2026-11-29). A graph with one member has no second one to vouch: it keeps the plain
-timeout.
+member at all has been heard within half the timeout (healthy members speak every heartbeat
+interval, 50 ms), the likelier cause is this side (the frontend's message thread starved, its
+socket stalled), and every silence gets the same grace as a starved member; a member whose
+process exited is still lost at once. Without this, a clean-clone make test beside a Ray node
+joining heard nothing from any of four healthy members of a Ray graph for 207-214 ms, every
+thread of them asleep, and failed over both operators at once (2026-11-29); with the whole
+timeout as the window, a frontend deaf for just over it (as Ray declared a node dead) had
+still heard someone within it. A graph with one member has no second one to vouch: it keeps
+the plain timeout.
+
+The data path (``_data_path_loss``, HAMS §IV-E) suspects sooner: a primary silent while it
+holds a batch, past 4 of its operator's slowest recent round trips (at least 100 ms, two
+heartbeat intervals; at most the timeout), unless it is seen working on this host. A healthy
+primary answers, or beats whenever it waits (on a copy, a receipt, a seeding). It needs another
+member heard within half its limit (no one to vouch: no verdict), a new primary's own round
+trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
+``checkpoint-replay`` a wrong verdict restarts a primary from scratch, so they keep the
+heartbeat alone. ``data_path_detection: false`` turns it off.
 
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
@@ -140,8 +151,9 @@ class Watch:
         someone within the whole limit, and suspected them all."""
         beats = [m.last_beat for _, m in self.members.by_id.values()
                  if m.lost is None and m.hello.done() and m is not but]
-        return len(beats) < 1 or (but is None and len(beats) < 2) \
-            or now - max(beats) <= window_s
+        if but is not None:  # the data path: another member must vouch, or no verdict
+            return bool(beats) and now - max(beats) <= window_s
+        return len(beats) < 2 or now - max(beats) <= window_s
 
     def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
         how = self._loss(member, now, hearing)
@@ -205,8 +217,8 @@ class Watch:
         a silent one with work is computing, starved, or gone. Under load this notices a
         lost machine in a fraction of the heartbeat timeout, where its processes' exit is
         never seen. (silent s, limit s) when suspected, else None."""
-        if not self.ctx.graph.data_path_detection:
-            return None
+        if not self.ctx.graph.data_path_detection or self.ctx.plan is None:
+            return None  # (bare and checkpoint-replay: a wrong verdict restarts a primary)
         pair = self.ctx.pairs.get(op)
         out = self.ctx.inflight.get(op)
         if pair is None or pair.primary is not member or out is None:

@@ -216,7 +216,7 @@ class Primary:
                   early: Callable[[Any], None] | None) -> Any:
         left: list[Any] = []  # outputs that left early: then they must stand
         written: list[Any] = []  # the update's pending value: it may say what it wrote
-        with CopyGate(self.copied, lock=self.mutex, while_waiting=self.proc.beat_if_due,
+        with CopyGate(self.copied, lock=self.mutex, while_waiting=self._beat_quietly,
                       every_s=self.proc.spec.heartbeat_s / 2) as gate:  # beats while held
             try:
                 outputs = drive(self.operator.model, batch, self.operator.state, gate,
@@ -275,6 +275,12 @@ class Primary:
             self._sleep_beating(self.slow_s)  # a delay, not a hang: heartbeats go on
         self.proc.tell(hm.Checkpointed(seq))  # the frontend deletes older ones
 
+    def _beat_quietly(self) -> None:
+        """A beat while the copy gate holds a batch; a socket error here (the frontend
+        gone, a shutdown) must not read as the batch's rows being bad."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.proc.beat_if_due()
+
     def _sleep_beating(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
@@ -289,7 +295,10 @@ class Primary:
             with self.receipt:
                 if self.received_upto >= seq:
                     return
-            ready = dict(self.receipt_poller.poll(int(self.proc.spec.heartbeat_s * 1000)))
+            # half an interval: a beat is due at most that late (the data path suspects a
+            # primary holding a batch after two intervals of silence)
+            ready = dict(self.receipt_poller.poll(
+                int(self.proc.spec.heartbeat_s * 500) + 1))
             with contextlib.suppress(zmq.Again):  # drain every wake-up
                 while self.receipt_in in ready:
                     self.receipt_in.recv(zmq.NOBLOCK)

@@ -179,7 +179,7 @@ def test_a_gate_held_shut_beats_while_it_waits_and_still_times_out() -> None:
     threading.Timer(0.2, copied.set).start()
     with CopyGate(copied, while_waiting=lambda: beats.append(1), every_s=0.02) as gate:
         assert gate.wait()
-    assert 3 <= len(beats) <= 11  # about every 20 ms of the 200 ms wait (a loaded box: fewer)
+    assert len(beats) >= 3  # about every 20 ms of the 200 ms wait (fewer on a loaded box)
     beats.clear()
     with CopyGate(threading.Event(), timeout_s=0.1, while_waiting=lambda: beats.append(1),
                   every_s=0.02) as never, pytest.raises(StateCopyTimeout, match="within 0.1 s"):

@@ -253,8 +253,13 @@ def test_a_bundle_on_a_node_where_something_was_just_lost_is_not_used(fake_ray, 
     assert not isinstance(strategy, PlacementGroupSchedulingStrategy)
     assert fresh.node_id not in (None, crashed) and fresh.group is None
     assert "placed outside its group meanwhile" in caplog.text
-    ray_launcher.SUSPECT_NODES.clear()  # the node trusted again: back into its bundle
+    for node in nodes:  # every node suspect: nowhere better, the bundle as before
+        ray_launcher.SUSPECT_NODES.mark(node.node_id)
     launcher.start(WorkerSpec("m/v1/0#10-cd", "m", 1, "zoo:echo"))
+    assert isinstance(actors.created[-1][0]["scheduling_strategy"],
+                      PlacementGroupSchedulingStrategy)
+    ray_launcher.SUSPECT_NODES.clear()  # the node trusted again: back into its bundle
+    launcher.start(WorkerSpec("m/v1/0#11-cd", "m", 1, "zoo:echo"))
     assert isinstance(actors.created[-1][0]["scheduling_strategy"],
                       PlacementGroupSchedulingStrategy)
 

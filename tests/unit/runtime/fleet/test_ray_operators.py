@@ -228,6 +228,21 @@ def test_a_replacement_avoids_the_node_where_a_member_was_just_lost(monkeypatch)
     assert new.node not in (lost_node, backup.node, spare.node)
 
 
+def test_a_process_that_exited_under_a_live_actor_casts_no_suspicion(monkeypatch) -> None:
+    """A crash or a chaos kill of the operator process alone: its actor, and so its node,
+    is alive; replicas and members may still go there."""
+    launcher, _ = graph_launcher(monkeypatch, 4)
+    primary, _, _ = launch(launcher, ["primary", "backup", "backup"])
+    primary.lost = "exit"
+    primary.popen.returncode = -9  # the actor's wait_exit said so; no death from Ray
+    launcher.forget(primary)
+    assert not ray_launcher.SUSPECT_NODES
+    backup = launch(launcher, ["backup"])[0]
+    backup.lost, backup.popen.death = "exit", "ActorDiedError: node lost"
+    launcher.forget(backup)  # its actor died: its node may be gone
+    assert backup.node in ray_launcher.SUSPECT_NODES
+
+
 def test_a_member_lost_by_its_silence_keeps_model_replicas_off_its_node_too(monkeypatch
                                                                           ) -> None:
     """The member's timeout (200 ms) is the first sign of a crashed node, seconds before Ray

@@ -58,9 +58,14 @@ def test_nothing_is_reported_before_the_member_first_spoke() -> None:
 
 def test_the_thread_names_what_the_real_main_thread_waits_on() -> None:
     lines: list[str] = []
-    spoke = time.monotonic()
-    StallWatch("m", lambda: spoke, 0.02, 0.06, write=lines.append).start()
-    time.sleep(0.3)  # the main thread, blocked: what a stalled member's main thread is
+    spoke = [0.0]  # 0: not spoken yet, never reported
+    watch = StallWatch("m", lambda: spoke[0], 0.02, 0.06, write=lines.append)
+    watch.start()
+    spoke[0] = time.monotonic()  # after start: the silence is all in the sleep below
+    try:
+        time.sleep(0.3)  # the main thread, blocked: what a stalled member's main thread is
+    finally:
+        watch.stop()
     assert lines, "no report of a 300 ms silence"
     assert "test_hams_stall.py" in lines[0] and "test_the_thread_names" in lines[0]
     assert "threads " in lines[0]

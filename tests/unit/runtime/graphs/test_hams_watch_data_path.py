@@ -21,6 +21,13 @@ def _member(last_beat: float, *, here: bool = False) -> Any:
                            on_this_host=here, pid=4321, worker_id="g/op/primary-1")
 
 
+class _Voucher:
+    """A member always heard just now."""
+
+    lost, hello = None, SimpleNamespace(done=lambda: True)
+    last_beat = float("inf")
+
+
 def _rig(rtt_s: float | None, *, primary: Any, backup: Any = None, on: bool = True
          ) -> tuple[Watch, InFlight]:
     """A watch over one operator whose last batches came back in ``rtt_s`` (None: none did);
@@ -31,8 +38,10 @@ def _rig(rtt_s: float | None, *, primary: Any, backup: Any = None, on: bool = Tr
         out.pop(1, rtt_s)
     ctx = SimpleNamespace(graph=SimpleNamespace(heartbeat_timeout_ms=200, data_path_detection=on),
                           pairs={"op": Pair("op", primary=primary, backup=backup)},
-                          inflight={"op": out})
-    members = SimpleNamespace(by_id={"p": ("op", primary)})
+                          inflight={"op": out}, plan=object())
+    # another member that spoke just now vouches that the frontend hears (its time is moved
+    # along by each test where that matters)
+    members = SimpleNamespace(by_id={"p": ("op", primary), "v": ("op", _Voucher())})
     return Watch(ctx, members, None, None, None), out  # type: ignore[arg-type]
 
 
@@ -94,11 +103,41 @@ def test_no_verdict_while_no_other_member_was_heard_within_half_the_limit() -> N
     core), not every member lost: another member must have spoken lately."""
     primary, backup = _member(10.0), _member(10.0)
     watch, out = _rig(0.01, primary=primary, backup=backup)
-    watch.members.by_id["b"] = ("op", backup)
+    watch.members.by_id["v"] = ("op", backup)  # the only other member: as quiet
     out.add(2, [1], 10.0)
     assert watch._data_path_loss("op", primary, 10.15, True) is None  # the backup as quiet
     backup.last_beat = 10.11  # the backup spoke 40 ms ago: the frontend hears
     assert watch._data_path_loss("op", primary, 10.15, True)
+
+
+def test_a_lone_primary_has_nobody_to_vouch_and_gets_no_data_path_verdict() -> None:
+    primary = _member(10.0)
+    watch, out = _rig(0.01, primary=primary)
+    del watch.members.by_id["v"]
+    out.add(2, [1], 10.0)
+    assert watch._data_path_loss("op", primary, 10.19, True) is None
+
+
+def test_bare_and_checkpoint_replay_keep_the_heartbeat_alone() -> None:
+    """No plan: a wrong verdict would restart the primary from scratch (its state lost)."""
+    primary = _member(10.0)
+    watch, out = _rig(0.01, primary=primary)
+    watch.ctx.plan = None
+    out.add(2, [1], 10.0)
+    assert watch._data_path_loss("op", primary, 10.19, True) is None
+
+
+def test_a_failover_drops_the_old_primarys_round_trips() -> None:
+    primary = _member(10.0)
+    watch, out = _rig(0.01, primary=primary)
+    out.add(2, [1], 10.0)
+    out.clear()  # the batches go to the promoted backup: its own round trips decide
+    out.add(3, [1], 10.0)
+    assert watch._data_path_loss("op", primary, 10.19, True) is None
+    out.pop(3, 10.05)
+    out.add(4, [1], 10.05)
+    assert watch._data_path_loss("op", primary, 10.2, True) is None  # 4 x 50 ms = 200 ms
+    assert watch._data_path_loss("op", primary, 10.26, True)
 
 
 def test_a_graph_that_turned_it_off_has_the_heartbeat_alone() -> None:
