@@ -543,7 +543,9 @@ class Graph(_Frozen):
         "after 4 of its operator's slowest recent round trips (at least 100 ms, at most "
         "heartbeat_timeout_ms; HAMS's data-path timeout): a lost machine is noticed in a "
         "fraction of the heartbeat timeout under load. One seen working on this host is "
-        "left to the heartbeat; false: the heartbeat timeout alone")
+        "left to the heartbeat, and bare and checkpoint-replay (where a wrong verdict "
+        "restarts a primary from scratch) keep the heartbeat alone; false: the heartbeat "
+        "timeout alone")
     full_state_every: int = Field(
         50, ge=1, le=1_000_000, description="a stateful operator that declares what each "
         "batch changed (zoo:stream-lstm's stream slots) sends its backup only those rows, and "
