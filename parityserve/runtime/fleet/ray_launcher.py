@@ -48,11 +48,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import (
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
+from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
@@ -344,13 +340,6 @@ class RayLauncher:
         member = next((m for m in members if m.key == key), Member(key, spec.model))
         nodes = self._trusted_nodes()
         group, bundle = self._group_for(key, members, nodes)
-        avoid = self.suspects.current()  # (when every node is suspect, none is avoided)
-        if group is not None and (where := self._bundle_node(group, bundle)) in avoid \
-                and any(n.node_id not in avoid for n in nodes):
-            log.warning("placement: %s's bundle is on node %s, where something was just lost "
-                        "(Ray still lists it alive until its health checks give up); the "
-                        "replica is placed outside its group meanwhile", key, where)
-            group = None
         node_id = None
         if group is not None:
             strategy: Any = PlacementGroupSchedulingStrategy(group, bundle)
@@ -397,18 +386,6 @@ class RayLauncher:
                         "is placed outside it", plan.name, len(plan.members), key)
             return None, 0
         return held[1], held[0].members.index(key)
-
-    @staticmethod
-    def _bundle_node(group: Any, bundle: int) -> str | None:
-        """The node Ray has reserved ``bundle`` of ``group`` on (None: not placed yet, or Ray
-        cannot say): one GCS call. A crashed node keeps its bundles until Ray declares it
-        dead, and a replacement sent into one there dies with the node seconds later."""
-        try:
-            table = placement_group_table(group)
-        except Exception:  # the GCS busy: the group as before (Ray moves it in the end)
-            return None
-        node = table.get("bundles_to_node_id", {}).get(bundle)
-        return str(node) if node else None
 
     def _create(self, plan: GroupPlan) -> Any:
         if plan.note:

@@ -94,8 +94,6 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeActorClass, list[Node
     monkeypatch.setattr(ray_launcher, "placement_group", fake.placement_group)
     monkeypatch.setattr(ray_launcher, "remove_placement_group",
                         lambda g: setattr(g, "removed", True))
-    monkeypatch.setattr(ray_launcher, "placement_group_table",
-                        lambda g: {"bundles_to_node_id": dict(enumerate(g.bundle_nodes))})
     monkeypatch.setattr(ray_launcher.RayReplica, "exit_code", lambda self: self._code)
     fake.actors.ray = fake  # the tests reach the groups through the actor class
     return fake.actors, nodes
@@ -235,33 +233,6 @@ def test_a_replacement_goes_back_into_its_bundle_while_the_group_still_fits(fake
     (group,) = actors.ray.groups
     strategy = actors.created[-1][0]["scheduling_strategy"]
     assert (strategy.placement_group, strategy.placement_group_bundle_index) == (group, 0)
-
-
-def test_a_bundle_on_a_node_where_something_was_just_lost_is_not_used(fake_ray, caplog
-                                                                      ) -> None:
-    """A graph member lost by its silence marks its node (``SUSPECT_NODES``) seconds before
-    Ray declares the node dead and moves its bundles: a replacement replica sent into its
-    bundle there died with the node about 12 s later. It is pinned elsewhere meanwhile."""
-    actors, nodes = fake_ray
-    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
-    replicas = _launch(launcher, {"replicas": 3})
-    crashed = replicas[0].node_id
-    ray_launcher.SUSPECT_NODES.mark(crashed)  # what the graph's watch does on a member loss
-    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.fleet.ray_launcher"):
-        fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
-    strategy = actors.created[-1][0]["scheduling_strategy"]
-    assert not isinstance(strategy, PlacementGroupSchedulingStrategy)
-    assert fresh.node_id not in (None, crashed) and fresh.group is None
-    assert "placed outside its group meanwhile" in caplog.text
-    for node in nodes:  # every node suspect: nowhere better, the bundle as before
-        ray_launcher.SUSPECT_NODES.mark(node.node_id)
-    launcher.start(WorkerSpec("m/v1/0#10-cd", "m", 1, "zoo:echo"))
-    assert isinstance(actors.created[-1][0]["scheduling_strategy"],
-                      PlacementGroupSchedulingStrategy)
-    ray_launcher.SUSPECT_NODES.clear()  # the node trusted again: back into its bundle
-    launcher.start(WorkerSpec("m/v1/0#11-cd", "m", 1, "zoo:echo"))
-    assert isinstance(actors.created[-1][0]["scheduling_strategy"],
-                      PlacementGroupSchedulingStrategy)
 
 
 @pytest.mark.parametrize(("bound", "dialled"), [
