@@ -170,31 +170,40 @@ def test_a_frozen_backup_is_replaced_and_never_holds_its_primary(tmp_path: Path)
         running.stop()
 
 
-def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> None:
-    """Case 5: a hung primary (SIGSTOP, no exit to see) past heartbeat_timeout_ms fails
-    over with detection: exit as well. Before, exit detection waited 2 s of silence, so a
-    1 s stall of a primary stalled the graph with no failover."""
+def freeze_seq1_primary_under_load(tmp_path: Path, heartbeat_timeout_ms: float, seed: int
+                                   ) -> dict:
+    """Freeze seq1's primary (SIGSTOP, no exit to see) halfway through the streams, with the
+    other streams' batches in flight at it; every stream must equal its replay, and the last
+    failover must be of the frozen primary, by timeout. Returns the frozen primary's loss."""
     cfg = config()
-    cfg["graphs"][0]["heartbeat_timeout_ms"] = 200
+    cfg["graphs"][0]["heartbeat_timeout_ms"] = heartbeat_timeout_ms
     running = start_server(cfg, tmp_path)
     frozen = 0
     try:
-        url, data = running.url, series(8)
+        url, data = running.url, series(seed)
         wait_until(lambda: synced(url), 60)
         frozen = seq1(url)["primary_pid"]
         lost: list[dict] = []
         replies = send_streams(url, data, {
             STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
         check_against_replay(replies, data)
-        # the other streams' batches are in flight at it: the data path may notice first
-        # (below the timeout), or the heartbeat (at it) when its round trips were slow
-        assert lost[0]["how"] == "timeout" and lost[0]["silent_ms"] < 2000
-        assert lost[0]["detector"] in ("heartbeat", "data path")
         failover = graph_state(url)["failovers"][-1]
         assert failover["lost_pid"] == frozen and failover["detection"] == "timeout"
+        return lost[0]
     finally:
         resume(frozen)
         running.stop()
+
+
+def test_a_frozen_primary_fails_over_with_exit_detection_too(tmp_path: Path) -> None:
+    """Case 5: a hung primary (SIGSTOP, no exit to see) past heartbeat_timeout_ms fails
+    over with detection: exit as well. Before, exit detection waited 2 s of silence, so a
+    1 s stall of a primary stalled the graph with no failover."""
+    lost = freeze_seq1_primary_under_load(tmp_path, 200, seed=8)
+    # the other streams' batches are in flight at it: the data path may notice first
+    # (below the timeout), or the heartbeat (at it) when its round trips were slow
+    assert lost["how"] == "timeout" and lost["silent_ms"] < 2000
+    assert lost["detector"] in ("heartbeat", "data path")
 
 
 def test_a_primary_frozen_holding_batches_is_found_on_the_data_path(tmp_path: Path) -> None:
@@ -202,25 +211,9 @@ def test_a_primary_frozen_holding_batches_is_found_on_the_data_path(tmp_path: Pa
     are in flight at it is suspected after a few of its round trips. The heartbeat timeout
     is 20 s here, so only the data path can notice in time: the frozen primary fails over,
     the other streams' batches run again at the promoted backup, and every reply is exact."""
-    cfg = config()
-    cfg["graphs"][0]["heartbeat_timeout_ms"] = 20_000
-    running = start_server(cfg, tmp_path)
-    frozen = 0
-    try:
-        url, data = running.url, series(9)
-        wait_until(lambda: synced(url), 60)
-        frozen = seq1(url)["primary_pid"]
-        lost: list[dict] = []
-        replies = send_streams(url, data, {
-            STEPS // 2: lambda: lost.append(freeze_until_lost(url, frozen))})
-        check_against_replay(replies, data)
-        assert lost[0]["how"] == "timeout" and lost[0]["detector"] == "data path"
-        assert lost[0]["silent_ms"] < 20_000
-        failover = graph_state(url)["failovers"][-1]
-        assert failover["lost_pid"] == frozen and failover["detection"] == "timeout"
-    finally:
-        resume(frozen)
-        running.stop()
+    lost = freeze_seq1_primary_under_load(tmp_path, 20_000, seed=9)
+    assert lost["how"] == "timeout" and lost["detector"] == "data path"
+    assert lost["silent_ms"] < 20_000
 
 
 def test_a_promoted_backup_stalled_past_the_timeout_is_waited_for_not_fenced(

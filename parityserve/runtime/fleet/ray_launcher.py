@@ -134,9 +134,6 @@ class ReplicaActor:
         full_env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         self.popen = subprocess.Popen(cmd, env={**full_env, **env}, stdin=subprocess.DEVNULL)
 
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
     def wait_exit(self, timeout_s: float) -> int | None:
         """The worker's exit code once it exits, or None after ``timeout_s`` (a long-poll)."""
         return wait_child(self.popen, timeout_s)
@@ -258,7 +255,7 @@ class ActorExit:
         if self._poll is None:
             self._poll = self.actor.wait_exit.remote(self.wait_s)
             self._polled = done_flag(self._poll)
-        if self._poll is not None and self._polled.is_set():
+        if self._polled.is_set():  # (a call is always in flight here)
             ref, self._poll = self._poll, None
             self.code, death = actor_exit(lambda: ray.get(ref), self.what)
             self.death = death or self.death
@@ -277,7 +274,7 @@ def done_flag(ref: Any) -> threading.Event:
 
 
 def actor_exit(answer: Callable[[], int | None], what: str) -> tuple[int | None, str | None]:
-    """What an actor's ``poll`` call came back with (``answer`` fetches it: ``ray.get`` of the
+    """What an actor's ``wait_exit`` call came back with (``answer`` fetches it: ``ray.get`` of the
     call): ``(exit code, None)``, the code None while its process runs; or ``(ACTOR_DIED,
     why)`` when the actor itself died under it (killed, out of memory, or its node gone), with
     a warning naming ``what`` it held. Replicas and graph members alike."""

@@ -7,10 +7,10 @@ line. The operator speaks to the frontend and to its backup over ZeroMQ, never t
 
 ``RayOperatorProcess`` is the frontend's handle, with ``ProcessHandle``'s ``poll``/``pid``/
 ``kill``/``wait`` so that ``hams_members.Member`` and the graph's watchdog use it unchanged. It
-never blocks on a live actor: it keeps one ``poll`` call in flight and looks at it with a zero
-timeout. An actor that dies under it (killed, or its node lost) fails that call, and the handle
-reports an exit (``ACTOR_DIED``): detection by Ray's own report, with the graph's heartbeats as
-the backstop for a machine Ray has not yet given up on.
+never blocks on a live actor: it keeps one ``wait_exit`` long-poll in flight and looks at a
+flag Ray's thread sets (``ActorExit``). An actor that dies under it (killed, or its node
+lost) fails that call, and the handle reports an exit (``ACTOR_DIED``): detection by Ray's own
+report, with the graph's heartbeats as the backstop for a machine Ray has not yet given up on.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = ["OperatorActor", "RayOperatorProcess", "free_resources", "live_nodes"
 
 log = logging.getLogger(__name__)
 
+
 @ray.remote(max_restarts=0, max_concurrency=ACTOR_THREADS)  # type: ignore[call-overload]
 class OperatorActor:
     """One operator process on this actor's node. The operator asks the kernel for SIGTERM when
@@ -67,9 +68,6 @@ class OperatorActor:
         finally:
             if stderr is not None:
                 os.close(stderr)
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
 
     def wait_exit(self, timeout_s: float) -> int | None:
         """The operator's exit code once it exits, or None after ``timeout_s`` (a long-poll:
