@@ -42,6 +42,17 @@ trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
 ``checkpoint-replay`` a wrong verdict restarts a primary from scratch, so they keep the
 heartbeat alone. ``data_path_detection: false`` turns it off.
 
+A machine takes all its members with it (``_node_loss``): once a member on a Ray node is
+lost by its silence, every other member on that node silent past the data path's floor (two
+heartbeat intervals) is lost with it, in the same recovery, for as long as the heartbeat
+timeout would have taken to say so. Without this, a node holding both operators' primaries
+was found through the one that held a batch; the other, idle, waited out the heartbeat
+timeout, and the first recovery's protocol with it: 100-250 ms of the 242 ms median node
+failover of the first full run (2026-11-30), against 20-80 ms where both held batches. The
+same evidence (a sibling gone silent, another member heard, a plan to keep a wrong verdict
+from costing state) as the data path's; members on the frontend's own host share no such
+fate (a frozen process is not a lost machine), and an exit says nothing of its node.
+
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
 operator whose spare shares a node with another of its members, and would now go apart, has
@@ -96,6 +107,7 @@ class Watch:
         self._reading = False  # a read is under way (off the loop)
         self._resumed = 0.0  # when the loop last came back from a stall (``_forgive_stall``)
         self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
+        self._silent_nodes: dict[str, float] = {}  # Ray node -> when a member there went silent
 
     async def run(self) -> None:
         ctx = self.ctx
@@ -156,24 +168,12 @@ class Watch:
         return len(beats) < 2 or now - max(beats) <= window_s
 
     def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
-        how = self._loss(member, now, hearing)
-        data = None
-        if how is None:
-            data = self._data_path_loss(op, member, now, hearing)
-            how = data and "timeout"
+        how, detector, silent = self._verdict(op, member, now, hearing)
         if how is None:
             return
         member.lost = how
-        threads = thread_states(member.pid) if member.on_this_host else "on another host"
-        silent = "exited" if how == "exit" else (
-            f"silent past the timeout ({(now - member.last_beat) * 1e3:.0f} ms; threads "
-            f"{threads})") if data is None else (
-            f"silent {data[0] * 1e3:.0f} ms holding a batch, past the data-path limit of "
-            f"{data[1] * 1e3:.0f} ms (its last heartbeat {(now - member.last_beat) * 1e3:.0f} "
-            f"ms ago; threads {threads})")
         log.warning("graph %s: %s %s %s (exit code %s)", self.ctx.graph.name, op,
                     member.worker_id, silent, member.popen.poll())
-        detector = "exit" if how == "exit" else "heartbeat" if data is None else "data path"
         if self.ctx.plan is None:
             self._note_loss(member, how, now, detector)
             self.ctx.spawn(self.baselines.recover(op, member, how, now))
@@ -181,10 +181,56 @@ class Watch:
         self.recovery.suspect(member, how)
         if member.worker_id not in self.ctx.plan.suspects():  # (a kept one is in ``suspects``)
             self._note_loss(member, how, now, detector)
+        if how != "exit" and (node := _ray_node(member)) is not None:
+            if now - self._silent_nodes.get(node, -float("inf")) > self._silence_limit_s():
+                self._silent_nodes[node] = now  # (a mark older than that has run its course)
+            for sibling_op, sibling in list(self.members.by_id.values()):
+                if sibling.lost is None and _ray_node(sibling) == node:
+                    self._check(sibling_op, sibling, now, hearing)  # (in this same recovery)
+
+    def _verdict(self, op: str, member: Member, now: float, hearing: bool
+                 ) -> tuple[str | None, str, str]:
+        """(how it is lost or None, which detector said so, what the log says of it)."""
+        how = self._loss(member, now, hearing)
+        beat_ms = (now - member.last_beat) * 1e3
+        if how == "exit":
+            return how, "exit", "exited"
+        if how is not None:
+            return how, "heartbeat", f"silent past the timeout ({beat_ms:.0f} ms; threads " \
+                f"{_threads(member)})"
+        if (data := self._data_path_loss(op, member, now, hearing)) is not None:
+            return "timeout", "data path", (
+                f"silent {data[0] * 1e3:.0f} ms holding a batch, past the data-path limit of "
+                f"{data[1] * 1e3:.0f} ms (its last heartbeat {beat_ms:.0f} ms ago; threads "
+                f"{_threads(member)})")
+        if (since := self._node_loss(member, now, hearing)) is not None:
+            return "timeout", "node", (
+                f"silent {beat_ms:.0f} ms on node {member.node}, where another member went "
+                f"silent {since * 1e3:.0f} ms ago (a lost machine takes all its members)")
+        return None, "", ""
+
+    def _node_loss(self, member: Member, now: float, hearing: bool) -> float | None:
+        """How long ago another member on ``member``'s Ray node was lost by its silence, when
+        ``member`` is lost with it (see the module docstring): silent past the data path's
+        floor, with another member heard within half of it, in a graph with a plan, within
+        the heartbeat timeout of that loss. Else None."""
+        node = _ray_node(member)
+        since = self._silent_nodes.get(node) if node is not None else None
+        if node is None or since is None or self.ctx.plan is None or not member.hello.done():
+            return None
+        if now - since > self._silence_limit_s():
+            self._silent_nodes.pop(node, None)  # (the heartbeat has said it by now)
+            return None
+        silent = now - max(member.last_beat, self._resumed)
+        if silent <= DATA_LIMIT_FLOOR_S or not hearing \
+                or not self._hearing(now, DATA_LIMIT_FLOOR_S / 2, but=member):
+            return None
+        return now - since
 
     def _note_loss(self, member: Member, how: str, now: float, detector: str = "exit") -> None:
-        """``detector``: what noticed it, "exit", "heartbeat" (silent past the timeout) or
-        "data path" (silent holding a batch: ``_data_path_loss``)."""
+        """``detector``: what noticed it, "exit", "heartbeat" (silent past the timeout),
+        "data path" (silent holding a batch: ``_data_path_loss``) or "node" (silent on a node
+        where another member was just lost: ``_node_loss``)."""
         self.losses.append({"member": member.worker_id, "pid": member.pid, "how": how,
                             "detector": detector, "at": round(now, 4),
                             "silent_ms": round((now - member.last_beat) * 1e3, 1)})
@@ -241,6 +287,17 @@ class Watch:
         stalled backup would hold every reply, a stalled primary every request). The
         frontend's own stalls are forgiven (``_forgive_stall``)."""
         return self.ctx.graph.heartbeat_timeout_ms / 1000
+
+
+def _threads(member: Member) -> str:
+    """Its threads' states for the log (read only when it is suspected)."""
+    return thread_states(member.pid) if member.on_this_host else "on another host"
+
+
+def _ray_node(member: Member) -> str | None:
+    """The Ray node ``member`` runs on; None for the frontend's own host or not yet known."""
+    node = member.node
+    return None if node in (None, "local") else node
 
 
 def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], bool],

@@ -1,0 +1,138 @@
+"""A lost machine takes all its members (``Watch._node_loss``): once a Ray member is lost by
+its silence, a member on the same node silent past two heartbeat intervals is lost with it,
+in the same tick; one that spoke lately, one on another node, one on the frontend's own
+host, and any member of a graph with no plan are left to the heartbeat. Pure: a fake graph
+context and a recovery driver that records what it is told."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from parityserve.runtime.graphs.hams_context import Pair
+from parityserve.runtime.graphs.hams_watch import DATA_LIMIT_FLOOR_S, Watch
+
+
+def _member(name: str, node: str, last_beat: float) -> Any:
+    return SimpleNamespace(worker_id=name, last_beat=last_beat, lost=None, pid=1, extra={},
+                           hello=SimpleNamespace(done=lambda: True), on_this_host=False,
+                           node=node, exited=lambda: False,
+                           popen=SimpleNamespace(poll=lambda: None))
+
+
+class _Recovery:
+    def __init__(self) -> None:
+        self.suspected: list[str] = []
+
+    def suspect(self, member: Any, why: str) -> None:
+        self.suspected.append(member.worker_id)
+
+
+def _rig(members: dict[str, tuple[str, Any]], *, plan: bool = True) -> tuple[Watch, _Recovery]:
+    """Operator ``a`` and ``b``; the heartbeat timeout 200 ms, and nothing in flight."""
+    pairs = {op: Pair(op) for op in ("a", "b")}
+    ctx = SimpleNamespace(graph=SimpleNamespace(name="g", heartbeat_timeout_ms=200,
+                                                data_path_detection=True, detection="timeout"),
+                          pairs=pairs, inflight={}, plan=SimpleNamespace(suspects=lambda: ())
+                          if plan else None, clock=lambda: 0.0, spawn=lambda c: c.close())
+    recovery = _Recovery()
+    baselines = SimpleNamespace(recover=lambda *a: _noop())
+    watch = Watch(ctx, SimpleNamespace(by_id=members), None, recovery,  # type: ignore[arg-type]
+                  baselines)  # type: ignore[arg-type]
+    return watch, recovery
+
+
+async def _noop() -> None:
+    return None
+
+
+def _cluster(now: float) -> dict[str, Any]:
+    """Node n1 held a's primary (silent 210 ms: past the timeout) and b's primary (idle,
+    silent 120 ms); n2 and n3 hold the others, heard just now."""
+    return {"a1": _member("a1", "n1", now - 0.21), "b1": _member("b1", "n1", now - 0.12),
+            "a2": _member("a2", "n2", now - 0.01), "b2": _member("b2", "n3", now - 0.02),
+            "b3": _member("b3", "n2", now - 0.03)}
+
+
+def _members(found: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    return {name: (name[0], m) for name, m in found.items()}
+
+
+def _heard(found: dict[str, Any], at: float) -> None:
+    """The members on n2 and n3 speak at ``at`` (they vouch that the frontend hears)."""
+    for name in ("a2", "b2", "b3"):
+        found[name].last_beat = at
+
+
+def test_a_silent_node_mate_is_lost_in_the_same_tick_and_says_why() -> None:
+    found = _cluster(10.0)
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1", "b1"]  # b1 before the heartbeat's 200 ms
+    assert [(x["member"], x["detector"]) for x in watch.losses] == [
+        ("a1", "heartbeat"), ("b1", "node")]
+    assert found["a2"].lost is None and found["b2"].lost is None  # other nodes: untouched
+
+
+def test_a_node_mate_heard_within_two_heartbeat_intervals_is_not_lost() -> None:
+    found = _cluster(10.0)
+    found["b1"].last_beat = 10.0 - DATA_LIMIT_FLOOR_S * 0.8
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1"]
+    # it stays silent: a later tick, still within the heartbeat timeout of the first loss,
+    # loses it on the node's evidence
+    _heard(found, 10.05)
+    watch._check("b", found["b1"], 10.05, hearing=True)
+    assert recovery.suspected == ["a1", "b1"] and watch.losses[-1]["detector"] == "node"
+
+
+def test_the_node_mark_runs_out_after_the_heartbeat_timeout() -> None:
+    found = _cluster(10.0)
+    found["b1"].last_beat = 10.0  # it spoke at the loss; a later silence is its own
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    _heard(found, 10.15)
+    assert watch._node_loss(found["b1"], 10.15, True) is not None  # 150 ms silent, 150 ms on
+    _heard(found, 10.21)
+    assert watch._node_loss(found["b1"], 10.21, True) is None  # the mark ran out
+    assert "n1" not in watch._silent_nodes
+
+
+def test_no_node_verdict_when_nobody_else_is_heard() -> None:
+    """Every member silent at once is the frontend not hearing, not a machine lost."""
+    found = _cluster(10.0)
+    for name in ("a2", "b2", "b3"):
+        found[name].last_beat = 10.0 - 0.08  # heard 80 ms ago: more than half the floor
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1"]
+
+
+def test_members_on_the_frontends_host_share_no_fate() -> None:
+    """A local process frozen is not a lost machine: its local neighbours keep their own
+    limits."""
+    found = _cluster(10.0)
+    for name in ("a1", "b1"):
+        found[name].node = "local"
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1"] and watch._silent_nodes == {}
+
+
+def test_an_exit_says_nothing_of_its_node() -> None:
+    found = _cluster(10.0)
+    found["a1"].exited = lambda: True  # (the actor saw its process exit; the node is up)
+    found["a1"].last_beat = 10.0
+    watch, recovery = _rig(_members(found))
+    watch.ctx.graph.detection = "exit"
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1"] and watch._silent_nodes == {}
+    assert found["b1"].lost is None
+
+
+def test_a_graph_with_no_plan_keeps_the_heartbeat_alone() -> None:
+    found = _cluster(10.0)
+    watch, _ = _rig(_members(found), plan=False)
+    watch._silent_nodes["n1"] = 10.0
+    assert watch._node_loss(found["b1"], 10.0, True) is None
