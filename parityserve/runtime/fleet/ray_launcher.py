@@ -13,7 +13,12 @@ never pass through Ray's object store.
   (``PlacementGroupSchedulingStrategy``). Ray reserves the bundles, so a group that does not
   fit waits in Ray's queue (the actors with it) until resources free up.
 - Node failure: Ray reschedules the bundles of a dead node on the survivors, and a replacement
-  goes into its slot's bundle. A STRICT_SPREAD group whose live nodes are now too few cannot be
+  goes into its slot's bundle. Until Ray has moved it (its health checks take seconds to give
+  up on a crashed node, where our heartbeats and the graphs' watch take a fraction of one),
+  a replacement whose bundle is on a node where something was just lost (``SUSPECT_NODES``),
+  or is being moved, runs outside its group as an *interim* replica: pinned to a trusted node,
+  reserving no CPU or memory (the bundle still holds them), back in its bundle at its slot's
+  next restart. A STRICT_SPREAD group whose live nodes are now too few cannot be
   rescheduled (its lost bundle stays pending), so the replacement is pinned with a hard
   NodeAffinity where ``core/placement.place`` puts it (away from the rest of its group where
   there is room), and a warning says so; when no node has room it is left to Ray's SPREAD
@@ -48,7 +53,11 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
@@ -168,6 +177,7 @@ class RayReplica:
         self._where: Any = None if node_id is not None else actor.node_id.remote()
         self._node_id = node_id
         self.death: str | None = None
+        self.interim = False  # outside its group while its bundle is unsafe (no reservation)
         self._code: int | None = None
         self._exit = ActorExit(actor, f"replica {spec.replica_id}")
 
@@ -337,12 +347,17 @@ class RayLauncher:
         member = next((m for m in members if m.key == key), Member(key, spec.model))
         nodes = self._trusted_nodes()
         group, bundle = self._group_for(key, members, nodes)
+        interim = before is not None and group is not None \
+            and self._bundle_unsafe(key, group, bundle, nodes)
         node_id = None
-        if group is not None:
+        if group is not None and not interim:
             strategy: Any = PlacementGroupSchedulingStrategy(group, bundle)
         else:
-            node_id = self._place(key, members, nodes,
-                                  before.node_id if before is not None else None)
+            previous = before.node_id if before is not None else None
+            node_id = self._place(key, members, nodes, previous)
+            if interim and node_id is None:  # no room by our count: it reserves none anyway
+                node_id = next((n.node_id for n in nodes if n.node_id != previous
+                                and n.node_id not in self.suspects), None)
             strategy = ("SPREAD" if node_id is None
                         else NodeAffinitySchedulingStrategy(node_id, soft=False))
         env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
@@ -350,11 +365,16 @@ class RayLauncher:
         if keys is not None:
             env[ENV_VAR] = keys.to_env()
         actor = ReplicaActor.options(  # type: ignore[attr-defined]
-            name=spec.replica_id, namespace=NAMESPACE, num_cpus=member.demand.cpu,
-            num_gpus=member.demand.gpu, memory=int(member.demand.memory) or None,
+            name=spec.replica_id, namespace=NAMESPACE,
+            # an interim replica reserves no CPU or memory: its bundle, moved by Ray in the
+            # end, still holds them, and a second reservation took the room the graphs'
+            # members were placed into (they waited pending, never apart)
+            num_cpus=0 if interim else member.demand.cpu, num_gpus=member.demand.gpu,
+            memory=None if interim else int(member.demand.memory) or None,
             scheduling_strategy=strategy,
         ).remote(self.connect, spec.to_json(), env)
-        replica = RayReplica(spec, actor, node_id, group)
+        replica = RayReplica(spec, actor, node_id, None if interim else group)
+        replica.interim = interim
         self.running[key] = replica
         self._remove_retired()
         return replica
@@ -383,6 +403,30 @@ class RayLauncher:
                         "is placed outside it", plan.name, len(plan.members), key)
             return None, 0
         return held[1], held[0].members.index(key)
+
+    def _bundle_unsafe(self, key: str, group: Any, bundle: int, nodes: list[Node]) -> bool:
+        """Whether a replacement for slot ``key`` would wait or die in its bundle: the
+        bundle is on a node where something was just lost (Ray keeps a crashed node's
+        bundles until its health checks give up, and a replacement sent there died with the
+        node about 12 s later, the graph's stateless stage with it: failovers of 7, 14 and 17
+        s in quick runs of ``benchmarks.hams_nodes``), or Ray is moving it (it waits there
+        for as long). One GCS call, for replacements only; the GCS busy: the bundle."""
+        try:
+            table = placement_group_table(group)
+        except Exception:
+            return False
+        where = table.get("bundles_to_node_id", {}).get(bundle)
+        moving = table.get("state") == "RESCHEDULING" and not where  # (off a dead node)
+        if not (moving or where in self.suspects) \
+                or not any(n.node_id not in self.suspects for n in nodes):
+            return False
+        log.warning("placement: %s's bundle is %s; the replacement runs outside its group "
+                    "meanwhile (an interim replica, which reserves no CPU or memory: the "
+                    "bundle still holds them), and goes back into its bundle at its slot's "
+                    "next restart", key, "being moved by Ray" if moving else
+                    f"on node {where}, where something was just lost (Ray lists it alive "
+                    "until its health checks give up)")
+        return True
 
     def _create(self, plan: GroupPlan) -> Any:
         if plan.note:

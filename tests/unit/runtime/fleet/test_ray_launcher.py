@@ -39,8 +39,14 @@ class FakeGroup:
         self.bundles, self.strategy, self.name = bundles, strategy, name
         ids = [n.node_id for n in nodes if n.capacity.cpu > 0]
         assert strategy != "STRICT_SPREAD" or len(ids) >= len(bundles)
-        self.bundle_nodes = [ids[i % len(ids)] for i in range(len(bundles))]
+        self.bundle_nodes: list[str | None] = [ids[i % len(ids)] for i in range(len(bundles))]
         self.removed = False
+        self.state = "CREATED"  # RESCHEDULING: Ray is moving a dead node's bundles
+
+    def table(self) -> dict[str, Any]:
+        """``placement_group_table`` of this group: a bundle being moved has no node."""
+        return {"state": self.state, "bundles_to_node_id": {
+            i: node for i, node in enumerate(self.bundle_nodes) if node is not None}}
 
 
 class FakeActor:
@@ -94,6 +100,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeActorClass, list[Node
     monkeypatch.setattr(ray_launcher, "placement_group", fake.placement_group)
     monkeypatch.setattr(ray_launcher, "remove_placement_group",
                         lambda g: setattr(g, "removed", True))
+    monkeypatch.setattr(ray_launcher, "placement_group_table", lambda g: g.table())
     monkeypatch.setattr(ray_launcher.RayReplica, "exit_code", lambda self: self._code)
     fake.actors.ray = fake  # the tests reach the groups through the actor class
     return fake.actors, nodes
@@ -233,6 +240,76 @@ def test_a_replacement_goes_back_into_its_bundle_while_the_group_still_fits(fake
     (group,) = actors.ray.groups
     strategy = actors.created[-1][0]["scheduling_strategy"]
     assert (strategy.placement_group, strategy.placement_group_bundle_index) == (group, 0)
+
+
+def _spread_of_three(fake_ray: Any) -> tuple[ray_launcher.RayLauncher, list[Any], Any]:
+    actors, _ = fake_ray
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 3})
+    (group,) = actors.ray.groups
+    return launcher, replicas, group
+
+
+def test_a_replacement_whose_bundle_is_on_a_suspect_node_runs_interim_elsewhere(
+        fake_ray, caplog) -> None:
+    """A graph member lost by its silence marks its node (``SUSPECT_NODES``) seconds before
+    Ray declares the node dead and moves its bundles: a replacement sent into its bundle there
+    died with the node about 12 s later. It runs outside its group meanwhile, reserving
+    nothing (the bundle still holds its CPUs), and goes back at its slot's next restart."""
+    actors, nodes = fake_ray
+    launcher, replicas, group = _spread_of_three(fake_ray)
+    crashed = replicas[0].node_id
+    ray_launcher.SUSPECT_NODES.mark(crashed)  # what the graph's watch does on a member loss
+    with caplog.at_level(logging.WARNING, logger="parityserve.runtime.fleet.ray_launcher"):
+        fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    options = actors.created[-1][0]
+    assert not isinstance(options["scheduling_strategy"], PlacementGroupSchedulingStrategy)
+    assert (options["num_cpus"], options["memory"]) == (0, None)
+    assert fresh.interim and fresh.group is None
+    assert fresh.node_id not in (None, crashed)
+    assert "interim replica" in caplog.text and crashed in caplog.text
+    ray_launcher.SUSPECT_NODES.clear()  # trusted again: its next restart is in its bundle
+    again = launcher.start(WorkerSpec("m/v1/0#10-cd", "m", 1, "zoo:echo"))
+    options = actors.created[-1][0]
+    assert options["scheduling_strategy"].placement_group is group
+    assert options["num_cpus"] == 1 and not again.interim and again.group is group
+
+
+def test_a_replacement_whose_bundle_ray_is_moving_runs_interim(fake_ray) -> None:
+    """The 14.4 s failover of a quick run: the bundle was off its dead node and not yet on
+    another, so it was on no suspect node, and the replacement waited in it."""
+    actors, _ = fake_ray
+    launcher, replicas, group = _spread_of_three(fake_ray)
+    group.state, group.bundle_nodes[1] = "RESCHEDULING", None
+    fresh = launcher.start(WorkerSpec("m/v1/1#9-cd", "m", 1, "zoo:echo"))
+    assert fresh.interim and fresh.node_id not in (None, replicas[1].node_id)
+
+
+def test_first_starts_and_an_unreadable_table_go_into_the_bundle(fake_ray, monkeypatch) -> None:
+    """A first start has no predecessor: its group is new, and its bundles may be unplaced
+    for a moment. A GCS that cannot answer leaves the replacement in its bundle, as before."""
+    actors, _ = fake_ray
+    ray_launcher.SUSPECT_NODES.mark(NODE_IDS[0])
+    launcher, replicas, group = _spread_of_three(fake_ray)
+    assert not any(r.interim for r in replicas)
+    assert all(isinstance(o["scheduling_strategy"], PlacementGroupSchedulingStrategy)
+               for o, _ in actors.created)
+
+    def busy(g: Any) -> dict[str, Any]:
+        raise TimeoutError("the GCS is busy")
+
+    monkeypatch.setattr(ray_launcher, "placement_group_table", busy)
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert not fresh.interim and fresh.group is group
+
+
+def test_no_interim_when_every_node_is_suspect(fake_ray) -> None:
+    """Nowhere better to go: the bundle, and Ray's own schedule."""
+    launcher, replicas, group = _spread_of_three(fake_ray)
+    for node in NODE_IDS:
+        ray_launcher.SUSPECT_NODES.mark(node)
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert not fresh.interim and fresh.group is group
 
 
 @pytest.mark.parametrize(("bound", "dialled"), [
