@@ -16,13 +16,13 @@ never pass through Ray's object store.
   goes into its slot's bundle. Until Ray has moved it (its health checks take seconds to give
   up on a crashed node, where our heartbeats and the graphs' watch take a fraction of one),
   a replacement whose bundle is on a node where something was just lost (``SUSPECT_NODES``),
-  or is being moved, runs outside its group as an *interim* replica: pinned to a trusted node,
-  reserving no CPU or memory (the bundle still holds them), back in its bundle at its slot's
-  next restart. A STRICT_SPREAD group whose live nodes are now too few cannot be
-  rescheduled (its lost bundle stays pending), so the replacement is pinned with a hard
-  NodeAffinity where ``core/placement.place`` puts it (away from the rest of its group where
-  there is room), and a warning says so; when no node has room it is left to Ray's SPREAD
-  scheduler. The group's survivors keep running in it.
+  or is being moved, runs outside its group as an *interim* replica: pinned to a trusted node
+  with room for it, reserving no CPU or memory (the bundle still holds them), back in its
+  bundle at its slot's next restart (never for a GPU replica). A STRICT_SPREAD group whose
+  live nodes are now too few cannot be rescheduled (its lost bundle stays pending), so the
+  replacement is pinned with a hard NodeAffinity where ``core/placement.place`` puts it (away
+  from the rest of its group where there is room), and a warning says so; when no node has
+  room it is left to Ray's SPREAD scheduler. The group's survivors keep running in it.
 - Keys: the replica's CURVE secret rides in the actor's constructor arguments (Ray's task
   spec, over Ray's gRPC; turn on Ray's TLS on an untrusted network) and reaches the worker in
   its environment, never its command line. Each key is per replica and revoked when the
@@ -347,17 +347,15 @@ class RayLauncher:
         member = next((m for m in members if m.key == key), Member(key, spec.model))
         nodes = self._trusted_nodes()
         group, bundle = self._group_for(key, members, nodes)
-        interim = before is not None and group is not None \
-            and self._bundle_unsafe(key, group, bundle, nodes)
+        previous = before.node_id if before is not None else None
         node_id = None
+        if before is not None and group is not None and member.demand.gpu == 0:
+            node_id = self._interim_node(key, group, bundle, members, nodes, previous)
+        interim = node_id is not None
         if group is not None and not interim:
             strategy: Any = PlacementGroupSchedulingStrategy(group, bundle)
         else:
-            previous = before.node_id if before is not None else None
-            node_id = self._place(key, members, nodes, previous)
-            if interim and node_id is None:  # no room by our count: it reserves none anyway
-                node_id = next((n.node_id for n in nodes if n.node_id != previous
-                                and n.node_id not in self.suspects), None)
+            node_id = node_id or self._place(key, members, nodes, previous)
             strategy = ("SPREAD" if node_id is None
                         else NodeAffinitySchedulingStrategy(node_id, soft=False))
         env = {"OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
@@ -404,29 +402,34 @@ class RayLauncher:
             return None, 0
         return held[1], held[0].members.index(key)
 
-    def _bundle_unsafe(self, key: str, group: Any, bundle: int, nodes: list[Node]) -> bool:
-        """Whether a replacement for slot ``key`` would wait or die in its bundle: the
-        bundle is on a node where something was just lost (Ray keeps a crashed node's
-        bundles until its health checks give up, and a replacement sent there died with the
-        node about 12 s later, the graph's stateless stage with it: failovers of 7, 14 and 17
-        s in quick runs of ``benchmarks.hams_nodes``), or Ray is moving it (it waits there
-        for as long). One GCS call, for replacements only; the GCS busy: the bundle."""
+    def _interim_node(self, key: str, group: Any, bundle: int, members: list[Member],
+                      nodes: list[Node], previous: str | None) -> str | None:
+        """The node a replacement for slot ``key`` runs on outside its group, or None: its
+        bundle is safe (or the GCS cannot say), or no trusted node has room for it. A bundle
+        is unsafe on a node where something was just lost (Ray keeps a crashed node's bundles
+        until its health checks give up, and a replacement sent there died with the node
+        about 12 s later, the graph's stateless stage with it: failovers of 7, 14 and 17 s
+        in quick runs of ``benchmarks.hams_nodes``), or while Ray moves it off a dead node
+        (it waits there for as long). One GCS call, for replacements only. GPU replicas are
+        never interim: the GPU would be reserved twice, or the node have none."""
         try:
             table = placement_group_table(group)
         except Exception:
-            return False
+            return None
         where = table.get("bundles_to_node_id", {}).get(bundle)
-        moving = table.get("state") == "RESCHEDULING" and not where  # (off a dead node)
-        if not (moving or where in self.suspects) \
-                or not any(n.node_id not in self.suspects for n in nodes):
-            return False
-        log.warning("placement: %s's bundle is %s; the replacement runs outside its group "
-                    "meanwhile (an interim replica, which reserves no CPU or memory: the "
-                    "bundle still holds them), and goes back into its bundle at its slot's "
-                    "next restart", key, "being moved by Ray" if moving else
-                    f"on node {where}, where something was just lost (Ray lists it alive "
-                    "until its health checks give up)")
-        return True
+        moving = table.get("state") == "RESCHEDULING" and not where
+        if not (moving or where in self.suspects):
+            return None
+        node_id = self._place(key, members, nodes, previous)  # (trusted nodes only)
+        if node_id is None or node_id in self.suspects:
+            return None  # no room elsewhere: its bundle, as before
+        log.warning("placement: %s's bundle is %s; the replacement runs on node %s outside "
+                    "its group meanwhile (an interim replica, which reserves no CPU or "
+                    "memory: the bundle still holds them), and goes back into its bundle at "
+                    "its slot's next restart", key, "being moved by Ray" if moving else (
+                        f"on node {where}, where something was just lost (Ray lists it "
+                        "alive until its health checks give up)"), node_id)
+        return node_id
 
     def _create(self, plan: GroupPlan) -> Any:
         if plan.note:

@@ -35,7 +35,7 @@ the plain timeout.
 
 The data path (``_data_path_loss``, HAMS §IV-E) suspects sooner: a primary silent while it
 holds a batch, past 4 of its operator's slowest recent round trips (at least 100 ms, two
-heartbeat intervals; at most the timeout), unless it is seen working on this host. A healthy
+heartbeat intervals; at most the timeout), unless it is seen alive on this host. A healthy
 primary answers, or beats whenever it waits (on a copy, a receipt, a seeding). It needs another
 member heard within half its limit (no one to vouch: no verdict), a new primary's own round
 trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
@@ -43,15 +43,22 @@ trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
 heartbeat alone. ``data_path_detection: false`` turns it off.
 
 A machine takes all its members with it (``_node_loss``): once a member on a Ray node is
-lost by its silence, every other member on that node silent past the data path's floor (two
-heartbeat intervals) is lost with it, in the same recovery, for as long as the heartbeat
-timeout would have taken to say so. Without this, a node holding both operators' primaries
-was found through the one that held a batch; the other, idle, waited out the heartbeat
-timeout, and the first recovery's protocol with it: 100-250 ms of the 242 ms median node
-failover of the first full run (2026-11-30), against 20-80 ms where both held batches. The
-same evidence (a sibling gone silent, another member heard, a plan to keep a wrong verdict
-from costing state) as the data path's; members on the frontend's own host share no such
-fate (a frozen process is not a lost machine), and an exit says nothing of its node.
+lost by its silence (not kept as its operator's last holder, and not an exit), every other
+member on that node silent past the data path's floor (two heartbeat intervals) is lost with
+it, while a member on another node was heard within half the floor, for as long as the
+heartbeat timeout would have taken to say so. A member of that node heard more than the floor
+after the lost one last spoke shows the node is up: the mark is dropped. Without this, a node
+holding both operators' primaries was found through the one that held a batch; the other,
+idle, waited out the heartbeat timeout, and the first recovery's protocol with it: 100-250 ms
+of the 242 ms median node failover of the first full run (2026-11-30), against 20-80 ms where
+both held batches. Members of the frontend's own host (the local launcher) share no node.
+
+On this host, a member seen alive (``seen_alive``: threads, none dead or stopped) is left to
+the heartbeat by both fast rules: a full run saw a healthy primary, every thread asleep, 104 ms
+silent holding a batch as a node joined (its frontend slow to deliver, not the member gone),
+fenced by the data path, and its node-mate primary with it. A crashed member's threads are
+zombies, and a frozen one's stopped, so both are still found fast. Members on other hosts have
+no ``/proc`` here, and get the rules as they are.
 
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
@@ -107,7 +114,8 @@ class Watch:
         self._reading = False  # a read is under way (off the loop)
         self._resumed = 0.0  # when the loop last came back from a stall (``_forgive_stall``)
         self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
-        self._silent_nodes: dict[str, float] = {}  # Ray node -> when a member there went silent
+        # Ray node -> (when a member there was lost by its silence, when it last spoke)
+        self._silent_nodes: dict[str, tuple[float, float]] = {}
 
     async def run(self) -> None:
         ctx = self.ctx
@@ -179,14 +187,18 @@ class Watch:
             self.ctx.spawn(self.baselines.recover(op, member, how, now))
             return
         self.recovery.suspect(member, how)
-        if member.worker_id not in self.ctx.plan.suspects():  # (a kept one is in ``suspects``)
-            self._note_loss(member, how, now, detector)
-        if how != "exit" and (node := _ray_node(member)) is not None:
-            if now - self._silent_nodes.get(node, -float("inf")) > self._silence_limit_s():
-                self._silent_nodes[node] = now  # (a mark older than that has run its course)
-            for sibling_op, sibling in list(self.members.by_id.values()):
-                if sibling.lost is None and _ray_node(sibling) == node:
-                    self._check(sibling_op, sibling, now, hearing)  # (in this same recovery)
+        if member.worker_id in self.ctx.plan.suspects():
+            return  # kept, not lost: no evidence against its node
+        self._note_loss(member, how, now, detector)
+        node = _ray_node(member)
+        if how == "exit" or member.exited() or node is None:
+            return  # an exit under a live node says nothing of the node
+        mark = self._silent_nodes.get(node)
+        if mark is None or now - mark[0] > self._silence_limit_s():
+            self._silent_nodes[node] = (now, member.last_beat)  # (an older mark has run out)
+        for sibling_op, sibling in list(self.members.by_id.values()):
+            if sibling.lost is None and _ray_node(sibling) == node:
+                self._check(sibling_op, sibling, now, hearing)
 
     def _verdict(self, op: str, member: Member, now: float, hearing: bool
                  ) -> tuple[str | None, str, str]:
@@ -211,21 +223,35 @@ class Watch:
 
     def _node_loss(self, member: Member, now: float, hearing: bool) -> float | None:
         """How long ago another member on ``member``'s Ray node was lost by its silence, when
-        ``member`` is lost with it (see the module docstring): silent past the data path's
-        floor, with another member heard within half of it, in a graph with a plan, within
-        the heartbeat timeout of that loss. Else None."""
+        ``member`` is lost with it (see the module docstring). Else None: no plan, the mark
+        ran out (the heartbeat timeout after that loss), a member of the node spoke since
+        (the node is up: the mark is dropped), ``member`` spoke within the data path's
+        floor, no member on another node was heard within half of it, or ``member`` is seen
+        alive on this host."""
         node = _ray_node(member)
-        since = self._silent_nodes.get(node) if node is not None else None
-        if node is None or since is None or self.ctx.plan is None or not member.hello.done():
+        mark = self._silent_nodes.get(node) if node is not None else None
+        if node is None or mark is None or self.ctx.plan is None or not member.hello.done():
             return None
-        if now - since > self._silence_limit_s():
-            self._silent_nodes.pop(node, None)  # (the heartbeat has said it by now)
+        since, its_last_beat = mark
+        node_heard = max((m.last_beat for _, m in self.members.by_id.values()
+                          if m.lost is None and _ray_node(m) == node), default=0.0)
+        if now - since > self._silence_limit_s() \
+                or node_heard > its_last_beat + DATA_LIMIT_FLOOR_S:
+            self._silent_nodes.pop(node, None)
             return None
         silent = now - max(member.last_beat, self._resumed)
         if silent <= DATA_LIMIT_FLOOR_S or not hearing \
-                or not self._hearing(now, DATA_LIMIT_FLOOR_S / 2, but=member):
+                or not self._heard_off(node, now, DATA_LIMIT_FLOOR_S / 2):
+            return None
+        if member.on_this_host and seen_alive(member.pid):
             return None
         return now - since
+
+    def _heard_off(self, node: str, now: float, window_s: float) -> bool:
+        """Whether a live member on another node than ``node`` was heard within
+        ``window_s``: the frontend hears, and the silence is the node's."""
+        return any(now - m.last_beat <= window_s for _, m in self.members.by_id.values()
+                   if m.lost is None and m.hello.done() and _ray_node(m) != node)
 
     def _note_loss(self, member: Member, how: str, now: float, detector: str = "exit") -> None:
         """``detector``: what noticed it, "exit", "heartbeat" (silent past the timeout),
@@ -257,8 +283,8 @@ class Watch:
         """HAMS's own detector (§IV-E: a data-path RPC timeout, about 20 ms there): a primary
         holding a batch that has said nothing for ``DATA_LIMIT_FACTOR`` times the slowest of
         its operator's recent round trips (at least ``DATA_LIMIT_FLOOR_S``, at most the
-        heartbeat timeout) is suspected, unless it is seen working (a thread running or
-        waiting for a core: then the heartbeat's limit and grace judge it). A healthy
+        heartbeat timeout) is suspected, unless it is seen alive on this host (``seen_alive``:
+        then the heartbeat's limit and grace judge it). A healthy
         primary answers a batch or beats (it beats while it waits on a backup or a seeding);
         a silent one with work is computing, starved, or gone. Under load this notices a
         lost machine in a fraction of the heartbeat timeout, where its processes' exit is
@@ -277,8 +303,8 @@ class Watch:
         silent = now - max(member.last_beat, sent, self._resumed)
         if silent <= limit or not hearing or not self._hearing(now, limit / 2, but=member):
             return None
-        if member.on_this_host and runnable(member.pid):
-            return None  # computing or starved: the heartbeat's limit and grace judge it
+        if member.on_this_host and seen_alive(member.pid):
+            return None  # alive here (computing, starved, or waiting): the heartbeat judges
         return silent, limit
 
     def _silence_limit_s(self) -> float:
@@ -317,6 +343,16 @@ def runnable(pid: int) -> bool:
     R) or for the kernel (D: a disk read, a page fault). A Python heartbeat thread waiting for
     the GIL sleeps (S), but then the thread holding it is the busy one."""
     return busy(thread_states(pid))
+
+
+def seen_alive(pid: int) -> bool:
+    """Whether process ``pid`` is on this host and alive: it has threads, none of them dead
+    (Z, X) or stopped (T, t). Asleep counts as alive: a member waiting for a message its
+    frontend is slow to deliver is not a lost one (a full run saw a healthy primary, every
+    thread asleep, 104 ms silent holding a batch as a node joined: fenced by the data path,
+    both primaries of its node with it). The heartbeat's timeout judges such a one."""
+    states = thread_states(pid)
+    return bool(states) and not any(c in states for c in "ZXTt")
 
 
 def busy(states: str) -> bool:

@@ -258,7 +258,8 @@ def test_a_replacement_whose_bundle_is_on_a_suspect_node_runs_interim_elsewhere(
     nothing (the bundle still holds its CPUs), and goes back at its slot's next restart."""
     actors, nodes = fake_ray
     launcher, replicas, group = _spread_of_three(fake_ray)
-    crashed = replicas[0].node_id
+    # the bundle, not the predecessor, decides: slot 0's bundle moved to the third node
+    crashed = group.bundle_nodes[0] = replicas[2].node_id
     ray_launcher.SUSPECT_NODES.mark(crashed)  # what the graph's watch does on a member loss
     with caplog.at_level(logging.WARNING, logger="parityserve.runtime.fleet.ray_launcher"):
         fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
@@ -266,7 +267,7 @@ def test_a_replacement_whose_bundle_is_on_a_suspect_node_runs_interim_elsewhere(
     assert not isinstance(options["scheduling_strategy"], PlacementGroupSchedulingStrategy)
     assert (options["num_cpus"], options["memory"]) == (0, None)
     assert fresh.interim and fresh.group is None
-    assert fresh.node_id not in (None, crashed)
+    assert fresh.node_id not in (None, crashed, replicas[0].node_id)
     assert "interim replica" in caplog.text and crashed in caplog.text
     ray_launcher.SUSPECT_NODES.clear()  # trusted again: its next restart is in its bundle
     again = launcher.start(WorkerSpec("m/v1/0#10-cd", "m", 1, "zoo:echo"))
@@ -283,6 +284,47 @@ def test_a_replacement_whose_bundle_ray_is_moving_runs_interim(fake_ray) -> None
     group.state, group.bundle_nodes[1] = "RESCHEDULING", None
     fresh = launcher.start(WorkerSpec("m/v1/1#9-cd", "m", 1, "zoo:echo"))
     assert fresh.interim and fresh.node_id not in (None, replicas[1].node_id)
+
+
+@pytest.mark.parametrize("case", ["predecessor's node suspect, bundle elsewhere",
+                                  "being moved but still placed", "pending, never placed"])
+def test_a_safe_bundle_takes_its_replacement(fake_ray, case: str) -> None:
+    actors, _ = fake_ray
+    launcher, replicas, group = _spread_of_three(fake_ray)
+    if case.startswith("predecessor"):
+        group.bundle_nodes[0] = replicas[1].node_id
+        ray_launcher.SUSPECT_NODES.mark(replicas[0].node_id)
+    elif case.startswith("being moved"):
+        group.state = "RESCHEDULING"  # another bundle of it is being moved; this one is home
+    else:
+        group.state, group.bundle_nodes[0] = "PENDING", None  # not a dead node's: it waits
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert not fresh.interim and fresh.group is group
+    assert actors.created[-1][0]["scheduling_strategy"].placement_group is group
+
+
+def test_no_interim_for_a_gpu_replica_or_where_no_trusted_node_has_room(fake_ray) -> None:
+    """A GPU would be reserved twice (or the node have none); with no room elsewhere by our
+    count, the bundle as before, never an unreserved replica crammed somewhere."""
+    actors, nodes = fake_ray
+    for i, node in enumerate(nodes):
+        nodes[i] = Node(node.node_id, Resources(cpu=2, gpu=2, memory=2**32))
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    replicas = _launch(launcher, {"replicas": 3, "resources": {"gpu": 1}})
+    (group,) = actors.ray.groups
+    ray_launcher.SUSPECT_NODES.mark(group.bundle_nodes[0])
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert not fresh.interim and fresh.group is group
+    ray_launcher.SUSPECT_NODES.clear()
+    full, _ = fake_ray  # a CPU model on three nodes of one CPU each: every node full
+    for i, node in enumerate(nodes):
+        nodes[i] = Node(node.node_id, Resources(cpu=1, memory=2**32))
+    launcher = ray_launcher.RayLauncher("tcp://10.0.0.1:5555")
+    _launch(launcher, {"replicas": 3, "resources": {"cpu": 1}})
+    group = actors.ray.groups[-1]
+    ray_launcher.SUSPECT_NODES.mark(group.bundle_nodes[0])
+    fresh = launcher.start(WorkerSpec("m/v1/0#9-cd", "m", 1, "zoo:echo"))
+    assert not fresh.interim and fresh.group is group and replicas
 
 
 def test_first_starts_and_an_unreadable_table_go_into_the_bundle(fake_ray, monkeypatch) -> None:

@@ -147,14 +147,22 @@ def test_a_graph_that_turned_it_off_has_the_heartbeat_alone() -> None:
     assert watch._data_path_loss("op", primary, 10.19, True) is None
 
 
-def test_a_primary_seen_working_on_this_host_is_judged_by_the_heartbeat(monkeypatch) -> None:
+@pytest.mark.parametrize(("states", "judged_here"), [
+    ("RSS", False), ("SSSSSSSS", False), ("DS", False),  # computing, starved, waiting: alive
+    ("ZZ", True), ("", True), ("TTT", True), ("tS", True)])  # dead, gone, stopped
+def test_a_primary_seen_alive_on_this_host_is_judged_by_the_heartbeat(
+        monkeypatch, states: str, judged_here: bool) -> None:
+    """A full run saw a healthy primary, every thread asleep, 104 ms silent holding a batch
+    (its frontend slow to deliver): alive, it is left to the heartbeat's timeout."""
     primary = _member(10.0, here=True)
     watch, out = _rig(0.01, primary=primary)
     out.add(2, [1], 10.0)
-    monkeypatch.setattr(hams_watch, "runnable", lambda pid: True)  # computing, or starved
-    assert watch._data_path_loss("op", primary, 10.15, True) is None
-    monkeypatch.setattr(hams_watch, "runnable", lambda pid: False)  # frozen, or gone
-    assert watch._data_path_loss("op", primary, 10.15, True)
+    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: states)
+    assert bool(watch._data_path_loss("op", primary, 10.15, True)) is judged_here
+    remote = _member(10.0)  # on another host: no /proc to read, the rule as it is
+    watch, out = _rig(0.01, primary=remote)
+    out.add(2, [1], 10.0)
+    assert watch._data_path_loss("op", remote, 10.15, True)
 
 
 def test_inflight_keeps_the_slowest_of_its_recent_round_trips_and_the_oldest_send() -> None:

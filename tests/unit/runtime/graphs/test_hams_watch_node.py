@@ -9,8 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from parityserve.runtime.graphs import hams_watch
 from parityserve.runtime.graphs.hams_context import Pair
-from parityserve.runtime.graphs.hams_watch import DATA_LIMIT_FLOOR_S, Watch
+from parityserve.runtime.graphs.hams_watch import Watch
 
 
 def _member(name: str, node: str, last_beat: float) -> Any:
@@ -74,24 +75,73 @@ def test_a_silent_node_mate_is_lost_in_the_same_tick_and_says_why() -> None:
     assert found["a2"].lost is None and found["b2"].lost is None  # other nodes: untouched
 
 
-def test_a_node_mate_heard_within_two_heartbeat_intervals_is_not_lost() -> None:
+def test_a_node_mate_heard_lately_is_not_lost_yet_and_lost_if_it_stays_silent() -> None:
+    """a1 was lost by the data path at 10.0, its last word at 9.89; b1 spoke at 9.95 (within
+    the floor of that: nothing the node did after a1 went quiet)."""
     found = _cluster(10.0)
-    found["b1"].last_beat = 10.0 - DATA_LIMIT_FLOOR_S * 0.8
+    found["b1"].last_beat, found["a1"].lost = 9.95, "timeout"
+    watch, recovery = _rig(_members(found))
+    watch._silent_nodes["n1"] = (10.0, 9.89)
+    assert watch._node_loss(found["b1"], 10.0, True) is None  # 50 ms silent: not yet
+    _heard(found, 10.06)
+    watch._check("b", found["b1"], 10.06, hearing=True)  # 110 ms: past the floor
+    assert recovery.suspected == ["b1"] and watch.losses[-1]["detector"] == "node"
+
+
+def test_a_node_mate_heard_well_after_the_lost_one_shows_the_node_is_up() -> None:
+    """a1 went quiet at 9.79 (a hung process, not a lost machine); b1 spoke at 9.95, 160 ms
+    later: the node was up after a1 went quiet, so b1's own silence must be its own."""
+    found = _cluster(10.0)
+    found["b1"].last_beat = 9.95
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    _heard(found, 10.1)
+    watch._check("b", found["b1"], 10.1, hearing=True)  # 150 ms silent: past the floor
+    assert recovery.suspected == ["a1"] and "n1" not in watch._silent_nodes
+
+
+def test_only_a_member_on_another_node_vouches_for_the_frontends_hearing() -> None:
+    found = _cluster(10.0)
+    for name in ("a2", "b2", "b3"):
+        found[name].last_beat = 9.5  # the other nodes quiet: the frontend may be deaf
+    found["c1"] = _member("c1", "n1", 9.99)  # a third member on n1, heard 10 ms ago...
+    watch, recovery = _rig(_members(found))
+    watch._silent_nodes["n1"] = (10.0, 9.99)  # (...and a mark that it does not contradict)
+    assert watch._node_loss(found["b1"], 10.0, True) is None  # ...does not vouch for n1
+
+
+def test_a_kept_suspect_or_an_exit_casts_no_suspicion_on_its_node() -> None:
+    found = _cluster(10.0)
+    watch, recovery = _rig(_members(found))
+    watch.ctx.plan = SimpleNamespace(suspects=lambda: ("a1",))  # the last holder: kept
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert watch._silent_nodes == {} and found["b1"].lost is None
+    found = _cluster(10.0)
+    found["a1"].exited = lambda: True  # silent, and its process is gone (timeout mode)
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert watch._silent_nodes == {} and recovery.suspected == ["a1"]
+
+
+def test_a_node_mate_seen_alive_on_this_host_is_left_to_the_heartbeat(monkeypatch) -> None:
+    """The Ray tests and the benchmark run every node on one host: a node-mate whose threads
+    are asleep is alive; a crashed one's are zombies."""
+    found = _cluster(10.0)
+    found["b1"].on_this_host = True
+    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: "SSS")
     watch, recovery = _rig(_members(found))
     watch._check("a", found["a1"], 10.0, hearing=True)
     assert recovery.suspected == ["a1"]
-    # it stays silent: a later tick, still within the heartbeat timeout of the first loss,
-    # loses it on the node's evidence
-    _heard(found, 10.05)
-    watch._check("b", found["b1"], 10.05, hearing=True)
-    assert recovery.suspected == ["a1", "b1"] and watch.losses[-1]["detector"] == "node"
+    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: "ZZZ")
+    watch._check("b", found["b1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1", "b1"]
 
 
 def test_the_node_mark_runs_out_after_the_heartbeat_timeout() -> None:
     found = _cluster(10.0)
-    found["b1"].last_beat = 10.0  # it spoke at the loss; a later silence is its own
+    found["b1"].last_beat = 10.0
     watch, recovery = _rig(_members(found))
-    watch._check("a", found["a1"], 10.0, hearing=True)
+    watch._silent_nodes["n1"] = (10.0, 9.95)
     _heard(found, 10.15)
     assert watch._node_loss(found["b1"], 10.15, True) is not None  # 150 ms silent, 150 ms on
     _heard(found, 10.21)
@@ -134,5 +184,5 @@ def test_an_exit_says_nothing_of_its_node() -> None:
 def test_a_graph_with_no_plan_keeps_the_heartbeat_alone() -> None:
     found = _cluster(10.0)
     watch, _ = _rig(_members(found), plan=False)
-    watch._silent_nodes["n1"] = 10.0
+    watch._silent_nodes["n1"] = (10.0, 9.79)
     assert watch._node_loss(found["b1"], 10.0, True) is None
