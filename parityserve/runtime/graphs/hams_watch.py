@@ -35,7 +35,7 @@ the plain timeout.
 
 The data path (``_data_path_loss``, HAMS §IV-E) suspects sooner: a primary silent while it
 holds a batch, past 4 of its operator's slowest recent round trips (at least 100 ms, two
-heartbeat intervals; at most the timeout), unless it is seen alive on this host. A healthy
+heartbeat intervals; at most the timeout), unless it is seen working on this host. A healthy
 primary answers, or beats whenever it waits (on a copy, a receipt, a seeding). It needs another
 member heard within half its limit (no one to vouch: no verdict), a new primary's own round
 trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
@@ -53,12 +53,14 @@ idle, waited out the heartbeat timeout, and the first recovery's protocol with i
 of the 242 ms median node failover of the first full run (2026-11-30), against 20-80 ms where
 both held batches. Members of the frontend's own host (the local launcher) share no node.
 
-On this host, a member seen alive (``seen_alive``: threads, none dead or stopped) is left to
-the heartbeat by both fast rules: a full run saw a healthy primary, every thread asleep, 104 ms
-silent holding a batch as a node joined (its frontend slow to deliver, not the member gone),
-fenced by the data path, and its node-mate primary with it. A crashed member's threads are
-zombies, and a frozen one's stopped, so both are still found fast. Members on other hosts have
-no ``/proc`` here, and get the rules as they are.
+Neither fast rule asks ``/proc`` whether a silent member is merely asleep. Tried: leaving a
+member seen alive on this host (threads, none dead or stopped) to the heartbeat, after a full
+run fenced a healthy primary, every thread asleep, 104 ms silent holding a batch as a node
+joined (and its node-mate primary with it; consistent, but a 6 s handover). A crashed node's
+processes take 200-900 ms to be torn down on this rig and look alive meanwhile, so the next
+run's node failovers waited out the heartbeat again (protocol 93-142 ms against 14-38 ms), and
+it was reverted the same hour. The data path still spares a member seen working (a thread
+running or waiting for a core).
 
 Where nodes can join (Ray members), the watch also reads the cluster's nodes every
 ``NODES_EVERY_S``, off the loop: a node that joins gets new spares, not old roles (each
@@ -243,8 +245,6 @@ class Watch:
         if silent <= DATA_LIMIT_FLOOR_S or not hearing \
                 or not self._heard_off(node, now, DATA_LIMIT_FLOOR_S / 2):
             return None
-        if member.on_this_host and seen_alive(member.pid):
-            return None
         return now - since
 
     def _heard_off(self, node: str, now: float, window_s: float) -> bool:
@@ -283,8 +283,8 @@ class Watch:
         """HAMS's own detector (§IV-E: a data-path RPC timeout, about 20 ms there): a primary
         holding a batch that has said nothing for ``DATA_LIMIT_FACTOR`` times the slowest of
         its operator's recent round trips (at least ``DATA_LIMIT_FLOOR_S``, at most the
-        heartbeat timeout) is suspected, unless it is seen alive on this host (``seen_alive``:
-        then the heartbeat's limit and grace judge it). A healthy
+        heartbeat timeout) is suspected, unless it is seen working (a thread running or
+        waiting for a core: then the heartbeat's limit and grace judge it). A healthy
         primary answers a batch or beats (it beats while it waits on a backup or a seeding);
         a silent one with work is computing, starved, or gone. Under load this notices a
         lost machine in a fraction of the heartbeat timeout, where its processes' exit is
@@ -303,8 +303,8 @@ class Watch:
         silent = now - max(member.last_beat, sent, self._resumed)
         if silent <= limit or not hearing or not self._hearing(now, limit / 2, but=member):
             return None
-        if member.on_this_host and seen_alive(member.pid):
-            return None  # alive here (computing, starved, or waiting): the heartbeat judges
+        if member.on_this_host and runnable(member.pid):
+            return None  # computing or starved: the heartbeat's limit and grace judge it
         return silent, limit
 
     def _silence_limit_s(self) -> float:
@@ -343,16 +343,6 @@ def runnable(pid: int) -> bool:
     R) or for the kernel (D: a disk read, a page fault). A Python heartbeat thread waiting for
     the GIL sleeps (S), but then the thread holding it is the busy one."""
     return busy(thread_states(pid))
-
-
-def seen_alive(pid: int) -> bool:
-    """Whether process ``pid`` is on this host and alive: it has threads, none of them dead
-    (Z, X) or stopped (T, t). Asleep counts as alive: a member waiting for a message its
-    frontend is slow to deliver is not a lost one (a full run saw a healthy primary, every
-    thread asleep, 104 ms silent holding a batch as a node joined: fenced by the data path,
-    both primaries of its node with it). The heartbeat's timeout judges such a one."""
-    states = thread_states(pid)
-    return bool(states) and not any(c in states for c in "ZXTt")
 
 
 def busy(states: str) -> bool:

@@ -123,51 +123,16 @@ def test_a_kept_suspect_or_an_exit_casts_no_suspicion_on_its_node() -> None:
     assert watch._silent_nodes == {} and recovery.suspected == ["a1"]
 
 
-def test_a_node_mate_seen_alive_on_this_host_is_left_to_the_heartbeat(monkeypatch) -> None:
-    """The Ray tests and the benchmark run every node on one host: a node-mate whose threads
-    are asleep is alive; a crashed one's are zombies."""
+def test_a_node_mate_on_this_host_is_not_spared_for_looking_alive(monkeypatch) -> None:
+    """The Ray tests and the benchmark run every node on one host, where a crashed node's
+    processes look alive (threads asleep or running) while the kernel tears them down: the
+    node's evidence still holds."""
     found = _cluster(10.0)
     found["b1"].on_this_host = True
-    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: "SSS")
+    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: "RSS")
     watch, recovery = _rig(_members(found))
     watch._check("a", found["a1"], 10.0, hearing=True)
-    assert recovery.suspected == ["a1"]
-    monkeypatch.setattr(hams_watch, "thread_states", lambda pid: "ZZZ")
-    watch._check("b", found["b1"], 10.0, hearing=True)
     assert recovery.suspected == ["a1", "b1"]
-
-
-def test_the_node_mark_runs_out_after_the_heartbeat_timeout() -> None:
-    found = _cluster(10.0)
-    found["b1"].last_beat = 10.0
-    watch, recovery = _rig(_members(found))
-    watch._silent_nodes["n1"] = (10.0, 9.95)
-    _heard(found, 10.15)
-    assert watch._node_loss(found["b1"], 10.15, True) is not None  # 150 ms silent, 150 ms on
-    _heard(found, 10.21)
-    assert watch._node_loss(found["b1"], 10.21, True) is None  # the mark ran out
-    assert "n1" not in watch._silent_nodes
-
-
-def test_no_node_verdict_when_nobody_else_is_heard() -> None:
-    """Every member silent at once is the frontend not hearing, not a machine lost."""
-    found = _cluster(10.0)
-    for name in ("a2", "b2", "b3"):
-        found[name].last_beat = 10.0 - 0.08  # heard 80 ms ago: more than half the floor
-    watch, recovery = _rig(_members(found))
-    watch._check("a", found["a1"], 10.0, hearing=True)
-    assert recovery.suspected == ["a1"]
-
-
-def test_members_on_the_frontends_host_share_no_fate() -> None:
-    """A local process frozen is not a lost machine: its local neighbours keep their own
-    limits."""
-    found = _cluster(10.0)
-    for name in ("a1", "b1"):
-        found[name].node = "local"
-    watch, recovery = _rig(_members(found))
-    watch._check("a", found["a1"], 10.0, hearing=True)
-    assert recovery.suspected == ["a1"] and watch._silent_nodes == {}
 
 
 def test_an_exit_says_nothing_of_its_node() -> None:
