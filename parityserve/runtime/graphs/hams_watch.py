@@ -193,8 +193,8 @@ class Watch:
             return  # kept, not lost: no evidence against its node
         self._note_loss(member, how, now, detector)
         node = _ray_node(member)
-        if how == "exit" or member.exited() or node is None:
-            return  # an exit under a live node says nothing of the node
+        if how == "exit" or node is None or _exited_under_live_actor(member):
+            return  # an exit under a live actor says nothing of its node
         mark = self._silent_nodes.get(node)
         if mark is None or now - mark[0] > self._silence_limit_s():
             self._silent_nodes[node] = (now, member.last_beat)  # (an older mark has run out)
@@ -318,6 +318,13 @@ class Watch:
 def _threads(member: Member) -> str:
     """Its threads' states for the log (read only when it is suspected)."""
     return thread_states(member.pid) if member.on_this_host else "on another host"
+
+
+def _exited_under_live_actor(member: Member) -> bool:
+    """Its process exited and its actor says so (a crash, a chaos kill): the node is up. An
+    actor that died with it (``death``: on a crashed node, its socket closed) is no such
+    sign, and neither is silence alone."""
+    return member.exited() and getattr(member.popen, "death", None) is None
 
 
 def _ray_node(member: Member) -> str | None:

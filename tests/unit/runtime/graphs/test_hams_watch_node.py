@@ -117,10 +117,16 @@ def test_a_kept_suspect_or_an_exit_casts_no_suspicion_on_its_node() -> None:
     watch._check("a", found["a1"], 10.0, hearing=True)
     assert watch._silent_nodes == {} and found["b1"].lost is None
     found = _cluster(10.0)
-    found["a1"].exited = lambda: True  # silent, and its process is gone (timeout mode)
-    watch, recovery = _rig(_members(found))
+    found["a1"].exited = lambda: True  # silent, and its actor saw its process exit: the
+    watch, recovery = _rig(_members(found))  # node is up (timeout mode)
     watch._check("a", found["a1"], 10.0, hearing=True)
     assert watch._silent_nodes == {} and recovery.suspected == ["a1"]
+    found = _cluster(10.0)  # the actor died with it (its node crashed, its socket closed)
+    found["a1"].exited = lambda: True
+    found["a1"].popen.death = "ActorUnavailableError: Socket closed"
+    watch, recovery = _rig(_members(found))
+    watch._check("a", found["a1"], 10.0, hearing=True)
+    assert recovery.suspected == ["a1", "b1"]
 
 
 def test_a_node_mate_on_this_host_is_not_spared_for_looking_alive(monkeypatch) -> None:
