@@ -43,7 +43,7 @@ trips (the old one's are dropped at a failover), and a plan: in ``bare`` and
 heartbeat alone. ``data_path_detection: false`` turns it off.
 
 A machine takes all its members with it (``_node_loss``): once a member on a Ray node is
-lost by its silence (not kept as its operator's last holder, and not an exit), every other
+lost by its silence (not kept as its operator's last holder), every other
 member on that node silent past the data path's floor (two heartbeat intervals) is lost with
 it, while a member on another node was heard within half the floor, for as long as the
 heartbeat timeout would have taken to say so. A member of that node heard more than the floor
@@ -52,6 +52,10 @@ holding both operators' primaries was found through the one that held a batch; t
 idle, waited out the heartbeat timeout, and the first recovery's protocol with it: 100-250 ms
 of the 242 ms median node failover of the first full run (2026-11-30), against 20-80 ms where
 both held batches. Members of the frontend's own host (the local launcher) share no node.
+A member lost by its silence whose process has exited marks its node too: on a crashed node
+the actor often reports its process's SIGKILL before dying itself, so the report does not
+tell a crash from a node's loss (a rule that spared them never fired in a full run); a wrong
+mark costs little, since any member of a live node speaks within the floor and drops it.
 
 Neither fast rule asks ``/proc`` whether a silent member is merely asleep. Tried: leaving a
 member seen alive on this host (threads, none dead or stopped) to the heartbeat, after a full
@@ -193,8 +197,8 @@ class Watch:
             return  # kept, not lost: no evidence against its node
         self._note_loss(member, how, now, detector)
         node = _ray_node(member)
-        if how == "exit" or node is None or _exited_under_live_actor(member):
-            return  # an exit under a live actor says nothing of its node
+        if how == "exit" or node is None:
+            return  # (an exit seen as such says nothing of its node)
         mark = self._silent_nodes.get(node)
         if mark is None or now - mark[0] > self._silence_limit_s():
             self._silent_nodes[node] = (now, member.last_beat)  # (an older mark has run out)
@@ -318,13 +322,6 @@ class Watch:
 def _threads(member: Member) -> str:
     """Its threads' states for the log (read only when it is suspected)."""
     return thread_states(member.pid) if member.on_this_host else "on another host"
-
-
-def _exited_under_live_actor(member: Member) -> bool:
-    """Its process exited and its actor says so (a crash, a chaos kill): the node is up. An
-    actor that died with it (``death``: on a crashed node, its socket closed) is no such
-    sign, and neither is silence alone."""
-    return member.exited() and getattr(member.popen, "death", None) is None
 
 
 def _ray_node(member: Member) -> str | None:
