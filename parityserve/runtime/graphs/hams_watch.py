@@ -14,10 +14,13 @@ and a busy loop on two cores left healthy members 200-300 ms without a core, and
 declared lost: a bare graph restarted a primary and lost its streams' state, and a kill was
 seen as a timeout (a fresh-clone make test beside a CPU hog, 2026-11-29). A stopped member
 (SIGSTOP, state T) or one blocked for good (every thread asleep) is still suspected at the
-timeout; one spinning forever is suspected at the grace. A thread in uninterruptible sleep
-(state D: waiting on the kernel for a disk read, a page fault, a log write) counts as busy
-too: under another job's heavy I/O a member waits there, alive (a fresh-clone make test
-beside a Ray cluster starting up lost five healthy members at once by the 200 ms timeout).
+timeout; one spinning forever is suspected at the grace. A member whose process used CPU
+since its silence passed half the limit counts as busy too: its threads' states are read at
+one instant, and a primary starved in a garbage collection was asleep again when looked at.
+A thread in uninterruptible sleep (state D: waiting on the kernel for a disk read, a page
+fault, a log write) counts as busy too: under another job's heavy I/O a member waits there,
+alive (a fresh-clone make test beside a Ray cluster starting up lost five healthy members at
+once by the 200 ms timeout).
 Each suspicion is logged with how long the member was silent and its threads' states, so the
 next one says which it was. A member on another host (a Ray actor, ``hams_ray_members``)
 has no ``/proc`` here to read: it gets the plain timeout.
@@ -120,6 +123,8 @@ class Watch:
         self._reading = False  # a read is under way (off the loop)
         self._resumed = 0.0  # when the loop last came back from a stall (``_forgive_stall``)
         self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
+        # member -> its process's CPU ticks when its silence passed half the limit (this host)
+        self._quiet_cpu: dict[str, int] = {}
         # Ray node -> (when a member there was lost by its silence, when it last spoke)
         self._silent_nodes: dict[str, tuple[float, float]] = {}
 
@@ -182,9 +187,11 @@ class Watch:
         return len(beats) < 2 or now - max(beats) <= window_s
 
     def _check(self, op: str, member: Member, now: float, hearing: bool) -> None:
+        self._sample_quiet_cpu(member, now)
         how, detector, silent = self._verdict(op, member, now, hearing)
         if how is None:
             return
+        self._quiet_cpu.pop(member.worker_id, None)
         member.lost = how
         log.warning("graph %s: %s %s %s (exit code %s)", self.ctx.graph.name, op,
                     member.worker_id, silent, member.popen.poll())
@@ -280,7 +287,30 @@ class Watch:
         if (self.ctx.graph.detection == "exit" or not hearing) and member.exited():
             return "exit"
         return silence_verdict(now - member.last_beat, self._silence_limit_s(),
-                               lambda: member.on_this_host and runnable(member.pid), hearing)
+                               lambda: member.on_this_host and (
+                                   runnable(member.pid) or self._ran_while_quiet(member)),
+                               hearing)
+
+    def _sample_quiet_cpu(self, member: Member, now: float) -> None:
+        """Note a member's CPU ticks once its silence passes half the limit (cleared when it
+        speaks). A look at its threads at the limit is one instant: a make test saw a healthy
+        primary quiet 212 ms in a full garbage collection, starved (its own watch woke 166 ms
+        late, threads RRRSSS), asleep again by the time the frontend looked (SSSSSS), and
+        fenced. A process that ran during its silence is working, not hung."""
+        if not member.on_this_host:
+            return
+        if now - member.last_beat <= self._silence_limit_s() / 2:
+            self._quiet_cpu.pop(member.worker_id, None)
+        elif member.worker_id not in self._quiet_cpu and \
+                (ticks := cpu_ticks(member.pid)) is not None:
+            if len(self._quiet_cpu) > 2 * len(self.members.by_id) + 8:  # (forgotten members)
+                self._quiet_cpu.clear()
+            self._quiet_cpu[member.worker_id] = ticks
+
+    def _ran_while_quiet(self, member: Member) -> bool:
+        before = self._quiet_cpu.get(member.worker_id)
+        now = cpu_ticks(member.pid) if before is not None else None
+        return now is not None and before is not None and now > before
 
     def _data_path_loss(self, op: str, member: Member, now: float, hearing: bool
                         ) -> tuple[float, float] | None:
@@ -340,6 +370,20 @@ def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], b
     if silent_s <= limit_s * STARVED_GRACE and (not hearing or is_runnable()):
         return None  # starved of CPU, or not heard through no fault of its own: not hung
     return "timeout"
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """The user and system CPU time process ``pid`` has used, in clock ticks (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()  # from the state on: utime, stime are 12, 13
+    try:
+        return int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
 
 
 def runnable(pid: int) -> bool:
