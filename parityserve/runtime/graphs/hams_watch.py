@@ -123,8 +123,9 @@ class Watch:
         self._reading = False  # a read is under way (off the loop)
         self._resumed = 0.0  # when the loop last came back from a stall (``_forgive_stall``)
         self._passes = 0  # checks left for members to move (a join sets RENEW_PASSES)
-        # member -> its process's CPU ticks when its silence passed half the limit (this host)
-        self._quiet_cpu: dict[str, int] = {}
+        # member -> (its process's CPU ticks, when read), from when its silence passed half
+        # the limit (members on this host), read again at most every heartbeat interval
+        self._quiet_cpu: dict[str, tuple[int, float]] = {}
         # Ray node -> (when a member there was lost by its silence, when it last spoke)
         self._silent_nodes: dict[str, tuple[float, float]] = {}
 
@@ -288,7 +289,7 @@ class Watch:
             return "exit"
         return silence_verdict(now - member.last_beat, self._silence_limit_s(),
                                lambda: member.on_this_host and (
-                                   runnable(member.pid) or self._ran_while_quiet(member)),
+                                   runnable(member.pid) or self._ran_lately(member, now)),
                                hearing)
 
     def _sample_quiet_cpu(self, member: Member, now: float) -> None:
@@ -305,12 +306,19 @@ class Watch:
                 (ticks := cpu_ticks(member.pid)) is not None:
             if len(self._quiet_cpu) > 2 * len(self.members.by_id) + 8:  # (forgotten members)
                 self._quiet_cpu.clear()
-            self._quiet_cpu[member.worker_id] = ticks
+            self._quiet_cpu[member.worker_id] = (ticks, now)
 
-    def _ran_while_quiet(self, member: Member) -> bool:
+    def _ran_lately(self, member: Member, now: float) -> bool:
+        """Whether the member's process used CPU since the last reading, which moves on every
+        heartbeat interval: one that worked early in its silence and then hung gets the
+        timeout one interval later, not the whole grace."""
         before = self._quiet_cpu.get(member.worker_id)
-        now = cpu_ticks(member.pid) if before is not None else None
-        return now is not None and before is not None and now > before
+        ticks = cpu_ticks(member.pid) if before is not None else None
+        if before is None or ticks is None:
+            return False
+        if now - before[1] >= OperatorSpec.heartbeat_s:
+            self._quiet_cpu[member.worker_id] = (ticks, now)
+        return ticks > before[0]
 
     def _data_path_loss(self, op: str, member: Member, now: float, hearing: bool
                         ) -> tuple[float, float] | None:

@@ -69,9 +69,12 @@ def test_a_member_that_ran_while_quiet_gets_the_grace_and_an_idle_one_does_not(
             with open(f"/proc/{child.pid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] == "S" and (
                         spin_s == 0 or cpu_ticks(child.pid) > watch._quiet_cpu[
-                            member.worker_id]):
+                            member.worker_id][0]):
                     break
         assert watch._loss(member, 10.25, hearing=True) == verdict
+        # it worked early in its silence, then nothing: one interval later the reading has
+        # moved on, and the timeout holds (not the whole starvation grace)
+        assert watch._loss(member, 10.31, hearing=True) == "timeout"
     finally:
         _stop(child)
 
