@@ -25,9 +25,20 @@ import time
 import traceback
 from collections.abc import Callable
 
-__all__ = ["StallWatch", "thread_states"]
+__all__ = ["StallWatch", "cpu_ticks", "thread_states"]
 
 FRAMES = 4  # of the main thread's stack, innermost last
+
+
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc`` ``stat`` file after the command name, the state letter first
+    (the name may hold spaces or ')'); None when the file cannot be read (the process gone)."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
 
 
 def thread_states(pid: int | str) -> str:
@@ -39,14 +50,19 @@ def thread_states(pid: int | str) -> str:
         return ""
     letters = []
     for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        state = stat.rfind(b")") + 2  # after the command name, which may hold spaces or ')'
-        letters.append(stat[state:state + 1].decode("ascii", "replace"))
+        fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if fields:
+            letters.append(fields[0][:1].decode("ascii", "replace"))
     return "".join(sorted(letters))
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """The user and system CPU time process ``pid`` has used, in clock ticks (None: gone)."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    try:  # counted from the state letter (0): utime is 11, stime 12
+        return int(fields[11]) + int(fields[12]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
 
 
 class StallWatch:

@@ -96,7 +96,7 @@ from parityserve.runtime.graphs.hams_members import Member
 from parityserve.runtime.graphs.hams_membership import Membership
 from parityserve.runtime.graphs.hams_protocol import OperatorSpec
 from parityserve.runtime.graphs.hams_recovery import RecoveryDriver
-from parityserve.runtime.graphs.hams_stall import thread_states
+from parityserve.runtime.graphs.hams_stall import cpu_ticks, thread_states
 
 __all__ = ["Watch", "thread_states"]
 
@@ -240,8 +240,7 @@ class Watch:
         ``member`` is lost with it (see the module docstring). Else None: no plan, the mark
         ran out (the heartbeat timeout after that loss), a member of the node spoke since
         (the node is up: the mark is dropped), ``member`` spoke within the data path's
-        floor, no member on another node was heard within half of it, or ``member`` is seen
-        alive on this host."""
+        floor, or no member on another node was heard within half of it."""
         node = _ray_node(member)
         mark = self._silent_nodes.get(node) if node is not None else None
         if node is None or mark is None or self.ctx.plan is None or not member.hello.done():
@@ -304,8 +303,8 @@ class Watch:
             self._quiet_cpu.pop(member.worker_id, None)
         elif member.worker_id not in self._quiet_cpu and \
                 (ticks := cpu_ticks(member.pid)) is not None:
-            if len(self._quiet_cpu) > 2 * len(self.members.by_id) + 8:  # (forgotten members)
-                self._quiet_cpu.clear()
+            for gone in [m for m in self._quiet_cpu if m not in self.members.by_id]:
+                del self._quiet_cpu[gone]  # (members forgotten while quiet)
             self._quiet_cpu[member.worker_id] = (ticks, now)
 
     def _ran_lately(self, member: Member, now: float) -> bool:
@@ -378,20 +377,6 @@ def silence_verdict(silent_s: float, limit_s: float, is_runnable: Callable[[], b
     if silent_s <= limit_s * STARVED_GRACE and (not hearing or is_runnable()):
         return None  # starved of CPU, or not heard through no fault of its own: not hung
     return "timeout"
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """The user and system CPU time process ``pid`` has used, in clock ticks (None: gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()  # from the state on: utime, stime are 12, 13
-    try:
-        return int(fields[11]) + int(fields[12])
-    except (IndexError, ValueError):
-        return None
 
 
 def runnable(pid: int) -> bool:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from parityserve.runtime.graphs.hams_watch import Watch, cpu_ticks
+from parityserve.runtime.graphs.hams_stall import cpu_ticks
+from parityserve.runtime.graphs.hams_watch import Watch
 
 # says it is ready, spins for 0.4 s of CPU (or not), then sleeps
 CHILD = """
@@ -45,7 +46,7 @@ def _stop(child: subprocess.Popen[str]) -> None:
 def _watch(member: Any) -> Watch:
     ctx = SimpleNamespace(graph=SimpleNamespace(heartbeat_timeout_ms=200, detection="timeout"),
                           plan=None)
-    return Watch(ctx, SimpleNamespace(by_id={"m": ("op", member)}),  # type: ignore[arg-type]
+    return Watch(ctx, SimpleNamespace(by_id={member.worker_id: ("op", member)}),  # type: ignore[arg-type]
                  None, None, None)  # type: ignore[arg-type]
 
 
