@@ -292,7 +292,10 @@ def markdown(store: dict[str, Any]) -> str:
         "from each query's intended send time, over answered queries; a query not answered "
         f"200 within {_DEADLINE_S:g} s is a failure."
         + (f" The server took {p['graph_share']} requests of one address into the graph at "
-           "once (`--graph-share`; its default is 8)." if "graph_share" in p else ""), "",
+           "once (`--graph-share`; its default is 8)." if "graph_share" in p else "")
+        + (f" While other addresses used the graph too, it took {p['graph_share_shared']} "
+           "of each (`--graph-share-shared`; its default is 2)."
+           if "graph_share_shared" in p else ""), "",
         "## Verdict", "",
         f"- Well-behaved success in hostile windows: {_pct(v['hostile']['success'])} "
         f"({v['hostile']['ok']} of {v['hostile']['n']}; target >= {100 * SUCCESS_TARGET:g}%): "
@@ -656,8 +659,11 @@ def _serve_and_measure(params: dict[str, Any], todo: Sequence[Window], store: di
                        path: Path) -> None:
     grpc_port = free_port()
     section: dict[str, Any] = {**CONFIG["server"], "grpc_port": grpc_port}
-    if "graph_share" in params:
-        section["limits"] = {"max_graph_requests_per_address": params["graph_share"]}
+    limits = {key: params[param] for param, key in (
+        ("graph_share", "max_graph_requests_per_address"),
+        ("graph_share_shared", "max_graph_requests_per_address_shared")) if param in params}
+    if limits:
+        section["limits"] = limits
     config = {**CONFIG, "server": section}
     with tempfile.TemporaryDirectory() as tmp:
         config_path = write_config(config, Path(tmp) / "soak.yaml")
@@ -698,6 +704,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server's server.limits.max_graph_requests_per_address (default: "
                    "the server's own, 8): how many of one address's requests a graph takes "
                    "in at once")
+    p.add_argument("--graph-share-shared", type=int, metavar="N",
+                   help="the server's server.limits.max_graph_requests_per_address_shared "
+                   "(default: the server's own, 2): the same while other addresses use the "
+                   "graph too; set it to --graph-share's value to measure without it")
     p.add_argument("--attacker-nice", type=int, metavar="N", default=ATTACKER_NICE,
                    help=f"the attackers' process's niceness, 0-19 (default {ATTACKER_NICE}): "
                    "on one machine its own CPU competes with the server's, which a remote "
@@ -719,6 +729,11 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
         if args.graph_share < 1:
             raise ValueError(f"--graph-share is at least 1, got {args.graph_share}")
         params["graph_share"] = args.graph_share
+    if args.graph_share_shared is not None:
+        if args.graph_share_shared < 1:
+            raise ValueError(f"--graph-share-shared is at least 1, got "
+                             f"{args.graph_share_shared}")
+        params["graph_share_shared"] = args.graph_share_shared
     if not 0 <= args.attacker_nice <= 19:
         raise ValueError(f"--attacker-nice is 0 to 19, got {args.attacker_nice}")
     params["attacker_nice"] = args.attacker_nice

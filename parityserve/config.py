@@ -655,6 +655,14 @@ class Limits(_Frozen):
         "once, over HTTP and gRPC together; the excess waits its turn at the door, in order, "
         "up to the graph's timeout_ms, then gets 429 too_many_in_flight (gRPC: "
         "RESOURCE_EXHAUSTED)")
+    # 8 a time still let one address's burst hold the pipeline and the cores whenever another
+    # client's request came (the soak: that client's p99 2.4-2.8x its calm one); 1 a time
+    # did not (1.4-1.8x) but serialised a lone client's own Poisson arrivals. So the small
+    # share holds only while the graphs are shared (runtime/serving/client_gate.py).
+    max_graph_requests_per_address_shared: int = Field(
+        2, ge=1, description="the same, while another client address has used a stateful "
+        "graph within the last second: a client alone gets max_graph_requests_per_address, "
+        "clients together this many each (at most max_graph_requests_per_address)")
 
 
 class PeersConfig(_Frozen):

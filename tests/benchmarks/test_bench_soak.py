@@ -66,7 +66,7 @@ def _args(**changed: Any) -> argparse.Namespace:
     return argparse.Namespace(**{
         "quick": True, "rounds": 10, "calm_s": 30.0, "hostile_s": 60.0, "rate_model": 20.0,
         "rate_graph": 20.0, "seed": 0, "attacks": None, "graph_share": None,
-        "attacker_nice": ATTACKER_NICE, **changed})
+        "graph_share_shared": None, "attacker_nice": ATTACKER_NICE, **changed})
 
 
 def test_the_default_soak_is_ten_hostile_minutes_and_quick_is_under_three_in_all() -> None:
@@ -88,6 +88,10 @@ def test_a_graph_share_is_a_parameter_of_the_run_and_at_least_one() -> None:
     assert params(4)["graph_share"] == 4
     with pytest.raises(ValueError, match="at least 1"):
         params(0)
+    assert "graph_share_shared" not in params(None)
+    assert _params(_args(graph_share_shared=8))["graph_share_shared"] == 8
+    with pytest.raises(ValueError, match="--graph-share-shared is at least 1"):
+        _params(_args(graph_share_shared=0))
 
 
 def test_the_attackers_niceness_is_recorded_checked_and_reported() -> None:

@@ -13,6 +13,7 @@ within the deadline (ten take 5 s). A request from 127.0.0.1 sent meanwhile is a
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -113,5 +114,52 @@ def test_grpc_requests_draw_on_the_same_share(tmp_path: Path) -> None:
         assert 1 <= len(refused) < 10, outcomes
         assert all(e.status() == "StatusCode.RESOURCE_EXHAUSTED" for e in refused), refused
         assert all("max_graph_requests_per_address" in e.message() for e in refused), refused
+    finally:
+        running.stop()
+
+
+def test_a_burst_gets_the_whole_share_alone_and_the_shared_share_beside_another(
+        tmp_path: Path) -> None:
+    """``max_graph_requests_per_address_shared``: the same burst of six from 127.0.0.3 has
+    all six inside at once while it is alone, and two while 127.0.0.1 has a request in the
+    graph; every request of both is answered. seq1 holds each reply 500 ms, so what is
+    inside stays there long enough to count."""
+    cfg = config(timeout_ms=8000)
+    cfg["server"]["limits"] = {"max_graph_requests_per_address": 8,
+                               "max_graph_requests_per_address_shared": 2}
+    running = start_server(cfg, tmp_path)
+    try:
+        url, gate = running.url, running.system.graph_gate
+        wait_until(lambda: synced(url), 60)
+        httpx.post(f"{url}/admin/graphs/stocks/faults", timeout=10, json={
+            "operator": "seq1", "state_delay_ms": 500}).raise_for_status()
+        row = {"input": [0.1, 0.2, 0.3, 0.4]}
+
+        async def burst(other: bool) -> tuple[int, int, list[int]]:
+            burster = httpx.AsyncClient(base_url=url, timeout=30, transport=httpx.
+                                        AsyncHTTPTransport(local_address="127.0.0.3"))
+            one = httpx.AsyncClient(base_url=url, timeout=30)
+            async with burster, one:
+                tasks = []
+                if other:
+                    tasks.append(asyncio.create_task(
+                        one.post("/stocks/predict", json={**row, "ticker": "o"})))
+                    while gate.inside("127.0.0.1") == 0:
+                        await asyncio.sleep(0.005)
+                tasks += [asyncio.create_task(burster.post(
+                    "/stocks/predict", json={**row, "ticker": f"b{i}"})) for i in range(6)]
+                while gate.inside("127.0.0.3") + gate.waiting("127.0.0.3") < 6:
+                    await asyncio.sleep(0.005)
+                seen = (gate.inside("127.0.0.3"), gate.waiting("127.0.0.3"))
+                replies = await asyncio.gather(*tasks)
+                return seen[0], seen[1], [r.status_code for r in replies]
+
+        alone_in, alone_waiting, alone = asyncio.run(burst(other=False))
+        assert (alone_in, alone_waiting) == (6, 0) and alone == [200] * 6, alone
+        time.sleep(1.2)  # past the horizon: nobody else has asked lately
+        shared_in, shared_waiting, shared = asyncio.run(burst(other=True))
+        assert (shared_in, shared_waiting) == (2, 4), (shared_in, shared_waiting)
+        assert shared == [200] * 7, shared
+        assert len(gate) == 0
     finally:
         running.stop()

@@ -108,7 +108,9 @@ class ServingSystem:
         self.log_dir = log_dir
         self.cache: ClockCache[tuple[str, int, bytes], Any] = ClockCache(config.server.cache_bytes)
         # one count per client address over every edge: HTTP and gRPC draw on the same share
-        self.graph_gate = ClientGate(config.server.limits.max_graph_requests_per_address)
+        limits = config.server.limits
+        self.graph_gate = ClientGate(limits.max_graph_requests_per_address,
+                                     limits.max_graph_requests_per_address_shared)
         # Shared by every model's path: there is one event loop to saturate.
         self.loop_pressure = LoopPressure()
         self.metrics.watch_event_loop(lambda: self.loop_pressure.level)

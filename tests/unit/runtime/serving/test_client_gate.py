@@ -100,3 +100,136 @@ def test_a_waiter_that_gives_up_as_it_is_handed_a_place_passes_it_on() -> None:
 def test_a_gate_needs_a_limit_of_at_least_one() -> None:
     with pytest.raises(ValueError):
         ClientGate(0)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_alone_an_address_has_the_limit_and_shared_the_smaller_share() -> None:
+    """A burst from one address while another address asked within the horizon gets
+    ``shared_limit`` places; the same burst with nobody else about gets ``limit``."""
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, release = ClientGate(8, 2, horizon_s=1.0, clock=clock), asyncio.Event()
+
+        async def request(address: str) -> None:
+            async with gate.slot(address, 10, "graph 'g'"):
+                await release.wait()
+
+        alone = [asyncio.create_task(request("10.0.0.3")) for _ in range(10)]
+        await asyncio.sleep(0)
+        assert (gate.inside("10.0.0.3"), gate.waiting("10.0.0.3")) == (8, 2)
+        release.set()
+        await asyncio.gather(*alone)
+
+        release.clear()
+        async with gate.slot("10.0.0.1", 10, "graph 'g'"):  # another client asks, and leaves
+            pass
+        clock.now += 0.5  # within the horizon: the graph is shared
+        shared = [asyncio.create_task(request("10.0.0.3")) for _ in range(10)]
+        await asyncio.sleep(0)
+        assert (gate.inside("10.0.0.3"), gate.waiting("10.0.0.3")) == (2, 8)
+        assert gate.cap("10.0.0.1") == 2 and gate.cap("10.0.0.3") == 2
+        release.set()
+        await asyncio.gather(*shared)
+        assert len(gate) == 0
+
+    run(scenario())
+
+
+def test_when_the_other_address_goes_quiet_the_waiters_take_the_whole_limit() -> None:
+    """The share grows back past the horizon: the next place to free lets in as many
+    waiters as the limit allows, not one."""
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, entered = ClientGate(4, 1, horizon_s=1.0, clock=clock), []
+        gates = [asyncio.Event() for _ in range(6)]
+
+        async def request(i: int) -> None:
+            async with gate.slot("a", 10, "graph 'g'"):
+                entered.append(i)
+                await gates[i].wait()
+
+        async with gate.slot("b", 10, "graph 'g'"):
+            pass
+        burst = [asyncio.create_task(request(i)) for i in range(6)]
+        await asyncio.sleep(0)
+        assert entered == [0] and gate.waiting("a") == 5
+        clock.now += 2.0  # b is gone: a is alone
+        assert gate.cap("a") == 4
+        gates[0].set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert entered == [0, 1, 2, 3, 4] and gate.inside("a") == 4
+        for event in gates:
+            event.set()
+        await asyncio.gather(*burst)
+        assert len(gate) == 0
+
+    run(scenario())
+
+
+def test_a_share_that_shrinks_under_a_full_address_lets_none_in_until_below_it() -> None:
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, entered = ClientGate(3, 1, horizon_s=1.0, clock=clock), []
+        gates = [asyncio.Event() for _ in range(4)]
+
+        async def request(i: int) -> None:
+            async with gate.slot("a", 10, "graph 'g'"):
+                entered.append(i)
+                await gates[i].wait()
+
+        tasks = [asyncio.create_task(request(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        assert entered == [0, 1, 2] and gate.waiting("a") == 1  # alone: 3
+        other = asyncio.Event()
+
+        async def other_client() -> None:
+            async with gate.slot("b", 10, "graph 'g'"):
+                await other.wait()
+
+        b = asyncio.create_task(other_client())
+        await asyncio.sleep(0)
+        assert gate.inside("b") == 1  # the other address is never behind a's requests
+        gates[0].set()
+        gates[1].set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert entered == [0, 1, 2] and gate.inside("a") == 1  # 3 - 2 left, cap 1: none in
+        gates[2].set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert entered == [0, 1, 2, 3]
+        gates[3].set()
+        other.set()
+        await asyncio.gather(*tasks, b)
+        assert len(gate) == 0
+
+    run(scenario())
+
+
+def test_the_seen_table_keeps_only_the_horizons_addresses() -> None:
+    async def scenario() -> None:
+        clock = _Clock()
+        gate = ClientGate(8, 2, horizon_s=1.0, clock=clock)
+        for i in range(1000):
+            async with gate.slot(f"10.0.{i // 250}.{i % 250}", 10, "graph 'g'"):
+                pass
+            clock.now += 0.01
+        gate.cap("x")
+        assert len(gate._seen) <= 101  # the last second's addresses, not all 1,000
+
+    run(scenario())
+
+
+def test_the_shared_share_is_never_above_the_limit() -> None:
+    assert ClientGate(1, 2).shared_limit == 1
+    assert ClientGate(4).shared_limit == 4
+    with pytest.raises(ValueError):
+        ClientGate(4, 0)
