@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -234,14 +235,15 @@ class ModelPath:
         deployment = self.deployment
         return self.input_spec, deployment.allow_nonfinite, deployment.json_inputs
 
-    def submit(self, item: Any, deadline: float, *, admitted: bool = False
-               ) -> tuple[asyncio.Future[Any], bool]:
-        """Queue one input; returns (future, from_cache).
+    def submit(self, item: Any, deadline: float, *, admitted: bool = False,
+               cache: bool = True) -> tuple[asyncio.Future[Any], bool]:
+        """Queue one input; returns (future, from_cache). ``cache=False``: neither looked up
+        nor stored (a graph's operator rows, which are another operator's outputs).
 
         Raises Overloaded when admission sheds it (unless the caller ``admitted`` it already,
         with the rest of its request), QueueFull at an explicit ``max_queue``.
         """
-        key = self._key(item)
+        key = self._key(item) if cache else None
         if key is not None:
             found = self._lookup(key, deadline)
             if found is not None:
@@ -604,8 +606,16 @@ def _own(output: Any) -> Any:
     return output.copy() if isinstance(output, np.ndarray) else output
 
 
+# What a prediction-cache entry holds beyond its value: the key (a 3-tuple and a 16-byte
+# digest), the ring's dict slot and node, the slot object and the 1-tuple around the value;
+# 250-290 bytes by tracemalloc on CPython 3.11 (tests/unit/runtime/modelpath/
+# test_cache_accounting.py). Counted as 64 before, with an array's data but not its object,
+# so a 4-float row counted 80 bytes and held 375: server.cache_bytes let ~5x itself live.
+_ENTRY_BYTES = 288
+
+
 def _nbytes(value: Any) -> int:
-    base = 64  # bookkeeping overhead per entry
-    if isinstance(value, np.ndarray):
-        return base + value.nbytes
-    return base + len(repr(value))
+    """What caching ``value`` costs, bookkeeping included: ``server.cache_bytes`` bounds this."""
+    if isinstance(value, np.ndarray):  # its own copy (``_own``): the data is in getsizeof
+        return _ENTRY_BYTES + sys.getsizeof(value)
+    return _ENTRY_BYTES + sys.getsizeof(value) + len(repr(value))  # repr: what it nests

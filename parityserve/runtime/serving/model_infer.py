@@ -28,10 +28,12 @@ __all__ = ["infer_rows"]
 
 
 async def infer_rows(path: ModelPath, batch: np.ndarray, clock: Callable[[], float],
-                     timeout_s: float | None = None) -> tuple[np.ndarray, dict[int, str]]:
+                     timeout_s: float | None = None, *, cache: bool = True
+                     ) -> tuple[np.ndarray, dict[int, str]]:
     """The stacked outputs, and which rows were rebuilt by decoding (row -> method). The
     deadline is the deployment's ``timeout_ms``, or the client's own ``timeout_s`` when that
-    ends first: rows still queued when the client has given up are dropped, not computed."""
+    ends first: rows still queued when the client has given up are dropped, not computed.
+    ``cache=False``: the prediction cache is neither read nor filled."""
     _check_batch(path, batch)
     allowed = path.deployment.timeout_ms / 1000
     if timeout_s is not None:
@@ -41,7 +43,7 @@ async def infer_rows(path: ModelPath, batch: np.ndarray, clock: Callable[[], flo
         allowed = min(allowed, timeout_s)
     deadline = clock() + allowed
     path.admit(len(batch), deadline)  # all rows or none: a request is shed whole
-    futures = [_submit_row(path, row, deadline) for row in batch]
+    futures = [_submit_row(path, row, deadline, cache) for row in batch]
     await settle(futures, max(0.0, deadline - clock()))
     for row, future in enumerate(futures):
         _raise_failure(future, path, row, allowed * 1000)
@@ -78,9 +80,11 @@ def _check_finite(batch: np.ndarray, path: ModelPath) -> None:
                            "to accept them")
 
 
-def _submit_row(path: ModelPath, row: Any, deadline: float) -> asyncio.Future[Any]:
+def _submit_row(path: ModelPath, row: Any, deadline: float, cache: bool
+                ) -> asyncio.Future[Any]:
     try:
-        future: asyncio.Future[Any] = path.submit(row, deadline, admitted=True)[0]
+        future: asyncio.Future[Any] = path.submit(row, deadline, admitted=True,
+                                                  cache=cache)[0]
     except QueueFull as exc:  # an explicit server.max_queue is full
         path.shed += 1
         raise Overloaded(f"model {path.name!r} is overloaded: {exc}", model=path.name,
