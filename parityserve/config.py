@@ -660,9 +660,10 @@ class Limits(_Frozen):
     # did not (1.4-1.8x) but serialised a lone client's own Poisson arrivals. So the small
     # share holds only while the graphs are shared (runtime/serving/client_gate.py).
     max_graph_requests_per_address_shared: int = Field(
-        2, ge=1, description="the same, while another client address has used a stateful "
-        "graph within the last second: a client alone gets max_graph_requests_per_address, "
-        "clients together this many each (at most max_graph_requests_per_address)")
+        2, ge=1, description="the same, while another client address has a request in a "
+        "stateful graph or at its door, or asked within the last second: a client alone gets "
+        "max_graph_requests_per_address, clients together this many each (at most "
+        "max_graph_requests_per_address)")
 
 
 class PeersConfig(_Frozen):
@@ -686,7 +687,9 @@ class Server(_Frozen):
         "(8001 with 8000, as Triton), a free port when http_port is 0; 0 turns gRPC off")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     cache_bytes: int = Field(
-        64 * 1024 * 1024, ge=0, description="prediction cache size; 0 disables"
+        64 * 1024 * 1024, ge=0, description="prediction cache size, each entry counted "
+        "with its key and bookkeeping (about 290 bytes beyond its value); the model routes' "
+        "predictions, not a graph's operator rows; 0 disables"
     )
     heartbeat_interval_ms: float = Field(200, gt=0)
     heartbeat_timeout_ms: float = Field(2000, gt=0)

@@ -171,7 +171,8 @@ class TooManyStreams(RequestError):
 
 class TooManyInFlight(RequestError):
     """One client address already has ``server.limits.max_graph_requests_per_address``
-    requests inside a graph, and this one waited the graph's deadline for a place
+    requests inside a graph (``..._shared`` while other addresses use the graphs too), and
+    this one waited the graph's deadline for a place
     (``runtime/serving/client_gate.py``); come back after ``retry_after_s``."""
 
     status_code = 429

@@ -149,8 +149,9 @@ class ServingSystem(Protocol):
 
     def graph_share(self, address: str, target: str) -> AbstractAsyncContextManager[None]:
         """Entered around a request for ``target`` from client ``address``: for a graph, a
-        place among that address's (``server.limits.max_graph_requests_per_address``, one
-        count over every edge), waited for up to the graph's deadline, else
+        place among that address's (``server.limits.max_graph_requests_per_address``, or
+        its ``_shared`` twin while other addresses use the graphs too; one count over every
+        edge), waited for up to the graph's deadline, else
         ``TooManyInFlight``; for anything else, nothing."""
         ...
 

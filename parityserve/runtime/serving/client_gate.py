@@ -86,11 +86,12 @@ class ClientGate:
 
     @asynccontextmanager
     async def slot(self, address: str, wait_s: float, what: str) -> AsyncIterator[None]:
-        """Inside while the block runs; waits (FIFO per address) while ``limit`` of this
+        """Inside while the block runs; waits (FIFO per address) while its cap of this
         address's requests are inside, at most ``wait_s``. ``what`` names the graph."""
         self._seen[address] = self._clock()
         self._seen.move_to_end(address)
         entry = self._addresses.setdefault(address, _Address())
+        self._admit(address, entry)  # a cap that grew since the last leave: waiters first
         if entry.inside < self.cap(address) and not entry.waiting:
             entry.inside += 1
         else:
@@ -106,31 +107,41 @@ class ClientGate:
         try:
             await asyncio.wait_for(asyncio.shield(turn), wait_s)
         except BaseException as exc:
-            if turn.done() and not turn.cancelled():  # handed a place as it gave up: pass
-                self._leave(address, entry)  # it on
+            handed = turn.done() and not turn.cancelled()
+            held, cap = entry.inside - handed, self.cap(address)  # before the cleanup below
+            if handed:  # handed a place as it gave up: pass it on
+                self._leave(address, entry)
             else:
                 turn.cancel()
                 entry.waiting.remove(turn)
                 self._forget_if_idle(address, entry)
             if isinstance(exc, TimeoutError):
+                knob = ("max_graph_requests_per_address_shared, while other addresses use "
+                        "the graphs too" if cap < self.limit else
+                        "max_graph_requests_per_address")
                 raise TooManyInFlight(
-                    f"{what}: this client address already has {entry.inside} requests in "
-                    f"it (server.limits.max_graph_requests_per_address {self.limit}, "
-                    f"{self.shared_limit} while other addresses use it too), and this one "
-                    f"waited {wait_s:g} s for a place", retry_after_s=1.0) from None
+                    f"{what}: this client address had {held} of its {cap} places in the "
+                    f"graphs taken (server.limits.{knob}), and this request waited "
+                    f"{wait_s:g} s for one", retry_after_s=1.0) from None
             raise
 
     def _leave(self, address: str, entry: _Address) -> None:
         """A place frees; waiters of the address take the places its cap now allows (none
         while it is past a cap that shrank, several when one grew)."""
         entry.inside -= 1
+        self._admit(address, entry)
+        self._forget_if_idle(address, entry)
+
+    def _admit(self, address: str, entry: _Address) -> None:
+        """Waiters take the places the address's cap allows now, in order."""
+        if not entry.waiting:
+            return
         cap = self.cap(address)
         while entry.waiting and entry.inside < cap:
             turn = entry.waiting.popleft()
             if not turn.done():
                 entry.inside += 1
                 turn.set_result(None)  # inside now: its own _leave gives the place back
-        self._forget_if_idle(address, entry)
 
     def _forget_if_idle(self, address: str, entry: _Address) -> None:
         if entry.inside == 0 and not entry.waiting and self._addresses.get(address) is entry:

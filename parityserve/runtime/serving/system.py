@@ -198,7 +198,9 @@ class ServingSystem:
         """A graph's stateless operator batch. Not through the prediction cache: its rows
         are mostly another operator's outputs, which do not repeat, and each filled an entry
         (two per request of the README's graph: the soak's frontend RSS rose 27 MB in 15
-        minutes, and entries served by the model routes were evicted for them)."""
+        minutes, and entries served by the model routes were evicted for them). Nor shared
+        with an identical row in flight: the entry operator's rows, client inputs, may
+        repeat, and are computed each time, as any operator's rows are."""
         outputs, _ = await infer_rows(find_model(self.models, model, None), rows, self.clock,
                                       cache=False)
         return outputs

@@ -233,3 +233,99 @@ def test_the_shared_share_is_never_above_the_limit() -> None:
     assert ClientGate(4).shared_limit == 4
     with pytest.raises(ValueError):
         ClientGate(4, 0)
+
+
+def test_a_request_inside_past_the_horizon_still_makes_the_graphs_shared() -> None:
+    """The other address's one slow request counts for as long as it is inside, not only
+    for the second after it asked."""
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, release = ClientGate(8, 2, horizon_s=1.0, clock=clock), asyncio.Event()
+
+        async def slow() -> None:
+            async with gate.slot("victim", 10, "graph 'g'"):
+                await release.wait()
+
+        task = asyncio.create_task(slow())
+        await asyncio.sleep(0)
+        clock.now += 5.0
+        assert gate.cap("attacker") == 2
+        release.set()
+        await task
+        assert gate.cap("attacker") == 8
+
+    run(scenario())
+
+
+def test_an_address_that_keeps_asking_does_not_pin_the_seen_table() -> None:
+    """An address asking again moves to the table's end: the others' old entries behind it
+    are still pruned, and an attacker alone again gets the whole limit."""
+    async def scenario() -> None:
+        clock = _Clock()
+        gate = ClientGate(8, 2, horizon_s=1.0, clock=clock)
+        for i in range(500):
+            for address in ("steady", f"passer{i}"):
+                async with gate.slot(address, 10, "graph 'g'"):
+                    pass
+            clock.now += 0.01
+        gate.cap("steady")
+        assert len(gate._seen) <= 102, len(gate._seen)
+        clock.now += 1.5
+        async with gate.slot("steady", 10, "graph 'g'"):
+            assert gate.cap("steady") == 8
+
+    run(scenario())
+
+
+def test_waiters_go_before_a_newcomer_when_the_cap_has_grown() -> None:
+    """The other address went quiet while nobody of this one left: the next arrival lets
+    the waiters in first, up to the grown cap, and waits if that fills it."""
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, order = ClientGate(3, 1, horizon_s=1.0, clock=clock), []
+        hold = asyncio.Event()
+
+        async def request(name: str) -> None:
+            async with gate.slot("a", 10, "graph 'g'"):
+                order.append(name)
+                await hold.wait()
+
+        async with gate.slot("b", 10, "graph 'g'"):
+            pass
+        tasks = [asyncio.create_task(request(f"w{i}")) for i in range(3)]
+        try:
+            await asyncio.sleep(0)
+            assert order == ["w0"] and gate.waiting("a") == 2
+            clock.now += 2.0  # b is gone: the cap is 3, and nobody has left yet
+            tasks.append(asyncio.create_task(request("new")))
+            await asyncio.sleep(0)
+            assert (gate.inside("a"), gate.waiting("a")) == (3, 1)  # w1, w2 in; new waits
+        finally:
+            hold.set()  # (an assertion above must not leave the tasks hanging)
+        await asyncio.gather(*tasks)
+        assert order[-1] == "new" and len(gate) == 0, order
+
+    run(scenario())
+
+
+def test_the_429_names_the_cap_that_held_it() -> None:
+    async def scenario() -> None:
+        clock = _Clock()
+        gate, hold = ClientGate(8, 1, horizon_s=1.0, clock=clock), asyncio.Event()
+
+        async def holder(address: str) -> None:
+            async with gate.slot(address, 10, "graph 'g'"):
+                await hold.wait()
+
+        tasks = [asyncio.create_task(holder(a)) for a in ("a", "b")]
+        await asyncio.sleep(0)
+        with pytest.raises(TooManyInFlight) as caught:
+            async with gate.slot("a", 0.01, "graph 'g'"):
+                pass
+        text = str(caught.value)
+        assert "had 1 of its 1 places" in text, text
+        assert "max_graph_requests_per_address_shared" in text, text
+        hold.set()
+        await asyncio.gather(*tasks)
+
+    run(scenario())
