@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -203,10 +204,12 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 def peer_host(peer: str) -> str:
     """The client's address in gRPC's peer string (``ipv4:127.0.0.1:5000``,
     ``ipv6:[::1]:5000``, ``unix:/path``): the host alone, as HTTP's ``request.client.host``
-    gives it, so that one address has one share of a graph over both edges."""
+    gives it, so that one address has one share of a graph over both edges. gRPC 1.48 and
+    later percent-encode the brackets (``ipv6:%5B::1%5D:5000``, grpc/grpc#30852): decoded,
+    or one IPv6 client on both edges would count as two addresses, each the other's."""
     kind, _, rest = peer.partition(":")
     if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]")
+        return urllib.parse.unquote(rest.rpartition(":")[0]).strip("[]")
     if kind == "ipv4":
         return rest.rpartition(":")[0]
     return rest or peer  # a Unix socket: its path (one local client)

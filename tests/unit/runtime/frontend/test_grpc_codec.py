@@ -160,7 +160,8 @@ def test_an_expected_error_keeps_its_clear_message() -> None:
 
 @pytest.mark.parametrize(("peer", "host"), [
     ("ipv4:127.0.0.1:50000", "127.0.0.1"), ("ipv6:[::1]:50000", "::1"),
-    ("ipv6:[2001:db8::7]:443", "2001:db8::7"), ("unix:/tmp/grpc.sock", "/tmp/grpc.sock"),
+    ("ipv6:[2001:db8::7]:443", "2001:db8::7"), ("ipv6:%5B::1%5D:50000", "::1"),
+    ("ipv6:%5B2001:db8::7%5D:443", "2001:db8::7"), ("unix:/tmp/grpc.sock", "/tmp/grpc.sock"),
     ("unix-abstract:name", "name"), ("", "")])
 def test_a_grpc_peer_is_its_host_as_http_names_it(peer: str, host: str) -> None:
     """One address, one share of a graph over both edges: gRPC's peer string gives the host
