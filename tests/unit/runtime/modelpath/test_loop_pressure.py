@@ -90,12 +90,16 @@ def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> Non
 
 
 def test_the_real_reader_counts_this_thread_spinning() -> None:
+    """On the CPU or waiting for one counts; not all of 50 ms of wall time, though: waiting
+    for the GIL is sleeping, and a thread another test left running in this process takes it
+    (37 of 50 ms in a clean-clone CI at fa34e8f). So the reading is held to the thread's own
+    CPU time over the same spin, less a scheduler tick of lag."""
     read = loop_pressure.busy_ns()
-    start, began = read(), time.monotonic()
+    start, cpu, began = read(), time.thread_time_ns(), time.monotonic()
     while time.monotonic() - began < 0.05:
         pass
-    spun = read() - start
-    assert spun >= 0.04e9  # on the CPU, or waiting for it, nearly all of the 50 ms
+    spun, cpu = read() - start, time.thread_time_ns() - cpu
+    assert cpu > 0.01e9 and spun >= cpu - 0.01e9, (spun, cpu)
 
 
 def test_without_schedstat_the_reader_falls_back_to_the_threads_cpu_time(
