@@ -616,8 +616,6 @@ _ENTRY_BYTES = 288
 
 def _nbytes(value: Any) -> int:
     """What caching ``value`` costs, bookkeeping included: ``server.cache_bytes`` bounds this."""
-    if isinstance(value, np.ndarray):  # its own copy (``_own``): the data is in getsizeof
-        return _ENTRY_BYTES + sys.getsizeof(value)
-    if isinstance(value, str | bytes):  # getsizeof has the characters already
-        return _ENTRY_BYTES + sys.getsizeof(value)
+    if isinstance(value, np.ndarray | str | bytes):  # getsizeof has the data (an array:
+        return _ENTRY_BYTES + sys.getsizeof(value)  # its own copy, ``_own``) or characters
     return _ENTRY_BYTES + sys.getsizeof(value) + len(repr(value))  # repr: what it nests

@@ -91,8 +91,9 @@ class ClientGate:
         self._seen[address] = self._clock()
         self._seen.move_to_end(address)
         entry = self._addresses.setdefault(address, _Address())
-        self._admit(address, entry)  # a cap that grew since the last leave: waiters first
-        if entry.inside < self.cap(address) and not entry.waiting:
+        cap = self.cap(address)
+        self._admit(entry, cap)  # a cap that grew since the last leave: waiters first
+        if entry.inside < cap and not entry.waiting:
             entry.inside += 1
         else:
             await self._wait(address, entry, wait_s, what)
@@ -129,14 +130,12 @@ class ClientGate:
         """A place frees; waiters of the address take the places its cap now allows (none
         while it is past a cap that shrank, several when one grew)."""
         entry.inside -= 1
-        self._admit(address, entry)
+        if entry.waiting:
+            self._admit(entry, self.cap(address))
         self._forget_if_idle(address, entry)
 
-    def _admit(self, address: str, entry: _Address) -> None:
-        """Waiters take the places the address's cap allows now, in order."""
-        if not entry.waiting:
-            return
-        cap = self.cap(address)
+    def _admit(self, entry: _Address, cap: int) -> None:
+        """Waiters take the places the address's ``cap`` allows now, in order."""
         while entry.waiting and entry.inside < cap:
             turn = entry.waiting.popleft()
             if not turn.done():
